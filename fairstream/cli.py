@@ -1,0 +1,185 @@
+"""The ``fairstream`` command line.
+
+Every input problem ends in one line on stderr (``fairstream: error: ...``) and exit code 2,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from fairstream.model import ModelError
+
+
+def _scenario_from_args(args):
+    from fairstream.scenario import load_scenario
+    from fairstream.traces import load_trace
+
+    if args.trace:
+        options = {}
+        for key in ("limit", "tenants", "users", "nodes"):
+            value = getattr(args, key, None)
+            if value is not None:
+                options[key] = value
+        if args.format is None:
+            raise ModelError("--trace needs --format swim|google")
+        if args.format == "google":
+            options.pop("tenants", None)
+        else:
+            options.pop("users", None)
+        scenario = load_trace(args.trace, args.format, **options)
+        if args.scenario:  # the cluster (nodes, tenant tree) comes from a scenario file
+            cluster = load_scenario(args.scenario)
+            scenario.nodes, scenario.resources = cluster.nodes, cluster.resources
+            if cluster.tree.specs:
+                scenario.tree = cluster.tree
+        return scenario
+    if not args.scenario:
+        raise ModelError("give --scenario FILE or --trace FILE --format swim|google")
+    return load_scenario(args.scenario)
+
+
+def cmd_simulate(args) -> int:
+    from fairstream.output import write_run
+    from fairstream.policies.base import parse_param_pairs
+    from fairstream.simulator import Simulator
+
+    scenario = _scenario_from_args(args)
+    params = parse_param_pairs(args.param)
+    progress = None if args.progress is None else args.progress
+    result = Simulator(scenario, args.policy, params, metric_resource=args.metric_resource,
+                       progress=progress).run()
+    baseline = None
+    if args.policy != "static" and not args.no_baseline:
+        baseline = Simulator(scenario, "static", {}, metric_resource=args.metric_resource, progress=progress).run()
+    out = Path(args.out)
+    write_run(result, out, baseline, plots=not args.no_plots)
+    summary = result.summary()
+    print(json.dumps({
+        "policy": summary["policy"], "scenario": scenario.name, "tasks": summary["tasks"],
+        "decisions": summary["decisions"], "unfinished_tasks": summary["unfinished_tasks"],
+        "makespan": summary["makespan"], "sharing_benefit": summary["sharing_benefit"],
+        "sharing_loss": summary["sharing_loss"], "out": str(out),
+    }))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from fairstream.demo import run_demo
+
+    return run_demo(Path(args.out), seed=args.seed, scale=args.scale, progress=args.progress)
+
+
+def cmd_policies(args) -> int:
+    from fairstream.policies import REGISTRY
+
+    for spec in REGISTRY.values():
+        print(f"{spec.name}: {spec.summary}")
+        for p in spec.params:
+            default = "inf" if isinstance(p.default, float) and math.isinf(p.default) else p.default
+            print(f"    {p.name}={default}  {p.doc}")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from fairstream.traces.macro import macro_benchmark
+
+    weights = tuple(float(w) for w in args.weights.split(":"))
+    scenario = macro_benchmark(seed=args.seed, weights=weights, scale=args.scale, memory_only=args.memory_only)
+    text = json.dumps(scenario.to_json(), indent=None, separators=(",", ":"))
+    if args.out == "-":
+        sys.stdout.write(text + "\n")
+    else:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from fairstream.bench import bench_engine
+
+    result = bench_engine(
+        tenants=args.tenants, nodes=args.nodes, pending=args.pending, policies=args.policies.split(","),
+        trace=args.trace, progress=args.progress,
+    )
+    print(json.dumps(result))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fairstream", description="Streaming fair-share scheduler and simulator.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    progress = argparse.ArgumentParser(add_help=False)
+    progress.add_argument("--progress", dest="progress", action="store_true", default=None,
+                          help="always show a progress bar (default: only on a terminal)")
+    progress.add_argument("--no-progress", dest="progress", action="store_false")
+
+    sim = sub.add_parser("simulate", parents=[progress], help="run one policy over a scenario or a trace")
+    sim.add_argument("--scenario", help="scenario JSON (see fairstream/schemas/scenario.schema.json)")
+    sim.add_argument("--trace", help="a real trace file")
+    sim.add_argument("--format", choices=["swim", "google"], help="trace format")
+    sim.add_argument("--limit", type=int, help="trace: first N jobs (swim) or tasks (google)")
+    sim.add_argument("--tenants", type=int, help="swim: number of queues, jobs round robin (default 4)")
+    sim.add_argument("--users", type=int, help="google: keep the first N users")
+    sim.add_argument("--nodes", type=int, help="trace: number of nodes of the default cluster")
+    sim.add_argument("--policy", required=True)
+    sim.add_argument("--param", action="append", metavar="NAME=VALUE", help="policy parameter (repeatable)")
+    sim.add_argument("--metric-resource", help="resource the fairness metrics are in (default mem, else dominant)")
+    sim.add_argument("--out", required=True, help="output directory")
+    sim.add_argument("--no-baseline", action="store_true", help="skip the static run used for speedups")
+    sim.add_argument("--no-plots", action="store_true")
+    sim.set_defaults(func=cmd_simulate)
+
+    demo = sub.add_parser("demo", parents=[progress], help="the four-queue macro-benchmark: static vs fair vs ltrf")
+    demo.add_argument("--out", default="demo-out")
+    demo.add_argument("--seed", type=int, default=1)
+    demo.add_argument("--scale", type=float, default=1.0, help="shrink task counts (1.0 = the full benchmark)")
+    demo.set_defaults(func=cmd_demo)
+
+    pol = sub.add_parser("policies", help="list policies and their parameters")
+    pol.set_defaults(func=cmd_policies)
+
+    gen = sub.add_parser("generate", help="write the macro-benchmark as a scenario file")
+    gen.add_argument("workload", choices=["macro"])
+    gen.add_argument("--seed", type=int, default=1)
+    gen.add_argument("--weights", default="1:1:1:1", help="queue weights Facebook:Purdue:Spark:TPC-H")
+    gen.add_argument("--scale", type=float, default=1.0)
+    gen.add_argument("--memory-only", action="store_true", help="one resource, memory (as YARN 2.2)")
+    gen.add_argument("--out", default="-")
+    gen.set_defaults(func=cmd_generate)
+
+    bench = sub.add_parser("bench", parents=[progress], help="benchmarks (JSON on stdout)")
+    bench.add_argument("target", choices=["engine"])
+    bench.add_argument("--tenants", type=int, default=1000)
+    bench.add_argument("--nodes", type=int, default=10000)
+    bench.add_argument("--pending", type=int, default=100000)
+    bench.add_argument("--policies", default="ltrf,drf,fair")
+    bench.add_argument("--trace", help="SWIM trace to time a whole simulation of (default: the FB-2009 sample if found)")
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from fairstream.logs import configure
+
+    configure()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ModelError as exc:
+        print(f"fairstream: error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # parameter conversions outside the model
+        print(f"fairstream: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

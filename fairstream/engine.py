@@ -1,0 +1,315 @@
+"""The deterministic scheduling engine shared by the simulator and the streaming worker.
+
+One call to ``Engine.step(time, events)``:
+
+1. advance accounting to ``time`` (integrate allocations, open a new round if one began);
+2. apply the events of this instant, in order (submitted, completed, heartbeat, lost);
+   an event that cannot be applied is rejected with a reason and changes nothing;
+3. take a snapshot and run the active policy once (one scheduling pass);
+4. check every decision against the engine's own view (it fits the node, the constraints
+   allow it, the task is pending) and apply it. A policy bug raises instead of over-committing.
+
+Decisions depend on the ordered input alone: the engine never reads a clock, and nothing in
+it is random.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from fairstream.accounting import Accounting, AccountingConfig
+from fairstream.model import (
+    EPSILON,
+    CompletionStatus,
+    Constraints,
+    Decision,
+    DecisionKind,
+    Event,
+    ModelError,
+    Node,
+    NodeHeartbeat,
+    NodeLost,
+    ResourceSpace,
+    Task,
+    TaskCompleted,
+    TaskState,
+    TaskSubmitted,
+)
+from fairstream.policies import get as get_policy
+from fairstream.snapshot import PendingQueue, Snapshot
+from fairstream.tenants import TenantTree
+
+
+class EventRejected(ModelError):
+    """An event that cannot be applied; the message is the dead-letter reason."""
+
+
+class PolicyViolation(RuntimeError):
+    """A policy returned a decision that would break an invariant (a bug, never input)."""
+
+
+@dataclass
+class StepResult:
+    decisions: list[Decision] = field(default_factory=list)
+    rejected: list[tuple[Event, str]] = field(default_factory=list)
+    finished: list[Task] = field(default_factory=list)
+
+
+def accounting_config(resources: ResourceSpace, params: Mapping[str, Any]) -> AccountingConfig:
+    """The accounting a policy's parameters ask for (defaults for policies without them)."""
+    resource = params.get("resource", "dominant")
+    index = None if resource == "dominant" or resource not in resources.names else resources.index(resource)
+    return AccountingConfig(
+        round_length=params.get("round", math.inf),
+        discount=params.get("discount", 1.0),
+        quantum=params.get("quantum", 60.0),
+        adaptive_quantum=params.get("quantum_mode", "adaptive") == "adaptive",
+        resource=index,
+    )
+
+
+class Engine:
+    """Cluster state plus the active policy. Not thread-safe; one engine per cluster."""
+
+    def __init__(
+        self,
+        resources: ResourceSpace,
+        tree: TenantTree,
+        policy: str,
+        params: Mapping[str, str] | None = None,
+        auto_tenants: bool = True,
+    ) -> None:
+        self.resources = resources
+        self.tree = tree
+        self.spec = get_policy(policy)
+        self.params = self.spec.parse_params(params or {})
+        if "resource" in self.params and self.params["resource"] != "dominant":
+            if self.params["resource"] not in resources.names:
+                known = ", ".join(resources.names)
+                raise ModelError(f"--param resource={self.params['resource']}: not a resource of this cluster (known: {known}, dominant)")
+        self.auto_tenants = auto_tenants
+        self.accounting = Accounting(len(resources), accounting_config(resources, self.params))
+        self.time: float | None = None
+        self.nodes: list[Node] = []
+        self.node_row: dict[str, int] = {}
+        self.capacity = np.zeros((0, len(resources)))
+        self.used = np.zeros((0, len(resources)))
+        self.tasks: dict[str, Task] = {}
+        self.pending: dict[str, PendingQueue] = {}
+        self._seq = 0
+        for leaf in tree.leaves:
+            self.accounting.add_tenant(leaf, tree.path(leaf))
+        self._refresh_shares()
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def policy(self) -> str:
+        return self.spec.name
+
+    def step(self, time: float, events: Iterable[Event]) -> StepResult:
+        """Apply the events of instant ``time``, then run one scheduling pass."""
+        if self.time is not None and time < self.time:
+            raise EventRejected(f"time {time} is before the engine clock {self.time}")
+        self.time = time
+        self.accounting.advance(time)
+        result = StepResult()
+        for event in events:
+            try:
+                self._apply(event, result)
+            except ModelError as exc:
+                result.rejected.append((event, str(exc)))
+        result.decisions.extend(self.schedule())
+        return result
+
+    def schedule(self) -> list[Decision]:
+        """One scheduling pass at the current time."""
+        if not self.pending or not self.nodes:
+            return []
+        snapshot = self.snapshot()
+        decisions = self.spec.decide(snapshot, self.params)
+        for decision in decisions:
+            self._start(decision)
+        return decisions
+
+    def snapshot(self) -> Snapshot:
+        acc = self.accounting
+        now = self.time if self.time is not None else 0.0
+        free = self.capacity - self.used
+        alive = np.array([n.alive for n in self.nodes], dtype=bool)
+        free[~alive] = -1.0
+        names = [ledger.name for ledger in acc.ledgers]
+        accumulated = acc.counted_usage.copy()
+        for row, ledger in enumerate(acc.ledgers):
+            if ledger.recent:
+                accumulated[row] += acc.top_up(row, now)
+        return Snapshot(
+            time=now,
+            resources=self.resources,
+            node_ids=[n.id for n in self.nodes],
+            node_labels=[n.labels for n in self.nodes],
+            free=free,
+            capacity=acc.capacity.copy(),
+            tree=self.tree,
+            tenants=names,
+            rows=dict(acc.row),
+            share_fraction=np.array([self.tree.effective_share[n] for n in names]),
+            allocation=acc.allocation.copy(),
+            share=acc.share.copy(),
+            accumulated=accumulated,
+            pseudo_accumulated=np.array([ledger.pseudo_accumulated for ledger in acc.ledgers]),
+            quantum=np.array([acc.quantum(row) for row in range(len(names))]),
+            arrival=np.array([math.inf if l.first_arrival is None else l.first_arrival for l in acc.ledgers]),
+            waiting_since=np.array([math.nan if l.waiting_since is None else l.waiting_since for l in acc.ledgers]),
+            pending={t: q for t, q in self.pending.items() if q.count > 0},
+            accounting=acc.config,
+        )
+
+    # ------------------------------------------------------------------ events
+
+    def _apply(self, event: Event, result: StepResult) -> None:
+        if isinstance(event, TaskSubmitted):
+            self._submit(event)
+        elif isinstance(event, TaskCompleted):
+            task = self._complete(event)
+            result.finished.append(task)
+        elif isinstance(event, NodeHeartbeat):
+            self._heartbeat(event)
+        elif isinstance(event, NodeLost):
+            result.decisions.extend(self._lose(event))
+        else:  # pragma: no cover - the type union is closed
+            raise EventRejected(f"unknown event type {type(event).__name__}")
+
+    def _submit(self, event: TaskSubmitted) -> Task:
+        if event.task in self.tasks:
+            raise EventRejected(f"task {event.task!r}: duplicate submission")
+        if not self.tree.is_leaf(event.tenant):
+            if event.tenant in self.tree.specs:
+                raise EventRejected(f"tenant {event.tenant!r}: a queue with children; tasks go to leaves")
+            if not self.auto_tenants:
+                raise EventRejected(f"tenant {event.tenant!r}: unknown tenant")
+        demand = self.resources.vector(event.demand, where="demand")
+        if not demand.any():
+            raise EventRejected("demand: must ask for some resource (all zero)")
+        constraints = Constraints.from_json(event.constraints)
+        if self.tree.ensure_leaf(event.tenant):
+            self.accounting.add_tenant(event.tenant, self.tree.path(event.tenant))
+            self._refresh_shares()
+        self._seq += 1
+        task = Task(
+            id=event.task,
+            job=event.job,
+            tenant=event.tenant,
+            demand=demand,
+            submit=event.time,
+            constraints=constraints,
+            seq=self._seq,
+            demand_map=self.resources.as_dict(demand),
+        )
+        self.tasks[task.id] = task
+        self.pending.setdefault(task.tenant, PendingQueue()).add(task)
+        self.accounting.on_submit(self.accounting.row[task.tenant], demand, event.time)
+        return task
+
+    def _complete(self, event: TaskCompleted) -> Task:
+        task = self.tasks.get(event.task)
+        if task is None:
+            raise EventRejected(f"task {event.task!r}: completion of an unknown task")
+        row = self.accounting.row[task.tenant]
+        if task.state is TaskState.DONE:
+            raise EventRejected(f"task {event.task!r}: already completed")
+        if task.state is TaskState.PENDING:
+            # Killed (or failed) before it ever ran: it leaves the queue.
+            task.state = TaskState.DONE
+            self.pending[task.tenant].removed(task)
+            self.accounting.on_cancel_pending(row, task.demand)
+            return task
+        node = self.node_row[task.node]
+        self.used[node] -= task.demand
+        np.maximum(self.used[node], 0.0, out=self.used[node])
+        task.state = TaskState.DONE
+        self.accounting.on_finish(row, task.running_entry, event.time, self.tree)
+        return task
+
+    def _heartbeat(self, event: NodeHeartbeat) -> None:
+        capacity = self.resources.vector(event.capacity, where="capacity")
+        labels = dict(event.labels or {})
+        row = self.node_row.get(event.node)
+        if row is None:
+            self.node_row[event.node] = len(self.nodes)
+            self.nodes.append(Node(event.node, capacity, labels, True, event.time))
+            self.capacity = np.vstack([self.capacity, capacity[None, :]])
+            self.used = np.vstack([self.used, np.zeros((1, len(self.resources)))])
+        else:
+            node = self.nodes[row]
+            node.capacity, node.alive, node.last_heartbeat = capacity, True, event.time
+            if event.labels is not None:
+                node.labels = labels
+            self.capacity[row] = capacity
+        self._refresh_shares()
+
+    def _lose(self, event: NodeLost) -> list[Decision]:
+        row = self.node_row.get(event.node)
+        if row is None:
+            raise EventRejected(f"node {event.node!r}: unknown node")
+        node = self.nodes[row]
+        if not node.alive:
+            return []
+        node.alive = False
+        requeued = []
+        for task in self.tasks.values():
+            if task.state is TaskState.RUNNING and task.node == event.node:
+                requeued.append(task)
+        requeued.sort(key=lambda t: t.seq)
+        decisions = []
+        for task in requeued:
+            self.used[row] -= task.demand
+            self.accounting.on_requeue(self.accounting.row[task.tenant], task.running_entry, event.time)
+            task.state, task.node, task.start, task.running_entry = TaskState.PENDING, None, None, None
+            self.pending[task.tenant].add(task)
+            decisions.append(
+                Decision(event.time, task.id, task.job, task.tenant, event.node, task.demand_map,
+                         self.policy, f"requeue: node {event.node} lost", DecisionKind.REQUEUE)
+            )
+        self.used[row] = 0.0
+        self._refresh_shares()
+        return decisions
+
+    # --------------------------------------------------------------- decisions
+
+    def _start(self, decision: Decision) -> None:
+        task = self.tasks.get(decision.task)
+        if task is None or task.state is not TaskState.PENDING:
+            raise PolicyViolation(f"{decision.policy} placed task {decision.task!r} that is not pending")
+        row = self.node_row[decision.node]
+        node = self.nodes[row]
+        if not node.alive:
+            raise PolicyViolation(f"{decision.policy} placed {task.id} on lost node {node.id}")
+        if not task.constraints.allows(node.id, node.labels):
+            raise PolicyViolation(f"{decision.policy} placed {task.id} on {node.id} against its constraints")
+        if ((self.used[row] + task.demand) > self.capacity[row] + EPSILON).any():
+            raise PolicyViolation(f"{decision.policy} over-commits node {node.id} with {task.id}")
+        self.used[row] += task.demand
+        task.state, task.node, task.start = TaskState.RUNNING, node.id, decision.time
+        self.pending[task.tenant].removed(task)
+        task.running_entry = self.accounting.on_start(self.accounting.row[task.tenant], task.demand, decision.time)
+
+    def _refresh_shares(self) -> None:
+        alive = [i for i, n in enumerate(self.nodes) if n.alive]
+        total = self.capacity[alive].sum(axis=0) if alive else np.zeros(len(self.resources))
+        self.accounting.set_shares(total, self.tree.effective_share)
+
+    # ---------------------------------------------------------------- queries
+
+    def running_tasks(self) -> list[Task]:
+        return [t for t in self.tasks.values() if t.state is TaskState.RUNNING]
+
+    def node_usage(self) -> dict[str, np.ndarray]:
+        return {n.id: self.used[i].copy() for i, n in enumerate(self.nodes)}
+
+
+__all__ = ["Engine", "EventRejected", "PolicyViolation", "StepResult", "CompletionStatus"]

@@ -1,0 +1,258 @@
+"""The scheduling model: resources, nodes, the tenant tree, tasks, events and decisions.
+
+Everything here is plain data. The engine (``fairstream.engine``) owns the mutable state;
+policies only ever see a read-only ``Snapshot`` built from it.
+
+Resources are named vectors: a ``ResourceSpace`` fixes the names and their order once per
+cluster, and every demand or capacity is a ``numpy`` vector in that order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Mapping, Sequence
+
+import numpy as np
+
+#: Slack allowed when comparing sums of floating-point demands against capacity.
+EPSILON = 1e-9
+
+DEFAULT_RESOURCES = ("cpu", "mem")
+ROOT = "root"
+
+
+class ModelError(ValueError):
+    """An input that does not fit the model: the message names the offending field."""
+
+
+@dataclass(frozen=True)
+class ResourceSpace:
+    """The ordered resource names of one cluster (e.g. ``("cpu", "mem")``)."""
+
+    names: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.names:
+            raise ModelError("resources: at least one resource name is needed")
+        if len(set(self.names)) != len(self.names):
+            raise ModelError(f"resources: duplicate names in {list(self.names)}")
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def index(self, name: str) -> int:
+        try:
+            return self.names.index(name)
+        except ValueError:
+            raise ModelError(f"unknown resource {name!r} (known: {', '.join(self.names)})") from None
+
+    def vector(self, amounts: Mapping[str, float], where: str = "demand") -> np.ndarray:
+        """Turn ``{"cpu": 1, "mem": 2}`` into a vector; missing names are 0.
+
+        Raises ``ModelError`` naming ``where`` for unknown names, negative or non-numeric values.
+        """
+        vec = np.zeros(len(self.names))
+        for name, amount in amounts.items():
+            if name not in self.names:
+                raise ModelError(f"{where}.{name}: unknown resource (known: {', '.join(self.names)})")
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)):
+                raise ModelError(f"{where}.{name}: must be a number, got {amount!r}")
+            if not np.isfinite(amount) or amount < 0:
+                raise ModelError(f"{where}.{name}: must be a finite number >= 0, got {amount!r}")
+            vec[self.names.index(name)] = float(amount)
+        return vec
+
+    def as_dict(self, vec: Sequence[float]) -> dict[str, float]:
+        return {name: float(vec[i]) for i, name in enumerate(self.names)}
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Placement constraints of a task: an allow-list of nodes and/or required node labels."""
+
+    nodes: frozenset[str] | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return self.nodes is None and not self.labels
+
+    def allows(self, node_id: str, node_labels: Mapping[str, str]) -> bool:
+        if self.nodes is not None and node_id not in self.nodes:
+            return False
+        return all(node_labels.get(key) == value for key, value in self.labels)
+
+    @staticmethod
+    def from_json(raw: Mapping | None, where: str = "constraints") -> "Constraints":
+        if not raw:
+            return NO_CONSTRAINTS
+        nodes = raw.get("nodes")
+        labels = raw.get("labels") or {}
+        if nodes is not None and (not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes)):
+            raise ModelError(f"{where}.nodes: must be a list of node ids")
+        if not isinstance(labels, Mapping) or not all(isinstance(v, str) for v in labels.values()):
+            raise ModelError(f"{where}.labels: must be an object of string values")
+        return Constraints(
+            nodes=frozenset(nodes) if nodes is not None else None,
+            labels=tuple(sorted(labels.items())),
+        )
+
+    def to_json(self) -> dict:
+        out: dict = {}
+        if self.nodes is not None:
+            out["nodes"] = sorted(self.nodes)
+        if self.labels:
+            out["labels"] = dict(self.labels)
+        return out
+
+
+NO_CONSTRAINTS = Constraints()
+
+
+@dataclass
+class Node:
+    """A machine: capacity vector, labels and liveness (``alive`` is False after NodeLost)."""
+
+    id: str
+    capacity: np.ndarray
+    labels: dict[str, str] = field(default_factory=dict)
+    alive: bool = True
+    last_heartbeat: float = 0.0
+
+
+@dataclass
+class TenantSpec:
+    """One node of the tenant tree: a queue (has children) or a leaf (user, application).
+
+    ``weight`` is relative to siblings. ``min_share``/``max_share`` are fractions of the cluster
+    (dominant share in multi-resource terms, the policy's resource in single-resource terms).
+    """
+
+    id: str
+    parent: str = ROOT
+    weight: float = 1.0
+    min_share: float = 0.0
+    max_share: float = 1.0
+
+
+class TaskState(str, Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+
+
+@dataclass(eq=False)
+class Task:
+    """A unit of work. ``duration`` is the true run time, known to the simulator only.
+
+    ``seq`` is the global arrival sequence number: the last tie-break everywhere.
+    ``shape`` groups tasks that fit exactly the same nodes (demand and constraints).
+    """
+
+    id: str
+    job: str
+    tenant: str
+    demand: np.ndarray
+    submit: float
+    constraints: Constraints = NO_CONSTRAINTS
+    duration: float | None = None
+    seq: int = 0
+    demand_map: dict[str, float] = field(default_factory=dict)
+    # Filled in by the engine.
+    state: TaskState = TaskState.PENDING
+    node: str | None = None
+    start: float | None = None
+    running_entry: object = None
+
+    @property
+    def shape(self) -> tuple:
+        return (self.demand.tobytes(), self.constraints)
+
+
+# ----------------------------------------------------------------------------------- events
+
+
+class CompletionStatus(str, Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    KILLED = "killed"
+
+
+@dataclass(frozen=True)
+class TaskSubmitted:
+    time: float
+    task: str
+    job: str
+    tenant: str
+    demand: Mapping[str, float]
+    constraints: Mapping | None = None
+
+
+@dataclass(frozen=True)
+class TaskCompleted:
+    time: float
+    task: str
+    status: CompletionStatus = CompletionStatus.SUCCEEDED
+
+
+@dataclass(frozen=True)
+class NodeHeartbeat:
+    time: float
+    node: str
+    capacity: Mapping[str, float]
+    labels: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class NodeLost:
+    time: float
+    node: str
+
+
+Event = TaskSubmitted | TaskCompleted | NodeHeartbeat | NodeLost
+
+
+# ------------------------------------------------------------------------------- decisions
+
+
+class DecisionKind(str, Enum):
+    PLACE = "place"
+    REQUEUE = "requeue"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One scheduling decision, plain data with the reason it was taken.
+
+    ``PLACE``: run ``task`` on ``node``. ``REQUEUE``: the task's node was lost; it is pending again.
+    """
+
+    time: float
+    task: str
+    job: str
+    tenant: str
+    node: str
+    demand: Mapping[str, float]
+    policy: str
+    reason: str
+    kind: DecisionKind = DecisionKind.PLACE
+
+    @property
+    def id(self) -> str:
+        """Idempotency key: a task is placed at most once per (task, time, kind)."""
+        return f"{self.kind.value}:{self.task}@{self.time!r}"
+
+    def to_json(self) -> dict:
+        return {
+            "id": self.id,
+            "kind": self.kind.value,
+            "time": self.time,
+            "task": self.task,
+            "job": self.job,
+            "tenant": self.tenant,
+            "node": self.node,
+            "demand": dict(self.demand),
+            "policy": self.policy,
+            "reason": self.reason,
+        }

@@ -1,0 +1,61 @@
+"""Writing a run to disk: decisions.jsonl, metrics.json and plots."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from fairstream.simulator import SimResult
+
+
+def _clean(value):
+    """JSON has no inf or NaN: they become null."""
+    if isinstance(value, float) and (math.isinf(value) or math.isnan(value)):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def speedups(result: SimResult, baseline: SimResult) -> dict:
+    """Per-tenant makespan and mean-JCT speedup of ``result`` over ``baseline`` (static)."""
+    ours, theirs = result.summary()["tenants"], baseline.summary()["tenants"]
+    out = {}
+    for tenant, base in theirs.items():
+        mine = ours.get(tenant, {})
+        out[tenant] = {
+            "makespan": (base["makespan"] / mine["makespan"]) if base.get("makespan") and mine.get("makespan") else None,
+            "mean_jct": (base["mean_jct"] / mine["mean_jct"]) if base.get("mean_jct") and mine.get("mean_jct") else None,
+        }
+    total_base, total = baseline.summary()["makespan"], result.summary()["makespan"]
+    return {"tenants": out, "overall_makespan": (total_base / total) if total_base and total else None}
+
+
+def metrics_document(result: SimResult, baseline: SimResult | None = None) -> dict:
+    m = result.metrics
+    doc = {
+        "summary": result.summary(),
+        "sample_interval": m.sample_interval,
+        "tenants": {name: vars(series) for name, series in sorted(m.series.items())},
+        "cluster": m.cluster,
+    }
+    if baseline is not None:
+        doc["speedup_vs_static"] = speedups(result, baseline)
+    return _clean(doc)
+
+
+def write_run(result: SimResult, out: Path, baseline: SimResult | None = None, plots: bool = True) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "decisions.jsonl", "w") as handle:
+        for decision in result.decisions:
+            handle.write(json.dumps(decision.to_json(), separators=(",", ":")) + "\n")
+    (out / "metrics.json").write_text(json.dumps(metrics_document(result, baseline), indent=1))
+    written = [out / "decisions.jsonl", out / "metrics.json"]
+    if plots:
+        from fairstream.plots import plot_run
+
+        written += plot_run(result, out)
+    return written

@@ -1,0 +1,240 @@
+"""The working state of one scheduling pass and the loop most policies share.
+
+A ``Cycle`` copies the snapshot's free capacity and allocations and applies tentative
+placements to the copy: policies never mutate the snapshot, so "what if" is always free.
+
+Placement is next-fit over nodes in a stable order: the node under the cursor is tried first
+(O(1) while it has room), otherwise a vectorised scan finds the first node at or after the
+cursor with room on every resource that the task's constraints allow. A task shape (demand and
+constraints) that fits nowhere is remembered for the rest of the pass: capacity only shrinks
+within a pass, so it cannot fit later either. That makes every pass work-conserving for the
+order it is given: it stops only when no pending task fits anywhere.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Callable
+
+import numpy as np
+
+from fairstream.fairness import dominant_share
+from fairstream.model import EPSILON, ROOT, Constraints, Decision, Task
+from fairstream.snapshot import Snapshot
+
+
+class Cycle:
+    """Tentative state of one pass: free capacity, tenant and queue allocations, decisions."""
+
+    def __init__(self, snapshot: Snapshot, policy: str) -> None:
+        self.snapshot = snapshot
+        self.policy = policy
+        self.free = snapshot.free.copy()
+        self.allocation = snapshot.allocation.copy()
+        self.decisions: list[Decision] = []
+        self.cursor = 0
+        self._failed_shapes: set[tuple] = set()
+        # Demands that fit on no node at all: anything at least as large cannot fit either.
+        self._too_large: list[np.ndarray] = []
+        self._failed_for: dict[str, set[tuple]] = {}
+        self._heads: dict[str, list] = {}
+        self._taken: dict[tuple[str, tuple], int] = {}
+        self._eligible: dict[Constraints, np.ndarray] = {}
+        tree = snapshot.tree
+        self._capped = any(s.max_share < 1 or s.min_share > 0 for s in tree.specs.values())
+        self.group_allocation: dict[str, np.ndarray] = {}
+        if self._capped:
+            for tenant, row in snapshot.rows.items():
+                for node in tree.path(tenant):
+                    prev = self.group_allocation.get(node)
+                    alloc = snapshot.allocation[row]
+                    self.group_allocation[node] = alloc.copy() if prev is None else prev + alloc
+
+    # ------------------------------------------------------------------- tasks
+
+    def next_task(self, tenant: str) -> Task | None:
+        """The tenant's earliest pending task whose shape can still fit, or None."""
+        heads = self._heads.get(tenant)
+        if heads is None:
+            queue = self.snapshot.pending.get(tenant)
+            heads = []
+            if queue is not None:
+                for shape, group in queue.groups.items():
+                    task, _ = group.pending_at(0)
+                    if task is not None:
+                        heads.append((task.seq, shape))
+                heapq.heapify(heads)
+            self._heads[tenant] = heads
+        failed_here = self._failed_for.get(tenant, ())
+        while heads:
+            seq, shape = heads[0]
+            if shape in self._failed_shapes or shape in failed_here:
+                heapq.heappop(heads)
+                continue
+            group = self.snapshot.pending[tenant].groups[shape]
+            task, _ = group.pending_at(self._taken.get((tenant, shape), 0))
+            if task is None:
+                heapq.heappop(heads)
+                continue
+            return task
+        return None
+
+    def _advance(self, tenant: str, task: Task) -> None:
+        shape = task.shape
+        group = self.snapshot.pending[tenant].groups[shape]
+        taken_key = (tenant, shape)
+        _, offset = group.pending_at(self._taken.get(taken_key, 0))
+        self._taken[taken_key] = offset + 1
+        heads = self._heads[tenant]
+        nxt, _ = group.pending_at(offset + 1)
+        if nxt is None:
+            heapq.heappop(heads)
+        else:
+            heapq.heapreplace(heads, (nxt.seq, shape))
+
+    def skip_for(self, tenant: str, task: Task) -> None:
+        """This tenant may not run tasks of this shape in this pass (a quota or cap)."""
+        self._failed_for.setdefault(tenant, set()).add(task.shape)
+
+    # ------------------------------------------------------------------- nodes
+
+    def eligible(self, constraints: Constraints) -> np.ndarray:
+        mask = self._eligible.get(constraints)
+        if mask is None:
+            snap = self.snapshot
+            mask = np.fromiter(
+                (constraints.allows(nid, labels) for nid, labels in zip(snap.node_ids, snap.node_labels)),
+                dtype=bool,
+                count=len(snap.node_ids),
+            )
+            self._eligible[constraints] = mask
+        return mask
+
+    def find_node(self, task: Task) -> int | None:
+        """Next fit: the first node at or after the cursor with room that the task may use."""
+        free = self.free
+        if not len(free):
+            return None
+        need = task.demand - EPSILON
+        constrained = not task.constraints.empty
+        c = self.cursor
+        if (free[c] >= need).all() and (not constrained or self.eligible(task.constraints)[c]):
+            return c
+        fits = (free >= need).all(axis=1)
+        if constrained:
+            fits &= self.eligible(task.constraints)
+        candidates = np.flatnonzero(fits)
+        if not len(candidates):
+            return None
+        i = int(np.searchsorted(candidates, c))
+        return int(candidates[i] if i < len(candidates) else candidates[0])
+
+    # --------------------------------------------------------------- placement
+
+    def within_caps(self, tenant: str, task: Task) -> bool:
+        """True unless the task would lift the tenant or one of its queues over max_share."""
+        if not self._capped:
+            return True
+        tree, cap = self.snapshot.tree, self.snapshot.capacity
+        for node in tree.path(tenant):
+            limit = tree.specs[node].max_share
+            if limit < 1 and dominant_share(self.group_allocation[node] + task.demand, cap) > limit + EPSILON:
+                return False
+        return True
+
+    def below_min_share(self, tenant: str) -> bool:
+        """True if the tenant or one of its queues is below its guaranteed min_share."""
+        if not self._capped:
+            return False
+        tree, cap = self.snapshot.tree, self.snapshot.capacity
+        return any(
+            tree.specs[node].min_share > 0
+            and dominant_share(self.group_allocation[node], cap) < tree.specs[node].min_share - EPSILON
+            for node in tree.path(tenant)
+        )
+
+    def try_place(self, tenant: str, task: Task, reason: str | Callable[[], str]) -> bool:
+        """Place ``task`` if caps and some node allow it; otherwise remember why not."""
+        if not self.within_caps(tenant, task):
+            self.skip_for(tenant, task)
+            return False
+        demand = task.demand
+        if any((demand >= floor).all() for floor in self._too_large):
+            self._failed_shapes.add(task.shape)
+            return False
+        node = self.find_node(task)
+        if node is None:
+            self._failed_shapes.add(task.shape)
+            if task.constraints.empty:
+                self._too_large.append(demand)
+            return False
+        self.commit(tenant, task, node, reason() if callable(reason) else reason)
+        return True
+
+    def commit(self, tenant: str, task: Task, node: int, reason: str) -> None:
+        self.free[node] -= task.demand
+        self.cursor = node
+        row = self.snapshot.rows[tenant]
+        self.allocation[row] += task.demand
+        if self._capped:
+            for group in self.snapshot.tree.path(tenant):
+                self.group_allocation[group] += task.demand
+        self._advance(tenant, task)
+        self.decisions.append(
+            Decision(
+                time=self.snapshot.time,
+                task=task.id,
+                job=task.job,
+                tenant=tenant,
+                node=self.snapshot.node_ids[node],
+                demand=task.demand_map,
+                policy=self.policy,
+                reason=reason,
+            )
+        )
+
+
+KeyFn = Callable[[Cycle, str], tuple]
+ChargeFn = Callable[[Cycle, str, Task], None]
+ReasonFn = Callable[[Cycle, str, tuple], str]
+
+
+def serve_in_order(
+    snapshot: Snapshot,
+    policy: str,
+    key: KeyFn,
+    reason: ReasonFn,
+    charge: ChargeFn | None = None,
+    admit: Callable[[Cycle, str, Task], bool] | None = None,
+) -> list[Decision]:
+    """The loop of every flat policy: serve the tenant with the smallest key, one task at a time.
+
+    ``key(cycle, tenant)`` is recomputed after each placement or skip of that tenant (keys of
+    other tenants do not change when one tenant is served). ``charge`` updates policy-private
+    state after a placement (LTRF's accumulated usage). ``admit`` is a per-tenant quota check.
+    The loop ends when no demanding tenant has a task that fits: work conservation.
+    """
+    cycle = Cycle(snapshot, policy)
+    heap = []
+    for tenant in snapshot.demanding():
+        heap.append((key(cycle, tenant), tenant))
+    heapq.heapify(heap)
+    while heap:
+        tenant_key, tenant = heapq.heappop(heap)
+        task = cycle.next_task(tenant)
+        if task is None:
+            continue  # nothing of this tenant fits any more
+        if admit is not None and not admit(cycle, tenant, task):
+            cycle.skip_for(tenant, task)
+        elif cycle.try_place(tenant, task, lambda: reason(cycle, tenant, tenant_key)):
+            if charge is not None:
+                charge(cycle, tenant, task)
+        heapq.heappush(heap, (key(cycle, tenant), tenant))
+    return cycle.decisions
+
+
+def leaf_arrival(snapshot: Snapshot, tenant: str) -> float:
+    return float(snapshot.arrival[snapshot.rows[tenant]])
+
+
+__all__ = ["Cycle", "serve_in_order", "leaf_arrival", "ROOT"]

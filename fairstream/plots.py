@@ -1,0 +1,98 @@
+"""PNG plots of a run, in the style of the LTRF paper's Figures 4, 5, 6 and 7 (matplotlib, Agg)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _per_tenant(ax, series: dict, field: str, title: str, ylabel: str) -> None:
+    for name, s in sorted(series.items()):
+        ax.plot(s.time, getattr(s, field), label=name, linewidth=1.2)
+    ax.set_title(title)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def plot_run(result, out: Path) -> list[Path]:
+    """Accumulated usage, current allocation, fairness degree per tenant; cluster Psi/Omega."""
+    m = result.metrics
+    unit = m.metric_resource if m.metric_resource != "dominant" else "dominant share"
+    written = []
+    figures = [
+        ("accumulated.png", "f_policy", f"{result.policy}: accumulated usage as the policy counts it", f"{unit} x seconds / capacity"),
+        ("allocation.png", "g", f"{result.policy}: current allocation g_i(t)", f"{unit} share of cluster"),
+        ("fairness.png", "rho", f"{result.policy}: fairness degree rho_i(t) (formula 3)", "rho"),
+    ]
+    for filename, field, title, ylabel in figures:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        _per_tenant(ax, m.series, field, title, ylabel)
+        if field == "rho":
+            ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        fig.tight_layout()
+        fig.savefig(out / filename, dpi=110)
+        plt.close(fig)
+        written.append(out / filename)
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    top.plot(m.cluster["time"], m.cluster["psi"], label="sharing benefit Psi")
+    top.plot(m.cluster["time"], m.cluster["omega"], label="sharing loss Omega")
+    top.axhline(0, color="black", linewidth=0.8)
+    top.set_title(f"{result.policy}: sharing benefit and loss (formulas 4-5)")
+    top.legend(fontsize=8)
+    top.grid(alpha=0.3)
+    for key in m.cluster:
+        if key.startswith("util_"):
+            bottom.plot(m.cluster["time"], m.cluster[key], label=key[5:])
+    bottom.set_ylabel("utilisation")
+    bottom.set_xlabel("time (s)")
+    bottom.set_ylim(0, 1.05)
+    bottom.legend(fontsize=8)
+    bottom.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "cluster.png", dpi=110)
+    plt.close(fig)
+    written.append(out / "cluster.png")
+    return written
+
+
+def plot_comparison(results: dict, speedups: dict, out: Path) -> list[Path]:
+    """Figure 5 (fairness degree per queue and Psi/Omega per policy) and Figure 6 (speedup)."""
+    policies = list(results)
+    tenants = sorted(next(iter(results.values())).metrics.series)
+    fig, axes = plt.subplots(len(policies), 2, figsize=(12, 3.2 * len(policies)), squeeze=False)
+    for i, policy in enumerate(policies):
+        m = results[policy].metrics
+        left, right = axes[i]
+        left.plot(m.cluster["time"], m.cluster["psi"], label="benefit Psi")
+        left.plot(m.cluster["time"], m.cluster["omega"], label="loss Omega")
+        left.axhline(0, color="black", linewidth=0.8)
+        left.set_title(f"{policy}: sharing benefit / loss")
+        left.legend(fontsize=8)
+        left.grid(alpha=0.3)
+        _per_tenant(right, m.series, "rho", f"{policy}: fairness degree per queue", "rho")
+        right.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    fig.tight_layout()
+    fig.savefig(out / "figure5_fairness.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / max(len(policies), 1)
+    for i, policy in enumerate(policies):
+        values = [speedups[policy].get(t) or 0.0 for t in tenants]
+        ax.bar([k + i * width for k in range(len(tenants))], values, width=width, label=policy)
+    ax.set_xticks([k + width * (len(policies) - 1) / 2 for k in range(len(tenants))], tenants)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_ylabel("speedup vs static (makespan)")
+    ax.set_title("Figure 6: per-queue speedup relative to static partitioning")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "figure6_speedup.png", dpi=110)
+    plt.close(fig)
+    return [out / "figure5_fairness.png", out / "figure6_speedup.png"]

@@ -1,0 +1,200 @@
+"""Scenario files: a cluster, a tenant tree and a workload (``schemas/scenario.schema.json``).
+
+``load_scenario(path)`` validates against the JSON Schema and then the cross-references the
+schema cannot express (unknown tenants, duplicate ids, resource names). Every problem is a
+``ModelError`` whose message is one line naming the field, e.g.
+``tasks[3].demand.gpu: unknown resource (known: cpu, mem)``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources as package_files
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from fairstream.model import DEFAULT_RESOURCES, ROOT, Constraints, ModelError, ResourceSpace, TenantSpec
+from fairstream.tenants import TenantTree
+
+
+@dataclass
+class NodeSpec:
+    id: str
+    capacity: dict[str, float]
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class TaskSpec:
+    """A task of the workload as the simulator releases it (``duration`` stays with the simulator)."""
+
+    id: str
+    job: str
+    tenant: str
+    submit: float
+    duration: float
+    demand: dict[str, float]
+    constraints: dict | None = None
+    stage: int = 0
+    after_job: str | None = None
+    delay: float = 0.0
+
+
+@dataclass
+class NodeEventSpec:
+    time: float
+    type: str
+    node: str
+    capacity: dict[str, float] | None = None
+    labels: dict[str, str] | None = None
+
+
+@dataclass
+class Scenario:
+    resources: ResourceSpace
+    tree: TenantTree
+    nodes: list[NodeSpec]
+    tasks: list[TaskSpec]
+    events: list[NodeEventSpec] = field(default_factory=list)
+    name: str = "scenario"
+
+    def to_json(self) -> dict:
+        """The scenario as a document that ``load_scenario`` accepts."""
+        return {
+            "version": 1,
+            "name": self.name,
+            "resources": list(self.resources.names),
+            "nodes": [{"id": n.id, "capacity": n.capacity, **({"labels": n.labels} if n.labels else {})} for n in self.nodes],
+            "tenants": [
+                {"id": s.id, **({"parent": s.parent} if s.parent != ROOT else {}), "weight": s.weight,
+                 **({"min_share": s.min_share} if s.min_share else {}),
+                 **({"max_share": s.max_share} if s.max_share < 1 else {})}
+                for s in self.tree.specs.values()
+            ],
+            "tasks": [_task_json(t) for t in self.tasks],
+            **({"events": [_event_json(e) for e in self.events]} if self.events else {}),
+        }
+
+
+def _task_json(t: TaskSpec) -> dict:
+    out: dict[str, Any] = {"id": t.id, "job": t.job, "tenant": t.tenant, "submit": t.submit,
+                           "duration": t.duration, "demand": t.demand}
+    if t.constraints:
+        out["constraints"] = t.constraints
+    if t.stage:
+        out["stage"] = t.stage
+    if t.after_job is not None:
+        out["after_job"] = t.after_job
+        out["delay"] = t.delay
+    return out
+
+
+def _event_json(e: NodeEventSpec) -> dict:
+    out: dict[str, Any] = {"time": e.time, "type": e.type, "node": e.node}
+    if e.capacity is not None:
+        out["capacity"] = e.capacity
+    if e.labels is not None:
+        out["labels"] = e.labels
+    return out
+
+
+@lru_cache(maxsize=1)
+def scenario_schema() -> dict:
+    text = package_files.files("fairstream").joinpath("schemas/scenario.schema.json").read_text()
+    return json.loads(text)
+
+
+def _where(path) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file; raises ``ModelError`` with a one-line message."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ModelError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"{path}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    return parse_scenario(document)
+
+
+def parse_scenario(document: Any) -> Scenario:
+    validator = jsonschema.Draft202012Validator(scenario_schema())
+    error = jsonschema.exceptions.best_match(validator.iter_errors(document))
+    if error is not None:
+        raise ModelError(f"{_where(error.absolute_path)}: {error.message}")
+
+    resources = ResourceSpace(tuple(document.get("resources", DEFAULT_RESOURCES)))
+
+    def check_vector(vector: dict, where: str) -> dict[str, float]:
+        resources.vector(vector, where=where)  # names and values
+        return {k: float(v) for k, v in vector.items()}
+
+    nodes: list[NodeSpec] = []
+    for i, raw in enumerate(document["nodes"]):
+        capacity = check_vector(raw["capacity"], f"nodes[{i}].capacity")
+        ids = [raw["id"]] if "count" not in raw else [f"{raw['id']}-{k}" for k in range(raw["count"])]
+        nodes.extend(NodeSpec(node_id, dict(capacity), dict(raw.get("labels", {}))) for node_id in ids)
+    seen: set[str] = set()
+    for node in nodes:
+        if node.id in seen:
+            raise ModelError(f"nodes: duplicate node id {node.id!r}")
+        seen.add(node.id)
+
+    task_tenants = [t["tenant"] for t in document["tasks"]]
+    if "tenants" in document:
+        specs = [
+            TenantSpec(id=t["id"], parent=t.get("parent", ROOT), weight=float(t.get("weight", 1.0)),
+                       min_share=float(t.get("min_share", 0.0)), max_share=float(t.get("max_share", 1.0)))
+            for t in document["tenants"]
+        ]
+    else:
+        specs = [TenantSpec(id=name) for name in dict.fromkeys(task_tenants)]
+    tree = TenantTree.from_specs(specs)
+
+    tasks: list[TaskSpec] = []
+    ids: set[str] = set()
+    for i, raw in enumerate(document["tasks"]):
+        where = f"tasks[{i}]"
+        if not tree.is_leaf(raw["tenant"]):
+            what = "is a queue with children" if raw["tenant"] in tree.specs else "unknown tenant"
+            raise ModelError(f"{where}.tenant: {raw['tenant']!r} {what}")
+        demand = check_vector(raw["demand"], f"{where}.demand")
+        if not any(demand.values()):
+            raise ModelError(f"{where}.demand: must ask for some resource (all zero)")
+        Constraints.from_json(raw.get("constraints"), where=f"{where}.constraints")
+        count = raw.get("count")
+        names = [raw["id"]] if count is None else [f"{raw['id']}-{k}" for k in range(count)]
+        for name in names:
+            if name in ids:
+                raise ModelError(f"{where}.id: duplicate task id {name!r}")
+            ids.add(name)
+            tasks.append(TaskSpec(
+                id=name, job=raw.get("job", raw["id"]), tenant=raw["tenant"], submit=float(raw["submit"]),
+                duration=float(raw["duration"]), demand=dict(demand), constraints=raw.get("constraints"),
+                stage=int(raw.get("stage", 0)), after_job=raw.get("after_job"), delay=float(raw.get("delay", 0.0)),
+            ))
+    jobs = {t.job for t in tasks}
+    for i, t in enumerate(tasks):
+        if t.after_job is not None and t.after_job not in jobs:
+            raise ModelError(f"tasks[{i}].after_job: unknown job {t.after_job!r}")
+
+    events = []
+    for i, raw in enumerate(document.get("events", [])):
+        if raw["node"] not in seen:
+            raise ModelError(f"events[{i}].node: unknown node {raw['node']!r}")
+        capacity = check_vector(raw["capacity"], f"events[{i}].capacity") if "capacity" in raw else None
+        if raw["type"] == "node_heartbeat" and capacity is None:
+            raise ModelError(f"events[{i}].capacity: required for node_heartbeat")
+        events.append(NodeEventSpec(float(raw["time"]), raw["type"], raw["node"], capacity, raw.get("labels")))
+    return Scenario(resources, tree, nodes, tasks, events, name=str(document.get("name", "scenario")))

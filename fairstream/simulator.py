@@ -1,0 +1,252 @@
+"""The embedded discrete-event simulator: the engine driven by a scenario, no Kafka, no Redis.
+
+Events are kept in one heap ordered by (time, kind, sequence). All events of one instant are
+handed to ``Engine.step`` together, then the engine runs one scheduling pass. A placed task
+finishes ``duration`` later; its completion is the next event for it. Stages and
+``after_job`` hold tasks back until what they wait for has finished, the way map and reduce
+phases or chained jobs behave.
+
+The run is a function of the scenario, the policy and its parameters alone.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from fairstream.engine import Engine
+from fairstream.metrics import MetricsRecorder, job_statistics
+from fairstream.model import (
+    Decision,
+    DecisionKind,
+    ModelError,
+    NodeHeartbeat,
+    NodeLost,
+    TaskCompleted,
+    TaskSubmitted,
+)
+from fairstream.scenario import Scenario, TaskSpec
+
+# Order of event kinds within one instant (all are applied before the pass anyway).
+_COMPLETE, _NODE, _SUBMIT = 0, 1, 2
+
+
+@dataclass
+class SimResult:
+    policy: str
+    params: dict
+    decisions: list[Decision]
+    tasks: dict[str, dict]
+    metrics: MetricsRecorder
+    end_time: float
+    events: list = field(default_factory=list)  # the ordered engine input, when recorded
+
+    def summary(self) -> dict:
+        jobs, tenants = job_statistics(self.tasks)
+        degrees = self.metrics.degrees()
+        submits = [t["submit"] for t in self.tasks.values()]
+        finishes = [t["finish"] for t in self.tasks.values() if t.get("finish") is not None]
+        unfinished = sum(1 for t in self.tasks.values() if t.get("finish") is None)
+        return {
+            "policy": self.policy,
+            "params": {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in self.params.items()},
+            "metric_resource": self.metrics.metric_resource,
+            "tasks": len(self.tasks),
+            "unfinished_tasks": unfinished,
+            "decisions": sum(1 for d in self.decisions if d.kind is DecisionKind.PLACE),
+            "makespan": (max(finishes) - min(submits)) if finishes else None,
+            "utilisation": self.metrics.utilisation(),
+            "sharing_benefit": sum(max(r - 1, 0) for r in degrees.values()),
+            "sharing_loss": sum(min(r - 1, 0) for r in degrees.values()),
+            "tenants": {
+                name: {
+                    "fairness_degree": degrees.get(name, 1.0),
+                    "accumulated_usage": self.metrics.integral_g.get(name, 0.0),
+                    "accumulated_counted": self.metrics.integral_counted.get(name, 0.0),
+                    **tenants.get(name, {}),
+                }
+                for name in sorted(set(degrees) | set(tenants))
+            },
+        }
+
+
+class Simulator:
+    """Runs one policy over one scenario."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        policy: str,
+        params: dict[str, str] | None = None,
+        metric_resource: str | None = None,
+        sample_interval: float | None = None,
+        progress: bool | None = False,
+        record_events: bool = False,
+    ) -> None:
+        self.scenario = scenario
+        self.engine = Engine(scenario.resources, _fresh_tree(scenario), policy, params)
+        if metric_resource is None:
+            metric_resource = "mem" if "mem" in scenario.resources.names else "dominant"
+        if metric_resource != "dominant" and metric_resource not in scenario.resources.names:
+            raise ModelError(f"--metric-resource {metric_resource}: not a resource of this cluster")
+        if sample_interval is None:
+            sample_interval = _default_interval(scenario)
+        self.metrics = MetricsRecorder(self.engine, metric_resource, sample_interval)
+        self.progress = progress
+        self.record_events = record_events
+
+    def run(self) -> SimResult:
+        scenario, engine = self.scenario, self.engine
+        heap: list = []
+        counter = 0
+
+        def push(time: float, kind: int, payload) -> None:
+            nonlocal counter
+            counter += 1
+            heapq.heappush(heap, (time, kind, counter, payload))
+
+        specs = {t.id: t for t in scenario.tasks}
+        gates = _Gates(scenario.tasks)
+        for node in scenario.nodes:
+            push(0.0, _NODE, NodeHeartbeat(0.0, node.id, node.capacity, node.labels))
+        for ev in scenario.events:
+            push(ev.time, _NODE, NodeHeartbeat(ev.time, ev.node, ev.capacity, ev.labels) if ev.type == "node_heartbeat" else NodeLost(ev.time, ev.node))
+        for spec in gates.initially_released():
+            push(spec.submit, _SUBMIT, spec)
+
+        records: dict[str, dict] = {}
+        attempts: dict[str, int] = {}
+        decisions: list[Decision] = []
+        recorded: list = []
+        now = 0.0
+        bar = _progress_bar(len(scenario.tasks), self.progress)
+        while heap:
+            now = heap[0][0]
+            batch = []
+            while heap and heap[0][0] == now:
+                _, kind, _, payload = heapq.heappop(heap)
+                if kind == _COMPLETE:
+                    task_id, attempt = payload
+                    if attempts.get(task_id) != attempt:
+                        continue  # the attempt was requeued by a node loss
+                    batch.append(TaskCompleted(now, task_id))
+                elif kind == _SUBMIT:
+                    spec: TaskSpec = payload
+                    records[spec.id] = {"job": spec.job, "tenant": spec.tenant, "submit": now, "start": None, "finish": None}
+                    batch.append(TaskSubmitted(now, spec.id, spec.job, spec.tenant, spec.demand, spec.constraints))
+                else:
+                    batch.append(payload)
+            self.metrics.advance(now)
+            if self.record_events:
+                recorded.append((now, batch))
+            result = engine.step(now, batch)
+            if result.rejected:
+                event, why = result.rejected[0]
+                raise ModelError(f"event at t={now}: {why}")
+            for task in result.finished:
+                records[task.id]["finish"] = now
+                bar.update(1)
+                for spec in gates.finished(task.id, task.job, now):
+                    push(max(spec.submit, gates.release_time(spec, now)), _SUBMIT, spec)
+            for decision in result.decisions:
+                decisions.append(decision)
+                if decision.kind is DecisionKind.REQUEUE:
+                    attempts[decision.task] = attempts.get(decision.task, 0) + 1
+                    records[decision.task]["start"] = None
+                    continue
+                attempts[decision.task] = attempts.get(decision.task, 0) + 1
+                records[decision.task]["start"] = now
+                push(now + specs[decision.task].duration, _COMPLETE, (decision.task, attempts[decision.task]))
+        bar.close()
+        self.metrics.advance(now + self.metrics.sample_interval)
+        return SimResult(self.engine.policy, dict(self.engine.params), decisions, records, self.metrics, now, recorded)
+
+
+class _Gates:
+    """Holds back tasks of later stages and chained jobs until what they wait for finished."""
+
+    def __init__(self, tasks: Iterable[TaskSpec]) -> None:
+        self.remaining: dict[str, dict[int, int]] = {}
+        self.job_left: dict[str, int] = {}
+        self.held_stage: dict[str, dict[int, list[TaskSpec]]] = {}
+        self.held_after: dict[str, list[TaskSpec]] = {}
+        self.tasks = list(tasks)
+        self.stage_of: dict[str, int] = {}
+        for t in self.tasks:
+            self.remaining.setdefault(t.job, {}).setdefault(t.stage, 0)
+            self.remaining[t.job][t.stage] += 1
+            self.job_left[t.job] = self.job_left.get(t.job, 0) + 1
+            self.stage_of[t.id] = t.stage
+        self.released_stages: dict[str, set[int]] = {}
+
+    def _first_stage(self, job: str) -> int:
+        return min(self.remaining[job])
+
+    def initially_released(self) -> list[TaskSpec]:
+        out = []
+        for t in self.tasks:
+            if t.after_job is not None:
+                self.held_after.setdefault(t.after_job, []).append(t)
+            elif t.stage != self._first_stage(t.job):
+                self.held_stage.setdefault(t.job, {}).setdefault(t.stage, []).append(t)
+            else:
+                out.append(t)
+        return out
+
+    def release_time(self, spec: TaskSpec, now: float) -> float:
+        return now + spec.delay if spec.after_job is not None else now
+
+    def finished(self, task_id: str, job: str, now: float) -> list[TaskSpec]:
+        released: list[TaskSpec] = []
+        stage = self.stage_of[task_id]
+        self.remaining[job][stage] -= 1
+        self.job_left[job] -= 1
+        if self.remaining[job][stage] == 0:
+            # The next stage of this job goes once every lower stage is done.
+            held = self.held_stage.get(job, {})
+            for s in sorted(held):
+                if all(self.remaining[job][lower] == 0 for lower in self.remaining[job] if lower < s):
+                    released.extend(self._release_job_stage(job, s))
+                break
+        if self.job_left[job] == 0:
+            for t in self.held_after.pop(job, []):
+                if t.stage == self._first_stage(t.job):
+                    released.append(t)
+                else:
+                    self.held_stage.setdefault(t.job, {}).setdefault(t.stage, []).append(t)
+        return released
+
+    def _release_job_stage(self, job: str, stage: int) -> list[TaskSpec]:
+        return self.held_stage.get(job, {}).pop(stage, [])
+
+
+def _fresh_tree(scenario: Scenario):
+    from fairstream.tenants import TenantTree
+
+    return TenantTree.from_specs([type(s)(**vars(s)) for s in scenario.tree.specs.values()])
+
+
+def _default_interval(scenario: Scenario) -> float:
+    if not scenario.tasks:
+        return 1.0
+    span = max(t.submit + t.duration for t in scenario.tasks) - min(t.submit for t in scenario.tasks)
+    return max(span / 400.0, 1e-3)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(total: int, enabled: bool | None):
+    if enabled is False:
+        return _NoBar()
+    from tqdm import tqdm
+
+    # enabled=None: show it only on a terminal (tqdm's own rule).
+    return tqdm(total=total, unit="task", desc="simulating", disable=None if enabled is None else False, leave=False)

@@ -1,0 +1,115 @@
+"""What a policy sees: a read-only snapshot of the cluster at the start of a scheduling pass.
+
+Kueue's rule applies: everything after "take a snapshot" reads only the snapshot. The arrays
+are the engine's own, handed over read-only for the length of one pass; a policy that wants
+to try something works on a ``Cycle`` copy (``fairstream.placement``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from fairstream.accounting import AccountingConfig
+from fairstream.model import ResourceSpace, Task, TaskState
+from fairstream.tenants import TenantTree
+
+
+class TaskList:
+    """Tasks of one shape in arrival order; ``head`` skips tasks that left the queue."""
+
+    __slots__ = ("tasks", "head")
+
+    def __init__(self) -> None:
+        self.tasks: list[Task] = []
+        self.head = 0
+
+    def compact(self) -> None:
+        while self.head < len(self.tasks) and self.tasks[self.head].state is not TaskState.PENDING:
+            self.head += 1
+        if self.head > 64 and self.head * 2 > len(self.tasks):
+            self.tasks = self.tasks[self.head :]
+            self.head = 0
+
+    def pending_at(self, offset: int) -> tuple[Task | None, int]:
+        """The first pending task at or after ``head + offset``, and its offset."""
+        i = self.head + offset
+        tasks = self.tasks
+        while i < len(tasks) and tasks[i].state is not TaskState.PENDING:
+            i += 1
+        return (tasks[i], i - self.head) if i < len(tasks) else (None, i - self.head)
+
+
+class PendingQueue:
+    """A tenant's pending tasks, grouped by shape so a shape that fits nowhere is skipped whole."""
+
+    def __init__(self) -> None:
+        self.groups: dict[tuple, TaskList] = {}
+        self.count = 0
+
+    def add(self, task: Task) -> None:
+        group = self.groups.get(task.shape)
+        if group is None:
+            group = self.groups[task.shape] = TaskList()
+        if group.tasks and group.tasks[-1].seq > task.seq:  # a requeued task keeps its place
+            live = group.tasks[group.head :]
+            live.append(task)
+            live.sort(key=lambda t: t.seq)
+            group.tasks, group.head = live, 0
+        else:
+            group.tasks.append(task)
+        self.count += 1
+
+    def removed(self, task: Task) -> None:
+        """Call after ``task`` left the pending state (placed or cancelled)."""
+        self.count -= 1
+        group = self.groups.get(task.shape)
+        if group is not None:
+            group.compact()
+            if group.head >= len(group.tasks):
+                del self.groups[task.shape]
+
+    def __iter__(self) -> Iterator[Task]:
+        for group in self.groups.values():
+            for task in group.tasks[group.head :]:
+                if task.state is TaskState.PENDING:
+                    yield task
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The cluster as one pass sees it. Row ``i`` of every tenant array is ``tenants[i]``.
+
+    - ``free``: node x resource idle capacity; lost nodes have -1 everywhere so nothing fits.
+    - ``capacity``: total capacity of live nodes.
+    - ``accumulated``: counted accumulated usage per resource (resource-seconds, formula 13
+      with the quantum top-up of formula 15), PAR excluded.
+    - ``pseudo_accumulated``: PAR ``phi_i`` in normalised units (formula 16).
+    - ``waiting_since``: when a demanding tenant last got a task (NaN if not demanding).
+    """
+
+    time: float
+    resources: ResourceSpace
+    node_ids: list[str]
+    node_labels: list[dict[str, str]]
+    free: np.ndarray
+    capacity: np.ndarray
+    tree: TenantTree
+    tenants: list[str]
+    rows: dict[str, int]
+    share_fraction: np.ndarray
+    allocation: np.ndarray
+    share: np.ndarray
+    accumulated: np.ndarray
+    pseudo_accumulated: np.ndarray
+    quantum: np.ndarray
+    arrival: np.ndarray
+    waiting_since: np.ndarray
+    pending: dict[str, PendingQueue]
+    accounting: AccountingConfig
+
+    def demanding(self) -> list[str]:
+        """Tenants with pending tasks, in row order."""
+        return [t for t in self.tenants if t in self.pending]

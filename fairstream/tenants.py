@@ -1,0 +1,111 @@
+"""The tenant tree: queues with weights and optional min/max shares; leaves run tasks.
+
+A flat list of tenants is a one-level tree under ``root``. The tree is append-only: tenants
+seen for the first time (``ensure_leaf``) join under the root with weight 1, as a production
+scheduler's default queue would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from fairstream.model import ROOT, ModelError, TenantSpec
+
+
+@dataclass
+class TenantTree:
+    """Parent/child structure plus derived per-leaf effective shares.
+
+    ``effective_share[leaf]`` is the product of ``w / sum(sibling w)`` along the path from the
+    root (formula 2 applied level by level); the effective shares of all leaves sum to 1.
+    """
+
+    specs: dict[str, TenantSpec] = field(default_factory=dict)
+    children: dict[str, list[str]] = field(default_factory=lambda: {ROOT: []})
+    effective_share: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_specs(cls, specs: list[TenantSpec]) -> "TenantTree":
+        tree = cls()
+        pending = list(specs)
+        # Parents may be declared after their children; resolve in passes.
+        while pending:
+            progressed = False
+            rest = []
+            for spec in pending:
+                if spec.parent == ROOT or spec.parent in tree.specs:
+                    tree._add(spec)
+                    progressed = True
+                else:
+                    rest.append(spec)
+            if not progressed:
+                bad = rest[0]
+                raise ModelError(f"tenants[{bad.id}].parent: unknown tenant {bad.parent!r} (or a cycle)")
+            pending = rest
+        tree._recompute()
+        return tree
+
+    def _add(self, spec: TenantSpec) -> None:
+        if spec.id == ROOT:
+            raise ModelError(f"tenants: {ROOT!r} is reserved for the tree's root")
+        if spec.id in self.specs:
+            raise ModelError(f"tenants[{spec.id}]: declared twice")
+        if not spec.weight > 0:
+            raise ModelError(f"tenants[{spec.id}].weight: must be > 0, got {spec.weight}")
+        if not 0 <= spec.min_share <= spec.max_share <= 1:
+            raise ModelError(f"tenants[{spec.id}]: need 0 <= min_share <= max_share <= 1")
+        self.specs[spec.id] = spec
+        self.children.setdefault(spec.parent, []).append(spec.id)
+        self.children.setdefault(spec.id, [])
+
+    def _recompute(self) -> None:
+        # Exact rationals: a tree and its flattened equivalent give bit-identical shares, so
+        # ties between tenants break the same way in both (H-LTRF Theorem 1 relies on it).
+        self.effective_share = {}
+
+        def walk(node: str, fraction: Fraction) -> None:
+            kids = self.children.get(node, [])
+            total = sum(Fraction(self.specs[k].weight) for k in kids)
+            for kid in kids:
+                share = fraction * Fraction(self.specs[kid].weight) / total
+                if self.children[kid]:
+                    walk(kid, share)
+                else:
+                    self.effective_share[kid] = float(share)
+
+        walk(ROOT, Fraction(1))
+        self._paths = {leaf: self._path(leaf) for leaf in self.effective_share}
+
+    def _path(self, leaf: str) -> tuple[str, ...]:
+        path = [leaf]
+        while self.specs[path[-1]].parent != ROOT:
+            path.append(self.specs[path[-1]].parent)
+        return tuple(reversed(path))
+
+    # ------------------------------------------------------------------ queries
+
+    def is_leaf(self, tenant: str) -> bool:
+        return tenant in self.effective_share
+
+    @property
+    def leaves(self) -> list[str]:
+        return list(self.effective_share)
+
+    def path(self, leaf: str) -> tuple[str, ...]:
+        """Ancestors of ``leaf`` from the top level down to the leaf itself (root excluded)."""
+        return self._paths[leaf]
+
+    def ensure_leaf(self, tenant: str, weight: float = 1.0) -> bool:
+        """Add an unknown tenant as a leaf under the root; returns True if it was added."""
+        if tenant in self.specs:
+            if not self.is_leaf(tenant):
+                raise ModelError(f"tenant: {tenant!r} is a queue with children, tasks go to leaves")
+            return False
+        self._add(TenantSpec(id=tenant, parent=ROOT, weight=weight))
+        self._recompute()
+        return True
+
+    @property
+    def depth(self) -> int:
+        return max((len(p) for p in self._paths.values()), default=0)

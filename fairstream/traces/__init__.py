@@ -1,0 +1,26 @@
+"""Workloads: loaders for real traces (SWIM Facebook 2009, Google 2011) and the seeded
+generator of the LTRF papers' four-queue macro-benchmark. Each returns a ``Scenario``."""
+
+from __future__ import annotations
+
+from fairstream.model import ModelError
+from fairstream.scenario import NodeSpec, Scenario
+
+FORMATS = ("swim", "google")
+
+
+def load_trace(path: str, fmt: str, **options) -> Scenario:
+    if fmt == "swim":
+        from fairstream.traces.swim import load_swim
+
+        return load_swim(path, **options)
+    if fmt == "google":
+        from fairstream.traces.google import load_google
+
+        return load_google(path, **options)
+    raise ModelError(f"--format {fmt}: unknown trace format (known: {', '.join(FORMATS)})")
+
+
+def uniform_nodes(count: int, capacity: dict[str, float], prefix: str = "n") -> list[NodeSpec]:
+    width = len(str(max(count - 1, 0)))
+    return [NodeSpec(f"{prefix}{k:0{width}d}", dict(capacity)) for k in range(count)]

@@ -1,0 +1,21 @@
+"""The policy registry: every policy by name, with one signature.
+
+``decide(snapshot, params) -> list[Decision]``; see ``policies.base`` for the contract.
+"""
+
+from __future__ import annotations
+
+from fairstream.model import ModelError
+from fairstream.policies import drf, fair, fifo, hltrf, ltrf, static
+from fairstream.policies.base import PolicySpec
+
+REGISTRY: dict[str, PolicySpec] = {
+    spec.name: spec for spec in (fifo.SPEC, fair.SPEC, drf.SPEC, static.SPEC, ltrf.SPEC, hltrf.SPEC)
+}
+
+
+def get(name: str) -> PolicySpec:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ModelError(f"--policy {name}: unknown policy (known: {', '.join(REGISTRY)})") from None

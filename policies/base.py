@@ -1,0 +1,82 @@
+"""The one contract every policy implements, and typed parameters.
+
+A policy is a pure function ``decide(snapshot, params) -> list[Decision]``: no Redis, Kafka,
+clock or logging inside. It is registered by name in ``fairstream.policies.REGISTRY`` with its
+parameters, their defaults and their documentation, so ``--param name=value`` is checked in
+one place and ``fairstream policies`` can list them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from fairstream.model import Decision, ModelError
+from fairstream.snapshot import Snapshot
+
+
+def parse_float(text: str) -> float:
+    value = float(text)
+    if math.isnan(value):
+        raise ValueError("NaN")
+    return value
+
+
+def parse_choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return text
+
+    return parse
+
+
+def parse_name(text: str) -> str:
+    if not text:
+        raise ValueError("empty")
+    return text
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    default: Any
+    parse: Callable[[str], Any]
+    doc: str
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A registered policy: its name, pure ``decide`` function and parameters."""
+
+    name: str
+    decide: Callable[[Snapshot, Mapping[str, Any]], list[Decision]]
+    summary: str
+    params: tuple[Param, ...] = field(default_factory=tuple)
+
+    def parse_params(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """Typed parameters from ``{"quantum": "600"}``; unknown names or bad values raise
+        ``ModelError`` with a one-line message naming the parameter."""
+        known = {p.name: p for p in self.params}
+        out = {p.name: p.default for p in self.params}
+        for name, value in raw.items():
+            if name not in known:
+                names = ", ".join(sorted(known)) or "none"
+                raise ModelError(f"--param {name}: unknown parameter for policy {self.name!r} (known: {names})")
+            try:
+                out[name] = known[name].parse(str(value)) if isinstance(value, str) else known[name].parse(str(value))
+            except ValueError as exc:
+                raise ModelError(f"--param {name}={value}: {exc}") from None
+        return out
+
+
+def parse_param_pairs(pairs: list[str] | None) -> dict[str, str]:
+    """``["quantum=600", "round=3600"]`` to a dict; a malformed pair raises ``ModelError``."""
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ModelError(f"--param {pair!r}: expected name=value")
+        out[name.strip()] = value.strip()
+    return out

@@ -1,0 +1,30 @@
+"""``drf``: memoryless weighted Dominant Resource Fairness (Ghodsi et al., NSDI'11).
+
+The tenant with the lowest ``max_r allocation_r / capacity_r`` divided by its weight gets the
+next task; tasks go to real nodes (next fit), not to one pooled super-machine.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from fairstream.fairness import dominant_share, fair_key
+from fairstream.model import Decision
+from fairstream.placement import Cycle, leaf_arrival, serve_in_order
+from fairstream.snapshot import Snapshot
+from fairstream.policies.base import PolicySpec
+
+
+def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
+    def key(cycle: Cycle, tenant: str):
+        row = snapshot.rows[tenant]
+        share = dominant_share(cycle.allocation[row], snapshot.capacity) / snapshot.share_fraction[row]
+        return fair_key(share, leaf_arrival(snapshot, tenant), tenant, cycle.below_min_share(tenant))
+
+    def reason(cycle: Cycle, tenant: str, k) -> str:
+        return f"drf: lowest dominant share/weight ({k.share:.4g})"
+
+    return serve_in_order(snapshot, "drf", key, reason)
+
+
+SPEC = PolicySpec("drf", decide, "memoryless weighted dominant resource fairness")

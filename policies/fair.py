@@ -1,0 +1,35 @@
+"""``fair``: memoryless weighted max-min fairness on one resource (YARN Fair Scheduler style).
+
+The tenant with the lowest ``allocation_r / (capacity_r * w_i)`` gets the next task, where ``r``
+is the configured resource (memory by default, as YARN) and ``w_i`` the tenant's effective
+share in the tree. This is MLRF in the LTRF paper's terms (section 4, Table 1a).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from fairstream.fairness import fair_key, resource_share
+from fairstream.model import Decision
+from fairstream.placement import Cycle, leaf_arrival, serve_in_order
+from fairstream.snapshot import Snapshot
+from fairstream.policies._common import RESOURCE_PARAM, resource_index
+from fairstream.policies.base import PolicySpec
+
+
+def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
+    resource = resource_index(snapshot, params["resource"])
+    label = params["resource"]
+
+    def key(cycle: Cycle, tenant: str):
+        row = snapshot.rows[tenant]
+        share = resource_share(cycle.allocation[row], snapshot.capacity, resource) / snapshot.share_fraction[row]
+        return fair_key(share, leaf_arrival(snapshot, tenant), tenant, cycle.below_min_share(tenant))
+
+    def reason(cycle: Cycle, tenant: str, k) -> str:
+        return f"fair: lowest current {label} share/weight ({k.share:.4g})"
+
+    return serve_in_order(snapshot, "fair", key, reason)
+
+
+SPEC = PolicySpec("fair", decide, "memoryless weighted max-min on one resource", (RESOURCE_PARAM,))

@@ -1,0 +1,29 @@
+"""``fifo``: tasks in global arrival order, skipping those that fit nowhere (backfill).
+
+The memoryless baseline of the LTRF and FLEX papers: no notion of tenants at all.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from fairstream.model import Decision
+from fairstream.placement import Cycle, serve_in_order
+from fairstream.snapshot import Snapshot
+from fairstream.policies.base import PolicySpec
+
+
+def _key(cycle: Cycle, tenant: str) -> tuple:
+    task = cycle.next_task(tenant)
+    return (task.seq if task is not None else float("inf"), tenant)
+
+
+def _reason(cycle: Cycle, tenant: str, key: tuple) -> str:
+    return f"fifo: earliest pending task (arrival #{key[0]})"
+
+
+def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
+    return serve_in_order(snapshot, "fifo", _key, _reason)
+
+
+SPEC = PolicySpec("fifo", decide, "first come, first served over all tenants")

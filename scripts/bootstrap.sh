@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create .venv (Python >= 3.11) and install fairstream with its test extras into it.
+# Idempotent: a second run only re-checks the install. Sourced by demo.sh and test.sh.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$root/.venv"
+python="${PYTHON:-python3}"
+if ! "$python" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
+  echo "fairstream needs Python >= 3.11 (found: $("$python" --version 2>&1)); set PYTHON=/path/to/python3.11" >&2
+  exit 1
+fi
+if [ ! -x "$venv/bin/python" ]; then
+  "$python" -m venv "$venv"
+fi
+stamp="$venv/.installed-$(cat "$root/pyproject.toml" | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  "$venv/bin/python" -m pip install --quiet --upgrade pip
+  "$venv/bin/python" -m pip install --quiet -e "$root[test]"
+  touch "$stamp"
+fi

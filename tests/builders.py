@@ -1,0 +1,54 @@
+"""Small builders for engines, nodes, tasks and scenarios, so tests read like the spec."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from fairstream.engine import Engine
+from fairstream.model import NodeHeartbeat, ResourceSpace, TaskCompleted, TaskSubmitted, TenantSpec
+from fairstream.scenario import parse_scenario
+from fairstream.tenants import TenantTree
+
+
+def tree(*specs: str | TenantSpec) -> TenantTree:
+    """``tree("A", "B")`` or ``tree(TenantSpec("G1"), TenantSpec("A", parent="G1"))``."""
+    return TenantTree.from_specs([s if isinstance(s, TenantSpec) else TenantSpec(s) for s in specs])
+
+
+def engine(tenants: TenantTree, policy: str, resources=("mem",), **params) -> Engine:
+    return Engine(ResourceSpace(tuple(resources)), tenants, policy, {k: str(v) for k, v in params.items()})
+
+
+def node(name: str, time: float = 0.0, **capacity: float) -> NodeHeartbeat:
+    return NodeHeartbeat(time, name, capacity)
+
+
+def submit(task: str, tenant: str, time: float = 0.0, job: str | None = None, constraints=None, **demand) -> TaskSubmitted:
+    return TaskSubmitted(time, task, job or f"{tenant}-job", tenant, demand or {"mem": 1}, constraints)
+
+
+@dataclass
+class UnitTaskRun:
+    """Drives an engine in unit time steps where every task lasts exactly one step, as in the
+    papers' worked examples (each task: one resource unit, one time unit)."""
+
+    engine: Engine
+    running: list[str] = field(default_factory=list)
+    counter: int = 0
+
+    def step(self, time: float, new_demand: dict[str, int]) -> Counter:
+        events = [TaskCompleted(time, task) for task in self.running]
+        for tenant, count in new_demand.items():
+            for _ in range(count):
+                self.counter += 1
+                events.append(submit(f"{tenant}{self.counter}", tenant, time, mem=1))
+        result = self.engine.step(time, events)
+        assert not result.rejected, result.rejected[:3]
+        self.running = [d.task for d in result.decisions]
+        return Counter(d.tenant for d in result.decisions)
+
+
+def scenario(**document):
+    document.setdefault("resources", ["cpu", "mem"])
+    return parse_scenario(document)

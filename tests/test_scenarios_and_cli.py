@@ -1,0 +1,165 @@
+"""Scenario files, traces and the command line: what users type and what they get back."""
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fairstream.cli import main
+from fairstream.model import ModelError
+from fairstream.scenario import load_scenario, parse_scenario
+from fairstream.traces import load_trace
+from fairstream.traces.macro import macro_benchmark
+
+DATA = Path(__file__).parent / "data"
+ISSUE_EXAMPLE = {
+    "resources": ["cpu", "mem"],
+    "nodes": [{"id": "n1", "capacity": {"cpu": 9, "mem": 12}, "labels": {"gpu": "no"}}],
+    "tenants": [{"id": "G1", "weight": 1}, {"id": "A", "parent": "G1", "weight": 1}],
+    "tasks": [{"id": "t1", "job": "j1", "tenant": "A", "submit": 0, "duration": 1,
+               "demand": {"cpu": 1, "mem": 2}, "constraints": {"nodes": ["n1"]}}],
+}
+
+
+def with_changes(**changes):
+    document = json.loads(json.dumps(ISSUE_EXAMPLE))
+    for path, value in changes.items():
+        target = document
+        keys = path.split("__")
+        for key in keys[:-1]:
+            target = target[int(key)] if key.isdigit() else target[key]
+        target[int(keys[-1]) if keys[-1].isdigit() else keys[-1]] = value
+    return document
+
+
+def test_the_issues_example_scenario_loads():
+    sc = parse_scenario(ISSUE_EXAMPLE)
+    assert [n.id for n in sc.nodes] == ["n1"] and sc.tree.path("A") == ("G1", "A")
+
+
+def test_bulk_tasks_expand_to_numbered_ids():
+    doc = with_changes(tasks__0__count=3)
+    assert [t.id for t in parse_scenario(doc).tasks] == ["t1-0", "t1-1", "t1-2"]
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        pytest.param({"tasks__0__demand": {"gpu": 1}}, "tasks[0].demand.gpu: unknown resource", id="an unknown resource name is named with its task"),
+        pytest.param({"tasks__0__demand": {"cpu": -1}}, "tasks[0].demand.cpu", id="a negative demand is rejected"),
+        pytest.param({"tasks__0__tenant": "Z"}, "tasks[0].tenant: 'Z' unknown tenant", id="an unknown tenant is rejected"),
+        pytest.param({"tasks__0__tenant": "G1"}, "tasks[0].tenant: 'G1' is a queue with children", id="tasks go to leaves, not queues"),
+        pytest.param({"tenants__1__parent": "nope"}, "tenants[A].parent: unknown tenant 'nope'", id="a dangling parent is rejected"),
+        pytest.param({"nodes__0__capacity": "lots"}, "nodes[0].capacity: 'lots' is not of type 'object'", id="wrong types name the field"),
+        pytest.param({"tasks__0__duration": None}, "tasks[0].duration", id="a missing duration is named"),
+        pytest.param({"tasks__0__demand": {"cpu": 0, "mem": 0}}, "tasks[0].demand: must ask for some resource", id="an all-zero demand is rejected"),
+    ],
+)
+def test_invalid_scenarios_give_one_line_naming_the_field(changes, message):
+    with pytest.raises(ModelError) as err:
+        parse_scenario(with_changes(**changes))
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_cli_reports_a_bad_file_in_one_line_and_exit_code_2(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"nodes": [}')
+    proc = subprocess.run([sys.executable, "-m", "fairstream.cli", "simulate", "--scenario", str(bad), "--policy", "ltrf",
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "not JSON" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    pytest.param(["--policy", "nope"], "unknown policy", id="an unknown policy is named"),
+    pytest.param(["--policy", "ltrf", "--param", "quantom=5"], "unknown parameter", id="a misspelt parameter is named"),
+    pytest.param(["--policy", "ltrf", "--param", "discount=2"], "discount=2: must be in [0, 1]", id="an out-of-range parameter is named"),
+    pytest.param(["--policy", "fair", "--param", "resource=gpu"], "resource=gpu: not a resource", id="an unknown resource parameter is named"),
+])
+def test_cli_parameter_errors_are_one_line(tmp_path, capsys, argv, message):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(ISSUE_EXAMPLE))
+    assert main(["simulate", "--scenario", str(path), "--out", str(tmp_path / "o"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_simulate_writes_decisions_metrics_and_plots(tmp_path, capsys):
+    path = tmp_path / "macro.json"
+    path.write_text(json.dumps(macro_benchmark(seed=3, scale=0.05).to_json()))
+    out = tmp_path / "run"
+    assert main(["simulate", "--scenario", str(path), "--policy", "ltrf", "--param", "round=600", "--out", str(out)]) == 0
+    lines = (out / "decisions.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    assert {"time", "task", "job", "tenant", "node", "demand", "policy"} <= set(first)
+    assert first["policy"] == "ltrf" and set(first["demand"]) == {"cpu", "mem"}
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["tenants"]) == {"Facebook", "Purdue", "Spark", "TPC-H"}
+    assert {"g", "d", "S", "f_raw", "f_counted", "rho"} <= set(metrics["tenants"]["Spark"])
+    assert {"psi", "omega", "util_cpu", "util_mem"} <= set(metrics["cluster"])
+    assert metrics["summary"]["unfinished_tasks"] == 0
+    speedup = metrics["speedup_vs_static"]["tenants"]
+    assert set(speedup) == set(metrics["tenants"])
+    # Sharing lets some queue's jobs finish sooner than in its static partition.
+    assert max(v["mean_jct"] for v in speedup.values()) > 1
+    assert len(lines) == metrics["summary"]["tasks"]
+    for png in ("accumulated.png", "allocation.png", "fairness.png", "cluster.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_swim_jobs_become_one_map_per_64mb_block_and_reduces_after_maps():
+    sc = load_trace(str(DATA / "FB-2009_samples_24_times_1hr_1.head60.tsv"), "swim", limit=3)
+    # job2 reads 1,048,668,636 bytes: ceil(1048668636 / 64 MiB) = 16 maps; shuffle 0: map only.
+    job2 = [t for t in sc.tasks if t.job == "job2"]
+    assert len(job2) == 16 and all(t.stage == 0 for t in job2)
+    # A map-only job's maps also write its output (149,442,587 bytes / 16 maps): a full block
+    # takes 3 s + (64 MiB + 9,340,162 B) / 8 MiB/s = 3 + 8 + 1.113 = 12.113 s.
+    assert job2[0].duration == 12.113
+    assert {t.tenant for t in sc.tasks} == {"q0", "q1", "q2"}
+
+
+def test_swim_trace_simulates_to_completion(tmp_path):
+    sc = load_trace(str(DATA / "FB-2009_samples_24_times_1hr_1.head60.tsv"), "swim", limit=40, nodes=5)
+    from fairstream.simulator import Simulator
+
+    assert Simulator(sc, "ltrf", {}).run().summary()["unfinished_tasks"] == 0
+
+
+def test_google_task_events_become_tasks_per_user():
+    sc = load_trace(str(DATA / "google-task_events-part-00001.head3000.csv.gz"), "google", nodes=50)
+    assert sc.tasks and all(t.duration >= 0 for t in sc.tasks)
+    assert all(0 < t.demand["cpu"] + t.demand["mem"] <= 2 for t in sc.tasks)
+    assert len(sc.tree.leaves) == len({t.tenant for t in sc.tasks})
+
+
+def test_a_broken_trace_line_is_named(tmp_path):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("job0\t1\t1\t10\t0\n")
+    with pytest.raises(ModelError, match=r"bad.tsv:1: expected 6 tab-separated columns"):
+        load_trace(str(bad), "swim")
+    gz = tmp_path / "bad.csv.gz"
+    with gzip.open(gz, "wt") as f:
+        f.write("1,2,3\n")
+    with pytest.raises(ModelError, match="expected 13 columns"):
+        load_trace(str(gz), "google")
+
+
+def test_generated_macro_benchmark_is_seeded_and_round_trips(tmp_path):
+    a, b = macro_benchmark(seed=5, scale=0.1), macro_benchmark(seed=5, scale=0.1)
+    assert a.to_json() == b.to_json() != macro_benchmark(seed=6, scale=0.1).to_json()
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(a.to_json()))
+    assert load_scenario(path).to_json() == a.to_json()
+
+
+def test_demo_prints_the_per_queue_table_and_writes_figures(tmp_path, capsys):
+    assert main(["demo", "--out", str(tmp_path), "--scale", "0.05", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    for queue in ("Facebook", "Purdue", "Spark", "TPC-H"):
+        assert queue in out
+    assert "sharing loss" in out and "speedup" in out
+    assert (tmp_path / "figure5_fairness.png").exists() and (tmp_path / "figure6_speedup.png").exists()
