@@ -58,12 +58,17 @@ class QuantumTree:
     Bottom-up: when a leaf's task finishes, the leaf's quantum becomes the mean run time of
     its finished tasks, then every ancestor's the mean of its children's quanta.
     With ``adaptive=False`` every quantum stays Q0 (the fixed-quantum baseline of Figure 7a).
+
+    A parent keeps the sum and count of its children's quanta, so an update costs the depth
+    of the tree, not the number of siblings.
     """
 
     def __init__(self, initial: float, adaptive: bool) -> None:
         self.initial = initial
         self.adaptive = adaptive
         self.quantum: dict[str, float] = {ROOT: initial}
+        self._children_sum: dict[str, float] = {}
+        self._children_count: dict[str, int] = {}
         self._finished: dict[str, tuple[int, float]] = {}
 
     def initialise(self, path: tuple[str, ...]) -> None:
@@ -71,7 +76,13 @@ class QuantumTree:
         for node in path:
             if node not in self.quantum:
                 self.quantum[node] = self.quantum[parent]
+                self._children_sum[parent] = self._children_sum.get(parent, 0.0) + self.quantum[node]
+                self._children_count[parent] = self._children_count.get(parent, 0) + 1
             parent = node
+
+    def _set(self, node: str, parent: str, value: float) -> None:
+        self._children_sum[parent] += value - self.quantum[node]
+        self.quantum[node] = value
 
     def record(self, tree: TenantTree, leaf: str, run_time: float) -> None:
         if not self.adaptive:
@@ -79,11 +90,15 @@ class QuantumTree:
         count, total = self._finished.get(leaf, (0, 0.0))
         count, total = count + 1, total + run_time
         self._finished[leaf] = (count, total)
-        self.quantum[leaf] = total / count
-        for node in reversed((ROOT,) + tree.path(leaf)[:-1]):
-            kids = [self.quantum[k] for k in tree.children[node] if k in self.quantum]
-            if kids:
-                self.quantum[node] = sum(kids) / len(kids)
+        path = (ROOT,) + tree.path(leaf)
+        self._set(leaf, path[-2], total / count)
+        for depth in range(len(path) - 2, -1, -1):
+            node = path[depth]
+            mean = self._children_sum[node] / self._children_count[node]
+            if node == ROOT:
+                self.quantum[ROOT] = mean
+            else:
+                self._set(node, path[depth - 1], mean)
 
     def of(self, leaf: str) -> float:
         return self.quantum.get(leaf, self.quantum[ROOT]) if self.adaptive else self.initial
@@ -244,8 +259,8 @@ class Accounting:
     def set_shares(self, capacity: np.ndarray, effective_share: dict[str, float]) -> None:
         """Formula 2 per resource: ``S_i = R * w_i`` with ``w_i`` the leaf's effective share."""
         self.capacity = capacity.copy()
-        fractions = np.array([effective_share.get(ledger.name, 0.0) for ledger in self.ledgers])
-        self.share = fractions[:, None] * capacity[None, :] if self.ledgers else self.share
+        self.fractions = np.array([effective_share.get(ledger.name, 0.0) for ledger in self.ledgers])
+        self.share = self.fractions[:, None] * capacity[None, :] if self.ledgers else self.share
 
     # --------------------------------------------------------------------- time
 

@@ -96,11 +96,17 @@ class Engine:
         self.time: float | None = None
         self.nodes: list[Node] = []
         self.node_row: dict[str, int] = {}
-        self.capacity = np.zeros((0, len(resources)))
-        self.used = np.zeros((0, len(resources)))
+        # Node arrays have spare rows (they grow by doubling); use the sliced properties.
+        self._capacity = np.zeros((0, len(resources)))
+        self._used = np.zeros((0, len(resources)))
+        self._alive = np.zeros(0, dtype=bool)
+        self._node_ids: list[str] = []
+        self._node_labels: list[dict[str, str]] = []
+        self._shares_stale = False
         self.tasks: dict[str, Task] = {}
         self.pending: dict[str, PendingQueue] = {}
         self._seq = 0
+        self._shapes: dict[tuple, int] = {}
         for leaf in tree.leaves:
             self.accounting.add_tenant(leaf, tree.path(leaf))
         self._refresh_shares()
@@ -123,6 +129,8 @@ class Engine:
                 self._apply(event, result)
             except ModelError as exc:
                 result.rejected.append((event, str(exc)))
+        if self._shares_stale:
+            self._refresh_shares()
         result.decisions.extend(self.schedule())
         return result
 
@@ -140,8 +148,7 @@ class Engine:
         acc = self.accounting
         now = self.time if self.time is not None else 0.0
         free = self.capacity - self.used
-        alive = np.array([n.alive for n in self.nodes], dtype=bool)
-        free[~alive] = -1.0
+        free[~self.alive] = -1.0
         names = [ledger.name for ledger in acc.ledgers]
         accumulated = acc.counted_usage.copy()
         for row, ledger in enumerate(acc.ledgers):
@@ -150,8 +157,8 @@ class Engine:
         return Snapshot(
             time=now,
             resources=self.resources,
-            node_ids=[n.id for n in self.nodes],
-            node_labels=[n.labels for n in self.nodes],
+            node_ids=self._node_ids,
+            node_labels=self._node_labels,
             free=free,
             capacity=acc.capacity.copy(),
             tree=self.tree,
@@ -198,7 +205,7 @@ class Engine:
         constraints = Constraints.from_json(event.constraints)
         if self.tree.ensure_leaf(event.tenant):
             self.accounting.add_tenant(event.tenant, self.tree.path(event.tenant))
-            self._refresh_shares()
+            self._refresh_shares()  # at once: the new tenant's PAR below reads shares
         self._seq += 1
         task = Task(
             id=event.task,
@@ -209,6 +216,7 @@ class Engine:
             constraints=constraints,
             seq=self._seq,
             demand_map=self.resources.as_dict(demand),
+            shape=self._shapes.setdefault((demand.tobytes(), constraints), len(self._shapes)),
         )
         self.tasks[task.id] = task
         self.pending.setdefault(task.tenant, PendingQueue()).add(task)
@@ -242,15 +250,46 @@ class Engine:
         if row is None:
             self.node_row[event.node] = len(self.nodes)
             self.nodes.append(Node(event.node, capacity, labels, True, event.time))
-            self.capacity = np.vstack([self.capacity, capacity[None, :]])
-            self.used = np.vstack([self.used, np.zeros((1, len(self.resources)))])
+            self._node_ids.append(event.node)
+            self._node_labels.append(labels)
+            self._grow_node_arrays()
+            row = len(self.nodes) - 1
         else:
             node = self.nodes[row]
+            changed = node.alive is False or not np.array_equal(node.capacity, capacity)
             node.capacity, node.alive, node.last_heartbeat = capacity, True, event.time
             if event.labels is not None:
                 node.labels = labels
-            self.capacity[row] = capacity
-        self._refresh_shares()
+                self._node_labels[row] = labels
+            if not changed:
+                return
+        self.capacity[row] = capacity
+        self.alive[row] = True
+        self._shares_stale = True
+
+    def _grow_node_arrays(self) -> None:
+        """Room for one more node; arrays grow by doubling so n heartbeats cost O(n)."""
+        n = len(self.nodes)
+        if n > len(self._capacity):
+            size = max(16, 2 * len(self._capacity))
+            width = len(self.resources)
+            self._capacity = np.vstack([self._capacity, np.zeros((size - len(self._capacity), width))])
+            self._used = np.vstack([self._used, np.zeros((size - len(self._used), width))])
+            self._alive = np.concatenate([self._alive, np.zeros(size - len(self._alive), dtype=bool)])
+
+    @property
+    def capacity(self) -> np.ndarray:
+        """Node x resource capacity (a view: writes go to the engine's storage)."""
+        return self._capacity[: len(self.nodes)]
+
+    @property
+    def used(self) -> np.ndarray:
+        """Node x resource allocated to running tasks (a view)."""
+        return self._used[: len(self.nodes)]
+
+    @property
+    def alive(self) -> np.ndarray:
+        return self._alive[: len(self.nodes)]
 
     def _lose(self, event: NodeLost) -> list[Decision]:
         row = self.node_row.get(event.node)
@@ -260,6 +299,7 @@ class Engine:
         if not node.alive:
             return []
         node.alive = False
+        self.alive[row] = False
         requeued = []
         for task in self.tasks.values():
             if task.state is TaskState.RUNNING and task.node == event.node:
@@ -276,7 +316,7 @@ class Engine:
                          self.policy, f"requeue: node {event.node} lost", DecisionKind.REQUEUE)
             )
         self.used[row] = 0.0
-        self._refresh_shares()
+        self._shares_stale = True
         return decisions
 
     # --------------------------------------------------------------- decisions
@@ -291,17 +331,17 @@ class Engine:
             raise PolicyViolation(f"{decision.policy} placed {task.id} on lost node {node.id}")
         if not task.constraints.allows(node.id, node.labels):
             raise PolicyViolation(f"{decision.policy} placed {task.id} on {node.id} against its constraints")
-        if ((self.used[row] + task.demand) > self.capacity[row] + EPSILON).any():
+        if ((self._used[row] + task.demand) > self._capacity[row] + EPSILON).any():
             raise PolicyViolation(f"{decision.policy} over-commits node {node.id} with {task.id}")
-        self.used[row] += task.demand
+        self._used[row] += task.demand
         task.state, task.node, task.start = TaskState.RUNNING, node.id, decision.time
         self.pending[task.tenant].removed(task)
         task.running_entry = self.accounting.on_start(self.accounting.row[task.tenant], task.demand, decision.time)
 
     def _refresh_shares(self) -> None:
-        alive = [i for i, n in enumerate(self.nodes) if n.alive]
-        total = self.capacity[alive].sum(axis=0) if alive else np.zeros(len(self.resources))
+        total = self.capacity[self.alive].sum(axis=0)
         self.accounting.set_shares(total, self.tree.effective_share)
+        self._shares_stale = False
 
     # ---------------------------------------------------------------- queries
 

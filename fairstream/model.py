@@ -9,9 +9,10 @@ cluster, and every demand or capacity is a ``numpy`` vector in that order.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -37,6 +38,7 @@ class ResourceSpace:
             raise ModelError("resources: at least one resource name is needed")
         if len(set(self.names)) != len(self.names):
             raise ModelError(f"resources: duplicate names in {list(self.names)}")
+        object.__setattr__(self, "_position", {name: i for i, name in enumerate(self.names)})
 
     def __len__(self) -> int:
         return len(self.names)
@@ -52,16 +54,18 @@ class ResourceSpace:
 
         Raises ``ModelError`` naming ``where`` for unknown names, negative or non-numeric values.
         """
-        vec = np.zeros(len(self.names))
+        values = [0.0] * len(self.names)
+        position = self._position
         for name, amount in amounts.items():
-            if name not in self.names:
+            i = position.get(name)
+            if i is None:
                 raise ModelError(f"{where}.{name}: unknown resource (known: {', '.join(self.names)})")
-            if isinstance(amount, bool) or not isinstance(amount, (int, float)):
+            if amount.__class__ is not float and (isinstance(amount, bool) or not isinstance(amount, (int, float))):
                 raise ModelError(f"{where}.{name}: must be a number, got {amount!r}")
-            if not np.isfinite(amount) or amount < 0:
+            if not 0 <= amount < math.inf:  # also false for NaN
                 raise ModelError(f"{where}.{name}: must be a finite number >= 0, got {amount!r}")
-            vec[self.names.index(name)] = float(amount)
-        return vec
+            values[i] = float(amount)
+        return np.array(values)
 
     def as_dict(self, vec: Sequence[float]) -> dict[str, float]:
         return {name: float(vec[i]) for i, name in enumerate(self.names)}
@@ -147,7 +151,8 @@ class Task:
     """A unit of work. ``duration`` is the true run time, known to the simulator only.
 
     ``seq`` is the global arrival sequence number: the last tie-break everywhere.
-    ``shape`` groups tasks that fit exactly the same nodes (demand and constraints).
+    ``shape`` is an engine-interned id shared by tasks that fit exactly the same nodes (same
+    demand and constraints): placement remembers per shape what fits where within a pass.
     """
 
     id: str
@@ -164,10 +169,7 @@ class Task:
     node: str | None = None
     start: float | None = None
     running_entry: object = None
-
-    @property
-    def shape(self) -> tuple:
-        return (self.demand.tobytes(), self.constraints)
+    shape: int = -1
 
 
 # ----------------------------------------------------------------------------------- events
@@ -221,8 +223,7 @@ class DecisionKind(str, Enum):
     REQUEUE = "requeue"
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
     """One scheduling decision, plain data with the reason it was taken.
 
     ``PLACE``: run ``task`` on ``node``. ``REQUEUE``: the task's node was lost; it is pending again.

@@ -3,12 +3,12 @@
 A ``Cycle`` copies the snapshot's free capacity and allocations and applies tentative
 placements to the copy: policies never mutate the snapshot, so "what if" is always free.
 
-Placement is next-fit over nodes in a stable order: the node under the cursor is tried first
-(O(1) while it has room), otherwise a vectorised scan finds the first node at or after the
-cursor with room on every resource that the task's constraints allow. A task shape (demand and
-constraints) that fits nowhere is remembered for the rest of the pass: capacity only shrinks
-within a pass, so it cannot fit later either. That makes every pass work-conserving for the
-order it is given: it stops only when no pending task fits anywhere.
+Placement is first fit in node order. Free capacity only shrinks within a pass, so a node
+that cannot take a task shape (demand and constraints) now cannot take it later in the pass:
+the first time a shape is placed, one vectorised scan lists the nodes it fits on, and the
+pass walks that list forward, dropping nodes that have filled up. A shape that fits nowhere
+is remembered, and so is its demand: anything at least as large fails at once. Every pass is
+therefore work-conserving for the order it is given: it stops only when no pending task fits.
 """
 
 from __future__ import annotations
@@ -30,15 +30,18 @@ class Cycle:
         self.snapshot = snapshot
         self.policy = policy
         self.free = snapshot.free.copy()
+        # Rows of ``free`` as plain floats, made on first use: checking one node is then a few
+        # float compares instead of numpy calls on a 2-element array.
+        self._free_rows: dict[int, list[float]] = {}
         self.allocation = snapshot.allocation.copy()
         self.decisions: list[Decision] = []
-        self.cursor = 0
-        self._failed_shapes: set[tuple] = set()
+        self._candidates: dict[tuple, list] = {}
+        self._failed_shapes: set[int] = set()
         # Demands that fit on no node at all: anything at least as large cannot fit either.
         self._too_large: list[np.ndarray] = []
-        self._failed_for: dict[str, set[tuple]] = {}
+        self._failed_for: dict[str, set[int]] = {}
         self._heads: dict[str, list] = {}
-        self._taken: dict[tuple[str, tuple], int] = {}
+        self._taken: dict[tuple[str, int], int] = {}
         self._eligible: dict[Constraints, np.ndarray] = {}
         tree = snapshot.tree
         self._capped = any(s.max_share < 1 or s.min_share > 0 for s in tree.specs.values())
@@ -111,23 +114,29 @@ class Cycle:
         return mask
 
     def find_node(self, task: Task) -> int | None:
-        """Next fit: the first node at or after the cursor with room that the task may use."""
-        free = self.free
-        if not len(free):
-            return None
-        need = task.demand - EPSILON
-        constrained = not task.constraints.empty
-        c = self.cursor
-        if (free[c] >= need).all() and (not constrained or self.eligible(task.constraints)[c]):
-            return c
-        fits = (free >= need).all(axis=1)
-        if constrained:
-            fits &= self.eligible(task.constraints)
-        candidates = np.flatnonzero(fits)
-        if not len(candidates):
-            return None
-        i = int(np.searchsorted(candidates, c))
-        return int(candidates[i] if i < len(candidates) else candidates[0])
+        """First fit: the lowest-numbered node with room that the task may use, or None."""
+        entry = self._candidates.get(task.shape)
+        if entry is None:
+            if not len(self.free):
+                return None
+            need = task.demand - EPSILON
+            fits = (self.free >= need).all(axis=1)
+            if not task.constraints.empty:
+                fits &= self.eligible(task.constraints)
+            entry = self._candidates[task.shape] = [np.flatnonzero(fits).tolist(), 0, need.tolist()]
+        candidates, i, need = entry
+        rows = self._free_rows
+        while i < len(candidates):
+            node = candidates[i]
+            row = rows.get(node)
+            if row is None:
+                row = rows[node] = self.free[node].tolist()
+            if all(have >= want for have, want in zip(row, need)):
+                entry[1] = i
+                return node
+            i += 1
+        entry[1] = i
+        return None
 
     # --------------------------------------------------------------- placement
 
@@ -173,7 +182,7 @@ class Cycle:
 
     def commit(self, tenant: str, task: Task, node: int, reason: str) -> None:
         self.free[node] -= task.demand
-        self.cursor = node
+        self._free_rows[node] = self.free[node].tolist()
         row = self.snapshot.rows[tenant]
         self.allocation[row] += task.demand
         if self._capped:

@@ -46,7 +46,7 @@ class PendingQueue:
     """A tenant's pending tasks, grouped by shape so a shape that fits nowhere is skipped whole."""
 
     def __init__(self) -> None:
-        self.groups: dict[tuple, TaskList] = {}
+        self.groups: dict[int, TaskList] = {}
         self.count = 0
 
     def add(self, task: Task) -> None:

@@ -78,7 +78,10 @@ class LongTermUsage:
         """Count a new placement as ``Q * (g'(g + d) - g'(g))``: the task's assumed time (one
         quantum, formula 15) at the counted rate of formula 7. Returns the added vector."""
         snap = self.snapshot
-        before = cycle.allocation[row] - task.demand
-        added = snap.quantum[row] * marginal_counted(before, snap.share[row], task.demand, self.discount)
+        if self.discount == 1.0:  # nothing is discounted: the marginal count is the demand
+            added = snap.quantum[row] * task.demand
+        else:
+            before = cycle.allocation[row] - task.demand
+            added = snap.quantum[row] * marginal_counted(before, snap.share[row], task.demand, self.discount)
         self.vectors[row] += added
         return added

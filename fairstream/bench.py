@@ -1,0 +1,131 @@
+"""``fairstream bench engine``: scheduling cost per decision at scale, as one JSON object.
+
+Set-up per policy (seeded, so every run schedules the same work):
+- ``nodes`` nodes of <16 cpu, 64 GB>, ``tenants`` flat tenants with weights 1-4;
+- ``pending`` tasks submitted at t=0 in jobs of 50 identical tasks (one container size per
+  job, as MapReduce and Spark ask), job sizes 1-4 cpu and 1-16 GB: about 60 % fit at once,
+  the rest stay pending, so every later pass works against a backlog;
+- the first pass (empty cluster, all tasks pending) is timed on its own (``initial_pass``);
+- then ``steps`` steady-state steps: 1 % of the running tasks finish, as many new tasks
+  arrive, and the engine runs one pass. ``p50_us``/``p99_us`` are over those steps of
+  (wall time of ``Engine.step``: applying events, snapshot and pass) / (decisions in the step);
+  ``decisions_per_s`` is all steady-state decisions over all steady-state step time.
+
+Also times a whole simulation of a SWIM FB-2009 trace (``trace``), one policy, if it is found.
+Wall-clock time is read here, in the benchmark, never in the engine.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from fairstream.engine import Engine
+from fairstream.model import NodeHeartbeat, ResourceSpace, TaskCompleted, TaskSubmitted, TenantSpec
+from fairstream.tenants import TenantTree
+
+DEFAULT_TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "swim" / "FB-2009_samples_24_times_1hr_0.tsv"
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.array(values), q)) if values else math.nan
+
+
+def bench_policy(policy: str, tenants: int, nodes: int, pending: int, steps: int = 200, seed: int = 42) -> dict:
+    rng = np.random.default_rng(seed)
+    resources = ResourceSpace(("cpu", "mem"))
+    tree = TenantTree.from_specs([TenantSpec(f"t{i:04d}", weight=float(rng.integers(1, 5))) for i in range(tenants)])
+    engine = Engine(resources, tree, policy, {})
+    heartbeats = [NodeHeartbeat(0.0, f"n{i:05d}", {"cpu": 16.0, "mem": 64.0}) for i in range(nodes)]
+    counter = 0
+
+    def new_tasks(count: int, now: float) -> list[TaskSubmitted]:
+        nonlocal counter
+        out = []
+        while len(out) < count:
+            owner = int(rng.integers(0, tenants))
+            demand = {"cpu": float(rng.integers(1, 5)), "mem": float(rng.integers(1, 17))}
+            for _ in range(min(50, count - len(out))):
+                counter += 1
+                out.append(TaskSubmitted(now, f"task{counter}", f"job{counter // 50}-{owner}", f"t{owner:04d}", demand))
+        return out
+
+    started = time.perf_counter()
+    first = engine.step(0.0, heartbeats + new_tasks(pending, 0.0))
+    initial_s = time.perf_counter() - started
+    running = [d.task for d in first.decisions]
+
+    per_decision_us, total_decisions, total_s = [], 0, 0.0
+    for step in range(1, steps + 1):
+        now = float(step)
+        finish = max(1, len(running) // 100)
+        chosen = set(rng.choice(len(running), size=finish, replace=False).tolist())
+        done = [running[i] for i in sorted(chosen)]
+        running = [t for i, t in enumerate(running) if i not in chosen]
+        events = [TaskCompleted(now, t) for t in done] + new_tasks(finish, now)
+        started = time.perf_counter()
+        result = engine.step(now, events)
+        elapsed = time.perf_counter() - started
+        placed = [d.task for d in result.decisions]
+        running.extend(placed)
+        if placed:
+            per_decision_us.append(elapsed / len(placed) * 1e6)
+            total_decisions += len(placed)
+            total_s += elapsed
+    return {
+        "p50_us": round(_percentile(per_decision_us, 50), 2),
+        "p99_us": round(_percentile(per_decision_us, 99), 2),
+        "decisions_per_s": round(total_decisions / total_s, 1) if total_s else None,
+        "steady_state_steps": len(per_decision_us),
+        "steady_state_decisions": total_decisions,
+        "pending_after_initial_pass": pending - len(first.decisions),
+        "initial_pass": {
+            "decisions": len(first.decisions),
+            "seconds": round(initial_s, 3),
+            "us_per_decision": round(initial_s / max(len(first.decisions), 1) * 1e6, 2),
+        },
+    }
+
+
+def bench_trace(path: Path, policy: str = "ltrf", progress: bool | None = None) -> dict:
+    from fairstream.simulator import Simulator
+    from fairstream.traces.swim import load_swim
+
+    scenario = load_swim(str(path))
+    started = time.perf_counter()
+    result = Simulator(scenario, policy, {}, progress=progress).run()
+    elapsed = time.perf_counter() - started
+    summary = result.summary()
+    return {
+        "trace": path.name,
+        "policy": policy,
+        "jobs": len({t.job for t in scenario.tasks}),
+        "tasks": len(scenario.tasks),
+        "nodes": len(scenario.nodes),
+        "wall_s": round(elapsed, 2),
+        "tasks_per_s": round(len(scenario.tasks) / elapsed, 1),
+        "unfinished_tasks": summary["unfinished_tasks"],
+    }
+
+
+def bench_engine(tenants: int, nodes: int, pending: int, policies: list[str], trace: str | None = None,
+                 progress: bool | None = None) -> dict:
+    out = {
+        "benchmark": "engine",
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+        "setup": {"tenants": tenants, "nodes": nodes, "pending": pending, "node_capacity": {"cpu": 16, "mem": 64}},
+        "policies": {},
+    }
+    for policy in policies:
+        out["policies"][policy] = bench_policy(policy, tenants, nodes, pending)
+    path = Path(trace) if trace else DEFAULT_TRACE
+    if path.exists():
+        out["trace_simulation"] = bench_trace(path, progress=progress)
+    else:
+        out["trace_simulation"] = {"skipped": f"{path} not found (pass --trace FILE)"}
+    return out
