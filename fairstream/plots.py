@@ -10,8 +10,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+MAX_LINES = 10
+
+
 def _per_tenant(ax, series: dict, field: str, title: str, ylabel: str) -> None:
-    for name, s in sorted(series.items()):
+    names = sorted(series)
+    if len(names) > MAX_LINES:
+        # Many tenants: draw the ones that used the cluster most, and say so in the title.
+        names = sorted(names, key=lambda n: -(series[n].f_raw[-1] if series[n].f_raw else 0))[:MAX_LINES]
+        title += f" (top {MAX_LINES} of {len(series)} tenants by usage)"
+    for name in sorted(names):
+        s = series[name]
         ax.plot(s.time, getattr(s, field), label=name, linewidth=1.2)
     ax.set_title(title)
     ax.set_xlabel("time (s)")

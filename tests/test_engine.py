@@ -1,0 +1,127 @@
+"""Engine behaviour: events, node loss, windows (S-LTMM), pseudo accumulated resources, weights
+and min/max shares."""
+
+from collections import Counter
+
+import pytest
+
+from builders import engine, node, submit, tree
+from fairstream.model import DecisionKind, NodeLost, TaskCompleted, TenantSpec
+
+UNIT = {"quantum": 1, "quantum_mode": "fixed"}
+
+
+def tenant_counts(result):
+    return Counter(d.tenant for d in result.decisions if d.kind is DecisionKind.PLACE)
+
+
+def test_a_lost_nodes_running_tasks_are_requeued_and_nothing_lands_on_it_until_it_returns():
+    e = engine(tree("A"), "fifo")
+    e.step(0, [node("n1", mem=2), node("n2", mem=2)])
+    placed = e.step(1, [submit(f"t{i}", "A", 1) for i in range(4)]).decisions
+    on_n1 = sorted(d.task for d in placed if d.node == "n1")
+    lost = e.step(2, [NodeLost(2, "n1")])
+    requeued = [d for d in lost.decisions if d.kind is DecisionKind.REQUEUE]
+    assert sorted(d.task for d in requeued) == on_n1 and all(d.node == "n1" for d in requeued)
+    assert not [d for d in lost.decisions if d.kind is DecisionKind.PLACE]  # n2 is full, n1 is gone
+    back = e.step(3, [node("n1", 3, mem=2)])
+    assert sorted(d.task for d in back.decisions) == on_n1 and {d.node for d in back.decisions} == {"n1"}
+
+
+@pytest.mark.parametrize(
+    "event, reason",
+    [
+        pytest.param(TaskCompleted(1, "ghost"), "completion of an unknown task", id="a completion of an unknown task is rejected"),
+        pytest.param(submit("t0", "A", 1), "duplicate submission", id="a duplicate submission is rejected"),
+        pytest.param(submit("x", "A", 1, mem=-1), "demand.mem: must be a finite number >= 0", id="a negative demand is rejected"),
+        pytest.param(submit("x", "A", 1, gpu=1), "demand.gpu: unknown resource", id="an unknown resource is rejected"),
+        pytest.param(submit("x", "A", 1, mem=float("nan")), "finite number", id="a NaN demand is rejected"),
+        pytest.param(submit("x", "G", 1), "a queue with children", id="a task for a queue is rejected"),
+        pytest.param(NodeLost(1, "nowhere"), "unknown node", id="losing an unknown node is rejected"),
+    ],
+)
+def test_bad_events_are_rejected_with_a_reason_and_change_nothing(event, reason):
+    e = engine(tree(TenantSpec("G"), TenantSpec("A", "G")), "fifo")
+    e.step(0, [node("n1", mem=4), submit("t0", "A", 0)])
+    before = (len(e.tasks), e.used.sum())
+    result = e.step(1, [event])
+    assert len(result.rejected) == 1 and reason in result.rejected[0][1]
+    assert (len(e.tasks), e.used.sum()) == before
+
+
+def test_unknown_tenants_join_under_the_root_with_weight_1():
+    e = engine(tree("A"), "drf")
+    e.step(0, [node("n1", mem=4)])
+    result = e.step(1, [submit("t", "newcomer", 1)])
+    assert [d.tenant for d in result.decisions] == ["newcomer"]
+    assert e.tree.effective_share == {"A": 0.5, "newcomer": 0.5}
+
+
+def test_weights_split_a_contended_cluster_in_proportion():
+    # Weights 1 and 3 on 8 units: max-min gives 2 and 6.
+    e = engine(tree(TenantSpec("A", weight=1), TenantSpec("B", weight=3)), "fair")
+    e.step(0, [node("n1", mem=8)])
+    got = tenant_counts(e.step(1, [submit(f"{u}{i}", u, 1) for u in "AB" for i in range(10)]))
+    assert got == {"A": 2, "B": 6}
+
+
+def test_max_share_caps_a_tenant_even_on_an_idle_cluster():
+    e = engine(tree(TenantSpec("A", max_share=0.25), TenantSpec("B")), "ltrf", **UNIT)
+    e.step(0, [node("n1", mem=8)])
+    assert tenant_counts(e.step(1, [submit(f"a{i}", "A", 1) for i in range(8)])) == {"A": 2}
+
+
+def test_min_share_is_served_before_fair_order():
+    # C has a min share of half the cluster: it gets 4 of 8 units although A and B used less.
+    specs = (TenantSpec("A"), TenantSpec("B"), TenantSpec("C", min_share=0.5))
+    e = engine(tree(*specs), "drf")
+    e.step(0, [node("n1", mem=8)])
+    got = tenant_counts(e.step(1, [submit(f"{u}{i}", u, 1) for u in "ABC" for i in range(8)]))
+    assert got["C"] == 4 and got["A"] + got["B"] == 4
+
+
+def test_a_late_arrival_starts_level_with_the_most_served_tenant_formula_16():
+    # A runs alone on 10 units for 10 s: f_A = 100 unit-seconds. B arrives at t = 10 with PAR
+    # phi_B = f_A, so from then on A and B alternate instead of B taking everything back.
+    e = engine(tree("A", "B"), "ltrf", quantum=1, quantum_mode="fixed")
+    e.step(0, [node("n1", mem=10)])
+    e.step(0, [submit(f"a{i}", "A", 0, job="ja") for i in range(10)])
+    done = [TaskCompleted(10, f"a{i}") for i in range(10)]
+    result = e.step(10, done + [submit(f"a{i}", "A", 10, job="ja2") for i in range(10, 30)]
+                    + [submit(f"b{i}", "B", 10) for i in range(20)])
+    assert tenant_counts(result) == {"A": 5, "B": 5}
+    ledger = e.accounting.ledgers[e.accounting.row["B"]]
+    assert ledger.pseudo_accumulated == pytest.approx(10.0)  # 100 unit-seconds / 10 units
+
+
+def test_without_pseudo_accumulated_resources_the_late_arrival_would_take_everything():
+    # The same run where B was present (and idle) from the start: B is owed, and gets all 10.
+    e = engine(tree("A", "B"), "ltrf", quantum=1, quantum_mode="fixed")
+    e.step(0, [node("n1", mem=10), submit("b-early", "B", 0)])
+    e.step(0, [submit(f"a{i}", "A", 0, job="ja") for i in range(9)])
+    done = [TaskCompleted(10, f"a{i}") for i in range(9)] + [TaskCompleted(10, "b-early")]
+    result = e.step(10, done + [submit(f"a{i}", "A", 10) for i in range(10, 30)] + [submit(f"b{i}", "B", 10) for i in range(20)])
+    assert tenant_counts(result)["B"] >= 9
+
+
+def test_rounds_forget_the_previous_round_s_ltmm_formula_12():
+    # round = 10: A's 10 s alone are forgotten at t = 10, so A and B share evenly from t = 10;
+    # with round = inf (F-LTMM) B, present all along, is paid back first.
+    def second_pass(round_length):
+        e = engine(tree("A", "B"), "ltrf", quantum=1, quantum_mode="fixed", round=round_length)
+        e.step(0, [node("n1", mem=10), submit("b0", "B", 0, mem=0.001)])
+        e.step(0, [submit(f"a{i}", "A", 0) for i in range(9)])
+        done = [TaskCompleted(10, f"a{i}") for i in range(9)] + [TaskCompleted(10, "b0")]
+        return tenant_counts(e.step(10, done + [submit(f"x{u}{i}", u, 10) for u in "AB" for i in range(20)]))
+
+    assert second_pass(10) == {"A": 5, "B": 5}
+    assert second_pass("inf")["B"] >= 9
+
+
+def test_dominant_mode_counts_accumulated_usage_as_a_dominant_share():
+    # resource=dominant: A's cpu-heavy history (4 of 4 cpu for 1 s) outweighs B's memory-light one.
+    e = engine(tree("A", "B"), "ltrf", resources=("cpu", "mem"), resource="dominant", **UNIT)
+    e.step(0, [node("n1", cpu=4, mem=16)])
+    e.step(0, [submit("a", "A", 0, cpu=4, mem=1), submit("b", "B", 0, cpu=0, mem=4)])
+    result = e.step(1, [TaskCompleted(1, "a"), TaskCompleted(1, "b"), submit("a2", "A", 1, cpu=4, mem=1), submit("b2", "B", 1, cpu=4, mem=1)])
+    assert [d.tenant for d in result.decisions] == ["B"]
