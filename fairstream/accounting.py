@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fairstream.fairness import counted_allocation, normalised_usage
+from fairstream.fairness import counted_allocation, normalised_usage, resource_shares
 from fairstream.model import ROOT
 from fairstream.tenants import TenantTree
 
@@ -109,22 +109,26 @@ class _Running:
     start: float
     demand: np.ndarray
     done: bool = False
+    recent: bool = True  # inside the top-up suffix (still within its quantum)
+    values: tuple[float, ...] = ()  # the demand as plain floats
 
 
 class RecentTasks:
-    """A tenant's running tasks in start order, with the quantum top-up kept incrementally.
+    """A tenant's running tasks in start order, for the quantum top-up (formula 15).
 
     Only tasks that have run less than the quantum add a top-up, and they are a suffix of the
-    start-ordered list. ``boundary`` marks that suffix; ``demand`` and ``weighted`` are the sums
-    of ``d`` and ``d * effective_start`` over its live tasks, so
-    ``top_up = sum d * (Q - (now - s)) = (Q - now) * demand + weighted`` in O(1) amortised.
+    start-ordered list. ``boundary`` marks that suffix; ``demand`` and ``weighted`` are the
+    sums of ``d`` and ``d * effective_start`` over its live tasks (plain floats: updating two
+    numbers is far cheaper than numpy calls on 2-element arrays), so every tenant's
+    ``top_up = sum d * (Q - (now - s)) = (Q - now) * demand + weighted`` is one vectorised
+    expression over all tenants, and moving the boundary is O(1) amortised.
     """
 
     def __init__(self, n_resources: int) -> None:
+        self.demand = [0.0] * n_resources
+        self.weighted = [0.0] * n_resources
         self.entries: list[_Running] = []
         self.boundary = 0
-        self.demand = np.zeros(n_resources)
-        self.weighted = np.zeros(n_resources)
         self.done = 0
         self.round_start = 0.0
 
@@ -135,45 +139,39 @@ class RecentTasks:
         return max(self.round_start, entry.start)
 
     def _add(self, entry: _Running) -> None:
-        self.demand += entry.demand
-        self.weighted += entry.demand * self._effective(entry)
+        entry.recent = True
+        start = self._effective(entry)
+        demand, weighted = self.demand, self.weighted
+        for k, value in enumerate(entry.values):
+            demand[k] += value
+            weighted[k] += value * start
 
     def _remove(self, entry: _Running) -> None:
-        self.demand -= entry.demand
-        self.weighted -= entry.demand * self._effective(entry)
+        entry.recent = False
+        start = self._effective(entry)
+        demand, weighted = self.demand, self.weighted
+        for k, value in enumerate(entry.values):
+            demand[k] -= value
+            weighted[k] -= value * start
 
     def append(self, entry: _Running) -> None:
         self.entries.append(entry)
         self._add(entry)  # just started: always within the quantum (boundary moves lazily)
 
     def retire(self, entry: _Running) -> None:
-        index = self._index(entry)
         entry.done = True
         self.done += 1
-        if index >= self.boundary:
+        if entry.recent:
             self._remove(entry)
         if self.done > 64 and self.done * 2 > len(self.entries):
             self._rebuild()
-
-    def _index(self, entry: _Running) -> int:
-        # Entries are in start order; bisect on start, then scan the few with the same start.
-        lo, hi = 0, len(self.entries)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.entries[mid].start < entry.start:
-                lo = mid + 1
-            else:
-                hi = mid
-        while self.entries[lo] is not entry:
-            lo += 1
-        return lo
 
     def _rebuild(self) -> None:
         self.entries = [e for e in self.entries if not e.done]
         self.done = 0
         self.boundary = 0
-        self.demand[:] = 0.0
-        self.weighted[:] = 0.0
+        self.demand = [0.0] * len(self.demand)
+        self.weighted = [0.0] * len(self.weighted)
         for entry in self.entries:
             self._add(entry)
 
@@ -181,11 +179,12 @@ class RecentTasks:
         self.round_start = round_start
         self._rebuild()
 
-    def top_up(self, now: float, quantum: float) -> np.ndarray:
+    def advance(self, now: float, quantum: float) -> None:
+        """Move the boundary to the tasks that have run less than ``quantum`` at ``now``."""
         entries = self.entries
         # Tasks that have now run a full quantum leave the suffix...
         while self.boundary < len(entries) and now - self._effective(entries[self.boundary]) >= quantum:
-            if not entries[self.boundary].done:
+            if entries[self.boundary].recent:
                 self._remove(entries[self.boundary])
             self.boundary += 1
         # ...and come back if the quantum grew (adaptive quanta move both ways).
@@ -193,8 +192,6 @@ class RecentTasks:
             self.boundary -= 1
             if not entries[self.boundary].done:
                 self._add(entries[self.boundary])
-        top = (quantum - now) * self.demand + self.weighted
-        return np.maximum(top, 0.0)  # float dust
 
 
 @dataclass
@@ -210,9 +207,6 @@ class TenantLedger:
     pseudo_accumulated: float = 0.0  # phi_i, in key units (normalised)
     waiting_since: float | None = None  # when it last got a task or became demanding
     recent: RecentTasks = None  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        self.recent = RecentTasks(self.n_resources)
 
     @property
     def active(self) -> bool:
@@ -246,7 +240,9 @@ class Accounting:
         if name in self.row:
             return self.row[name]
         self.row[name] = len(self.ledgers)
-        self.ledgers.append(TenantLedger(name, self.n_resources))
+        ledger = TenantLedger(name, self.n_resources)
+        ledger.recent = RecentTasks(self.n_resources)
+        self.ledgers.append(ledger)
         grow = np.zeros((1, self.n_resources))
         self.allocation = np.vstack([self.allocation, grow])
         self.pending_demand = np.vstack([self.pending_demand, grow])
@@ -314,13 +310,12 @@ class Accounting:
         if ledger.round_arrival is None:
             ledger.round_arrival = now
             earlier = [
-                self.usage_key(k, now)
-                for k, other in enumerate(self.ledgers)
+                k for k, other in enumerate(self.ledgers)
                 if other.active and other.round_arrival is not None and other.round_arrival < now
             ]
             # Early bird privilege: a late arrival starts level with the most-served earlier one,
             # frozen at its arrival (see docs/paper-notes.md for why not re-evaluated later).
-            ledger.pseudo_accumulated = max(earlier, default=0.0)
+            ledger.pseudo_accumulated = max(self.usage_keys(earlier, now), default=0.0)
 
     def on_start(self, row: int, demand: np.ndarray, now: float) -> "_Running":
         """A task starts; returns its running entry, to hand back on finish or requeue."""
@@ -330,7 +325,7 @@ class Accounting:
         ledger.waiting_since = now if ledger.pending > 0 else None
         self.pending_demand[row] -= demand
         self.allocation[row] += demand
-        entry = _Running(now, demand)
+        entry = _Running(now, demand, values=tuple(demand.tolist()))
         ledger.recent.append(entry)
         return entry
 
@@ -368,19 +363,31 @@ class Accounting:
     def quantum(self, row: int) -> float:
         return self.quanta.of(self.ledgers[row].name)
 
-    def top_up(self, row: int, now: float) -> np.ndarray:
-        """Formula 15 for running tasks: ``demand * max(0, Q - elapsed_in_round)``, counted
-        at the tenant's current discount rate."""
-        ledger = self.ledgers[row]
-        if not ledger.recent:
-            return np.zeros(self.n_resources)
-        extra = ledger.recent.top_up(now, self.quantum(row))
-        if self.config.discount < 1.0 and extra.any():
-            alloc = self.allocation[row]
-            counted = counted_allocation(alloc, self.share[row], self.config.discount)
+    def top_ups(self, rows: list[int] | None, now: float) -> np.ndarray:
+        """Formula 15 for running tasks, for the given tenant rows (all if None):
+        ``sum demand * max(0, Q - elapsed_in_round)``, counted at each tenant's current
+        discount rate. One row per tenant, in resource-seconds."""
+        rows = list(range(len(self.ledgers))) if rows is None else rows
+        quanta = np.empty(len(rows))
+        demand, weighted = [], []
+        for i, row in enumerate(rows):
+            quanta[i] = q = self.quantum(row)
+            recent = self.ledgers[row].recent
+            if recent:
+                recent.advance(now, q)
+            demand.append(recent.demand)
+            weighted.append(recent.weighted)
+        extra = (quanta - now)[:, None] * np.array(demand).reshape(len(rows), -1) + np.array(weighted).reshape(len(rows), -1)
+        np.maximum(extra, 0.0, out=extra)  # float dust, and rows with nothing recent
+        if self.config.discount < 1.0:
+            alloc = self.allocation[rows]
+            counted = counted_allocation(alloc, self.share[rows], self.config.discount)
             rate = np.divide(counted, alloc, out=np.ones_like(alloc), where=alloc > 0)
             extra *= rate
         return extra
+
+    def top_up(self, row: int, now: float) -> np.ndarray:
+        return self.top_ups([row], now)[0]
 
     def accumulated(self, row: int, now: float) -> np.ndarray:
         """Counted accumulated usage vector in resource-seconds at ``now``, PAR excluded.
@@ -392,6 +399,20 @@ class Accounting:
             since = counted_allocation(self.allocation[row], self.share[row], self.config.discount)
             usage = usage + (now - self.clock) * since
         return usage
+
+    def accumulated_all(self, now: float) -> np.ndarray:
+        """``accumulated`` for every tenant (rows), at the engine clock."""
+        return self.counted_usage + self.top_ups(None, now)
+
+    def usage_keys(self, rows: list[int], now: float) -> list[float]:
+        """``usage_key`` for many tenants at once (one vectorised normalisation)."""
+        if not rows:
+            return []
+        usage = self.counted_usage[rows] + self.top_ups(rows, now)
+        if self.clock is not None and now > self.clock:
+            usage += (now - self.clock) * counted_allocation(self.allocation[rows], self.share[rows], self.config.discount)
+        keys = resource_shares(usage, self.capacity, self.config.resource)
+        return (keys + np.array([self.ledgers[r].pseudo_accumulated for r in rows])).tolist()
 
     def usage_key(self, row: int, now: float) -> float:
         """``f_i(t)`` as a scalar (unweighted): normalised accumulated usage plus PAR."""

@@ -150,10 +150,7 @@ class Engine:
         free = self.capacity - self.used
         free[~self.alive] = -1.0
         names = [ledger.name for ledger in acc.ledgers]
-        accumulated = acc.counted_usage.copy()
-        for row, ledger in enumerate(acc.ledgers):
-            if ledger.recent:
-                accumulated[row] += acc.top_up(row, now)
+        accumulated = acc.accumulated_all(now)
         return Snapshot(
             time=now,
             resources=self.resources,
@@ -217,6 +214,7 @@ class Engine:
             seq=self._seq,
             demand_map=self.resources.as_dict(demand),
             shape=self._shapes.setdefault((demand.tobytes(), constraints), len(self._shapes)),
+            demand_values=tuple(demand.tolist()),
         )
         self.tasks[task.id] = task
         self.pending.setdefault(task.tenant, PendingQueue()).add(task)

@@ -56,6 +56,19 @@ def resource_share(allocation: np.ndarray, capacity: np.ndarray, resource: int |
     return float(allocation[resource] / cap) if cap > 0 else 0.0
 
 
+def resource_shares(matrix: np.ndarray, capacity: np.ndarray, resource: int | None) -> np.ndarray:
+    """``resource_share`` for every row of a tenant x resource matrix at once."""
+    if not len(matrix):
+        return np.zeros(0)
+    if resource is None:
+        positive = capacity > 0
+        if not positive.any():
+            return np.zeros(len(matrix))
+        return (matrix[:, positive] / capacity[positive]).max(axis=1)
+    cap = capacity[resource]
+    return matrix[:, resource] / cap if cap > 0 else np.zeros(len(matrix))
+
+
 def normalised_usage(usage: np.ndarray, capacity: np.ndarray, resource: int | None) -> float:
     """Accumulated usage (resource-seconds) as one number in cluster-seconds: the share of
     ``resource`` (single-resource mode) or the dominant share (long-term DRF)."""

@@ -170,6 +170,7 @@ class Task:
     start: float | None = None
     running_entry: object = None
     shape: int = -1
+    demand_values: tuple[float, ...] = ()  # the demand as plain floats, for cheap comparisons
 
 
 # ----------------------------------------------------------------------------------- events

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from fairstream.fairness import dominant_share
+from fairstream.fairness import dominant_share, fair_key
 from fairstream.model import EPSILON, ROOT, Constraints, Decision, Task
 from fairstream.snapshot import Snapshot
 
@@ -37,14 +37,15 @@ class Cycle:
         self.decisions: list[Decision] = []
         self._candidates: dict[tuple, list] = {}
         self._failed_shapes: set[int] = set()
-        # Demands that fit on no node at all: anything at least as large cannot fit either.
-        self._too_large: list[np.ndarray] = []
+        # Demands that fit on no node at all (kept minimal): anything at least as large cannot
+        # fit either.
+        self._too_large: list[tuple[float, ...]] = []
         self._failed_for: dict[str, set[int]] = {}
         self._heads: dict[str, list] = {}
         self._taken: dict[tuple[str, int], int] = {}
         self._eligible: dict[Constraints, np.ndarray] = {}
         tree = snapshot.tree
-        self._capped = any(s.max_share < 1 or s.min_share > 0 for s in tree.specs.values())
+        self._capped = tree.has_limits
         self.group_allocation: dict[str, np.ndarray] = {}
         if self._capped:
             for tenant, row in snapshot.rows.items():
@@ -167,14 +168,18 @@ class Cycle:
         if not self.within_caps(tenant, task):
             self.skip_for(tenant, task)
             return False
-        demand = task.demand
-        if any((demand >= floor).all() for floor in self._too_large):
-            self._failed_shapes.add(task.shape)
-            return False
+        demand = task.demand_values
+        for floor in self._too_large:
+            if all(d >= f for d, f in zip(demand, floor)):
+                self._failed_shapes.add(task.shape)
+                return False
         node = self.find_node(task)
         if node is None:
             self._failed_shapes.add(task.shape)
             if task.constraints.empty:
+                # Nothing in the list is below this demand (it would have been caught above);
+                # drop what this one dominates from below.
+                self._too_large = [f for f in self._too_large if not all(x >= d for x, d in zip(f, demand))]
                 self._too_large.append(demand)
             return False
         self.commit(tenant, task, node, reason() if callable(reason) else reason)
@@ -215,6 +220,7 @@ def serve_in_order(
     reason: ReasonFn,
     charge: ChargeFn | None = None,
     admit: Callable[[Cycle, str, Task], bool] | None = None,
+    initial_shares: np.ndarray | None = None,
 ) -> list[Decision]:
     """The loop of every flat policy: serve the tenant with the smallest key, one task at a time.
 
@@ -222,11 +228,21 @@ def serve_in_order(
     other tenants do not change when one tenant is served). ``charge`` updates policy-private
     state after a placement (LTRF's accumulated usage). ``admit`` is a per-tenant quota check.
     The loop ends when no demanding tenant has a task that fits: work conservation.
+    ``initial_shares`` (one weighted share per tenant row, as ``key`` would compute it before
+    any placement) lets the first keys be computed in one vectorised step; it is only used when
+    no tenant has a min share, since that changes the priority class.
     """
     cycle = Cycle(snapshot, policy)
     heap = []
-    for tenant in snapshot.demanding():
-        heap.append((key(cycle, tenant), tenant))
+    if initial_shares is not None and not cycle._capped:
+        rows, arrival = snapshot.rows, snapshot.arrival
+        shares = initial_shares.tolist()
+        for tenant in snapshot.pending:
+            row = rows[tenant]
+            heap.append((fair_key(shares[row], float(arrival[row]), tenant), tenant))
+    else:
+        for tenant in snapshot.demanding():
+            heap.append((key(cycle, tenant), tenant))
     heapq.heapify(heap)
     while heap:
         tenant_key, tenant = heapq.heappop(heap)

@@ -24,6 +24,7 @@ class TenantTree:
     specs: dict[str, TenantSpec] = field(default_factory=dict)
     children: dict[str, list[str]] = field(default_factory=lambda: {ROOT: []})
     effective_share: dict[str, float] = field(default_factory=dict)
+    has_limits: bool = False  # some tenant or queue has a min_share or max_share
 
     @classmethod
     def from_specs(cls, specs: list[TenantSpec]) -> "TenantTree":
@@ -75,6 +76,7 @@ class TenantTree:
                     self.effective_share[kid] = float(share)
 
         walk(ROOT, Fraction(1))
+        self.has_limits = any(s.max_share < 1 or s.min_share > 0 for s in self.specs.values())
         self._paths = {leaf: self._path(leaf) for leaf in self.effective_share}
 
     def _path(self, leaf: str) -> tuple[str, ...]:

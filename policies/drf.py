@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fairstream.fairness import dominant_share, fair_key
+from fairstream.fairness import dominant_share, fair_key, resource_shares
 from fairstream.model import Decision
 from fairstream.placement import Cycle, leaf_arrival, serve_in_order
 from fairstream.snapshot import Snapshot
@@ -24,7 +24,8 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     def reason(cycle: Cycle, tenant: str, k) -> str:
         return f"drf: lowest dominant share/weight ({k.share:.4g})"
 
-    return serve_in_order(snapshot, "drf", key, reason)
+    initial = resource_shares(snapshot.allocation, snapshot.capacity, None) / snapshot.share_fraction
+    return serve_in_order(snapshot, "drf", key, reason, initial_shares=initial)
 
 
 SPEC = PolicySpec("drf", decide, "memoryless weighted dominant resource fairness")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fairstream.fairness import fair_key, resource_share
+from fairstream.fairness import fair_key, resource_share, resource_shares
 from fairstream.model import Decision
 from fairstream.placement import Cycle, leaf_arrival, serve_in_order
 from fairstream.snapshot import Snapshot
@@ -29,7 +29,8 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     def reason(cycle: Cycle, tenant: str, k) -> str:
         return f"fair: lowest current {label} share/weight ({k.share:.4g})"
 
-    return serve_in_order(snapshot, "fair", key, reason)
+    initial = resource_shares(snapshot.allocation, snapshot.capacity, resource) / snapshot.share_fraction
+    return serve_in_order(snapshot, "fair", key, reason, initial_shares=initial)
 
 
 SPEC = PolicySpec("fair", decide, "memoryless weighted max-min on one resource", (RESOURCE_PARAM,))

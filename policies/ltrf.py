@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fairstream.fairness import fair_key
+from fairstream.fairness import fair_key, resource_shares
 from fairstream.model import Decision, Task
 from fairstream.placement import Cycle, leaf_arrival, serve_in_order
 from fairstream.snapshot import Snapshot
@@ -37,7 +37,9 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     def reason(cycle: Cycle, tenant: str, k) -> str:
         return f"ltrf: lowest accumulated usage/weight ({k.share:.4g})"
 
-    return serve_in_order(snapshot, "ltrf", key, reason, charge=charge)
+    initial = (resource_shares(snapshot.accumulated, snapshot.capacity, usage.resource)
+               + snapshot.pseudo_accumulated) / snapshot.share_fraction
+    return serve_in_order(snapshot, "ltrf", key, reason, charge=charge, initial_shares=initial)
 
 
 SPEC = PolicySpec("ltrf", decide, "long-term max-min over accumulated usage (LTRF)", LONG_TERM_PARAMS)
