@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+from fairstream.metrics import job_statistics
 from fairstream.simulator import SimResult
 
 
@@ -36,11 +37,17 @@ def speedups(result: SimResult, baseline: SimResult) -> dict:
 
 def metrics_document(result: SimResult, baseline: SimResult | None = None) -> dict:
     m = result.metrics
+    jobs, _ = job_statistics(result.tasks)
     doc = {
         "summary": result.summary(),
         "sample_interval": m.sample_interval,
         "tenants": {name: vars(series) for name, series in sorted(m.series.items())},
         "cluster": m.cluster,
+        "jobs": {
+            name: {"tenant": job["tenant"], "tasks": job["tasks"], "submit": job["submit"],
+                   "finish": job["finish"] if job["done"] else None, "completion_time": job["completion_time"]}
+            for name, job in sorted(jobs.items())
+        },
     }
     if baseline is not None:
         doc["speedup_vs_static"] = speedups(result, baseline)

@@ -29,6 +29,16 @@ def _per_tenant(ax, series: dict, field: str, title: str, ylabel: str) -> None:
     ax.legend(fontsize=8)
 
 
+def _sharing(ax, metrics, title: str) -> None:
+    """Sharing benefit Psi and loss Omega over time (formulas 4-5)."""
+    ax.plot(metrics.cluster["time"], metrics.cluster["psi"], label="sharing benefit Psi")
+    ax.plot(metrics.cluster["time"], metrics.cluster["omega"], label="sharing loss Omega")
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+
+
 def plot_run(result, out: Path) -> list[Path]:
     """Accumulated usage, current allocation, fairness degree per tenant; cluster Psi/Omega."""
     m = result.metrics
@@ -50,12 +60,7 @@ def plot_run(result, out: Path) -> list[Path]:
         written.append(out / filename)
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    top.plot(m.cluster["time"], m.cluster["psi"], label="sharing benefit Psi")
-    top.plot(m.cluster["time"], m.cluster["omega"], label="sharing loss Omega")
-    top.axhline(0, color="black", linewidth=0.8)
-    top.set_title(f"{result.policy}: sharing benefit and loss (formulas 4-5)")
-    top.legend(fontsize=8)
-    top.grid(alpha=0.3)
+    _sharing(top, m, f"{result.policy}: sharing benefit and loss (formulas 4-5)")
     for key in m.cluster:
         if key.startswith("util_"):
             bottom.plot(m.cluster["time"], m.cluster[key], label=key[5:])
@@ -79,12 +84,7 @@ def plot_comparison(results: dict, speedups: dict, out: Path) -> list[Path]:
     for i, policy in enumerate(policies):
         m = results[policy].metrics
         left, right = axes[i]
-        left.plot(m.cluster["time"], m.cluster["psi"], label="benefit Psi")
-        left.plot(m.cluster["time"], m.cluster["omega"], label="loss Omega")
-        left.axhline(0, color="black", linewidth=0.8)
-        left.set_title(f"{policy}: sharing benefit / loss")
-        left.legend(fontsize=8)
-        left.grid(alpha=0.3)
+        _sharing(left, m, f"{policy}: sharing benefit / loss")
         _per_tenant(right, m.series, "rho", f"{policy}: fairness degree per queue", "rho")
         right.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     fig.tight_layout()

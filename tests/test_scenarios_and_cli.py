@@ -102,6 +102,8 @@ def test_simulate_writes_decisions_metrics_and_plots(tmp_path, capsys):
     assert {"g", "d", "S", "f_raw", "f_counted", "rho"} <= set(metrics["tenants"]["Spark"])
     assert {"psi", "omega", "util_cpu", "util_mem"} <= set(metrics["cluster"])
     assert metrics["summary"]["unfinished_tasks"] == 0
+    job = metrics["jobs"]["purdue-wordcount"]
+    assert job["tenant"] == "Purdue" and job["completion_time"] == pytest.approx(job["finish"] - job["submit"])
     speedup = metrics["speedup_vs_static"]["tenants"]
     assert set(speedup) == set(metrics["tenants"])
     # Sharing lets some queue's jobs finish sooner than in its static partition.
