@@ -177,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # parameter conversions outside the model
         print(f"fairstream: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # output directory not writable, disk full, ...
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"fairstream: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -88,6 +88,16 @@ def test_cli_parameter_errors_are_one_line(tmp_path, capsys, argv, message):
     assert message in err and err.count("\n") == 1
 
 
+def test_an_unwritable_output_directory_is_one_line(tmp_path, capsys):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(ISSUE_EXAMPLE))
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["simulate", "--scenario", str(path), "--policy", "drf", "--out", str(blocker / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fairstream: error:") and err.count("\n") == 1
+
+
 def test_simulate_writes_decisions_metrics_and_plots(tmp_path, capsys):
     path = tmp_path / "macro.json"
     path.write_text(json.dumps(macro_benchmark(seed=3, scale=0.05).to_json()))
