@@ -23,7 +23,7 @@ No clock is read here: every method takes the event time it applies to.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -199,7 +199,6 @@ class TenantLedger:
     """Mutable accounting of one leaf tenant."""
 
     name: str
-    n_resources: int = 0
     pending: int = 0
     running: int = 0
     first_arrival: float | None = None
@@ -240,7 +239,7 @@ class Accounting:
         if name in self.row:
             return self.row[name]
         self.row[name] = len(self.ledgers)
-        ledger = TenantLedger(name, self.n_resources)
+        ledger = TenantLedger(name)
         ledger.recent = RecentTasks(self.n_resources)
         self.ledgers.append(ledger)
         grow = np.zeros((1, self.n_resources))

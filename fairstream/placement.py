@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from fairstream.fairness import dominant_share, fair_key
-from fairstream.model import EPSILON, ROOT, Constraints, Decision, Task
+from fairstream.model import EPSILON, Constraints, Decision, Task
 from fairstream.snapshot import Snapshot
 
 
@@ -262,4 +262,4 @@ def leaf_arrival(snapshot: Snapshot, tenant: str) -> float:
     return float(snapshot.arrival[snapshot.rows[tenant]])
 
 
-__all__ = ["Cycle", "serve_in_order", "leaf_arrival", "ROOT"]
+__all__ = ["Cycle", "serve_in_order", "leaf_arrival"]

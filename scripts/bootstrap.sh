@@ -14,7 +14,12 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 stamp="$venv/.installed-$(cat "$root/pyproject.toml" | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
-  "$venv/bin/python" -m pip install --quiet --upgrade pip
-  "$venv/bin/python" -m pip install --quiet -e "$root[test]"
+  echo "fairstream: installing into $venv (log: $venv/install.log)" >&2
+  if ! { "$venv/bin/python" -m pip install --upgrade pip && "$venv/bin/python" -m pip install -e "$root[test]"; } \
+      > "$venv/install.log" 2>&1; then
+    tail -n 30 "$venv/install.log" >&2
+    echo "fairstream: installation failed (full log: $venv/install.log)" >&2
+    exit 1
+  fi
   touch "$stamp"
 fi
