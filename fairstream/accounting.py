@@ -229,6 +229,7 @@ class Accounting:
         self.counted_usage = np.zeros((0, n_resources))  # int_{t_s}^t g'_i
         self.raw_usage = np.zeros((0, n_resources))  # int_{t_s}^t g_i
         self.capacity = np.zeros(n_resources)
+        self.fractions = np.zeros(0)  # effective share of each tenant row
         self.clock: float | None = None
         self.round_start = 0.0
         self.quanta = QuantumTree(config.quantum, config.adaptive_quantum)

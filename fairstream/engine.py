@@ -136,7 +136,7 @@ class Engine:
 
     def schedule(self) -> list[Decision]:
         """One scheduling pass at the current time."""
-        if not self.pending or not self.nodes:
+        if not self.nodes or not any(queue.count for queue in self.pending.values()):
             return []
         snapshot = self.snapshot()
         decisions = self.spec.decide(snapshot, self.params)
@@ -161,7 +161,7 @@ class Engine:
             tree=self.tree,
             tenants=names,
             rows=dict(acc.row),
-            share_fraction=np.array([self.tree.effective_share[n] for n in names]),
+            share_fraction=acc.fractions.copy(),
             allocation=acc.allocation.copy(),
             share=acc.share.copy(),
             accumulated=accumulated,
