@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -48,6 +49,8 @@ def cmd_simulate(args) -> int:
     from fairstream.policies.base import parse_param_pairs
     from fairstream.simulator import Simulator
 
+    if args.events:
+        return _replay_events(args)
     scenario = _scenario_from_args(args)
     params = parse_param_pairs(args.param)
     progress = None if args.progress is None else args.progress
@@ -65,6 +68,87 @@ def cmd_simulate(args) -> int:
         "makespan": summary["makespan"], "sharing_benefit": summary["sharing_benefit"],
         "sharing_loss": summary["sharing_loss"], "out": str(out),
     }))
+    return 0
+
+
+def _replay_events(args) -> int:
+    """``simulate --events FILE``: replay a worker's recorded input (one JSON step per line:
+    ``{"time", "events"}``) through a fresh engine; writes the decisions it takes."""
+    from fairstream.engine import Engine
+    from fairstream.events import event_from_json
+    from fairstream.model import ResourceSpace
+    from fairstream.policies.base import parse_param_pairs
+    from fairstream.streams.run import load_scenario_tenants
+    from fairstream.tenants import TenantTree
+
+    tree = load_scenario_tenants(args.tenants_file) if args.tenants_file else TenantTree.from_specs([])
+    engine = Engine(ResourceSpace(tuple(args.resources.split(","))), tree, args.policy, parse_param_pairs(args.param))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    decisions = 0
+    try:
+        handle = open(args.events)
+    except OSError as exc:
+        raise ModelError(f"--events {args.events}: cannot read ({exc.strerror})") from None
+    with handle, open(out / "decisions.jsonl", "w") as written:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                step = json.loads(line)
+                events = [event_from_json(e) for e in step["events"]]
+                time = float(step["time"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ModelError(f"{args.events}:{number}: not a recorded step ({exc})") from None
+            for decision in engine.step(time, events).decisions:
+                cluster = {"cluster": args.cluster} if args.cluster else {}
+                written.write(json.dumps({**cluster, **decision.to_json()}, separators=(",", ":")) + "\n")
+                decisions += 1
+    print(json.dumps({"policy": args.policy, "events": args.events, "decisions": decisions, "out": str(out)}))
+    return 0
+
+
+def cmd_worker(args) -> int:
+    from fairstream.streams.run import run_worker
+
+    return run_worker(args)
+
+
+def cmd_publish(args) -> int:
+    from fairstream.producers.client import publish_stdin
+
+    count = publish_stdin(args.broker, args.topic)
+    print(json.dumps({"published": count, "topic": args.topic}), file=sys.stderr)
+    return 0
+
+
+def cmd_tail(args) -> int:
+    from fairstream.producers.client import tail
+
+    tail(args.broker, args.topic, not args.latest, args.idle_timeout, args.count)
+    return 0
+
+
+def cmd_export_log(args) -> int:
+    """Write a cluster's recorded input from Redis, one step per line (for ``simulate --events``)."""
+    import asyncio
+
+    from fairstream.state.store import RedisStore, redis_client
+
+    async def run() -> list[dict]:
+        client = redis_client(args.redis)
+        try:
+            return await RedisStore(client, prefix=args.app_id).full_log(args.cluster)
+        finally:
+            await client.aclose()
+
+    steps = asyncio.run(run())
+    text = "".join(json.dumps(step, separators=(",", ":")) + "\n" for step in steps)
+    if args.out == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.out).write_text(text)
+    print(json.dumps({"cluster": args.cluster, "steps": len(steps)}), file=sys.stderr)
     return 0
 
 
@@ -126,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--tenants", type=int, help="swim: number of queues, jobs round robin (default 4)")
     sim.add_argument("--users", type=int, help="google: keep the first N users")
     sim.add_argument("--nodes", type=int, help="trace: number of nodes of the default cluster")
+    sim.add_argument("--events", help="replay a worker's recorded input (from `fairstream export-log`)")
+    sim.add_argument("--resources", default="cpu,mem", help="with --events: resource names (default cpu,mem)")
+    sim.add_argument("--tenants-file", dest="tenants_file", help="with --events: the worker's --tenants file")
+    sim.add_argument("--cluster", help="with --events: cluster id to stamp on the decisions")
     sim.add_argument("--policy", required=True)
     sim.add_argument("--param", action="append", metavar="NAME=VALUE", help="policy parameter (repeatable)")
     sim.add_argument("--metric-resource", help="resource the fairness metrics are in (default mem, else dominant)")
@@ -151,6 +239,42 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--memory-only", action="store_true", help="one resource, memory (as YARN 2.2)")
     gen.add_argument("--out", default="-")
     gen.set_defaults(func=cmd_generate)
+
+    env_broker = os.environ.get("FAIRSTREAM_BROKER", "127.0.0.1:9092")
+    env_redis = os.environ.get("FAIRSTREAM_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+    worker = sub.add_parser("worker", help="the streaming worker: Kafka in, decisions out, state in Redis")
+    worker.add_argument("--policy", required=True)
+    worker.add_argument("--param", action="append", metavar="NAME=VALUE")
+    worker.add_argument("--tenants", help="JSON file with a \"tenants\" tree (scenario format)")
+    worker.add_argument("--no-auto-tenants", action="store_true", help="reject tasks of tenants not in --tenants")
+    worker.add_argument("--resources", default="cpu,mem")
+    worker.add_argument("--broker", default=None, help=f"Kafka bootstrap server (env FAIRSTREAM_BROKER, default {env_broker})")
+    worker.add_argument("--redis", default=None, help="Redis URL (env FAIRSTREAM_REDIS_URL); rediss:// for TLS")
+    worker.add_argument("--app-id", default="fairstream", help="Kafka consumer group and Redis key prefix")
+    worker.add_argument("--node-timeout", type=float, default=None, help="seconds of event time without heartbeat before a node is lost")
+    worker.add_argument("--max-lateness", type=float, default=60.0, help="seconds an event may lag the cluster clock")
+    worker.set_defaults(func=cmd_worker)
+
+    publish = sub.add_parser("publish", help="send JSON events from stdin (one per line) to a topic")
+    publish.add_argument("--topic", required=True)
+    publish.add_argument("--broker", default=env_broker)
+    publish.set_defaults(func=cmd_publish)
+
+    tail_cmd = sub.add_parser("tail", help="print decisions (or any topic) as JSON lines")
+    tail_cmd.add_argument("--topic", default="allocations.decisions")
+    tail_cmd.add_argument("--broker", default=env_broker)
+    tail_cmd.add_argument("--latest", action="store_true", help="only messages from now on")
+    tail_cmd.add_argument("--idle-timeout", type=float, default=None, help="stop after this many idle seconds")
+    tail_cmd.add_argument("--count", type=int, default=None, help="stop after N messages")
+    tail_cmd.set_defaults(func=cmd_tail)
+
+    export = sub.add_parser("export-log", help="write a cluster's recorded worker input (for simulate --events)")
+    export.add_argument("--cluster", required=True)
+    export.add_argument("--redis", default=env_redis)
+    export.add_argument("--app-id", default="fairstream")
+    export.add_argument("--out", default="-")
+    export.set_defaults(func=cmd_export_log)
 
     bench = sub.add_parser("bench", parents=[progress], help="benchmarks (JSON on stdout)")
     bench.add_argument("target", choices=["engine"])

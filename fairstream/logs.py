@@ -8,6 +8,16 @@ import sys
 import structlog
 
 
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is at the time (it may be swapped after configure)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(json: bool | None = None, level: int = logging.INFO) -> None:
     if json is None:
         json = not sys.stderr.isatty()
@@ -19,6 +29,6 @@ def configure(json: bool | None = None, level: int = logging.INFO) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
         cache_logger_on_first_use=False,
     )

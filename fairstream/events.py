@@ -1,0 +1,139 @@
+"""Wire format of the streaming topics: decoding, validation and encoding.
+
+Input topics carry JSON objects (schemas in ``fairstream/schemas/*.schema.json``, version 1):
+
+- ``tasks.submitted``: ``{"cluster", "task", "job", "tenant", "demand", "time", "constraints"?}``
+- ``tasks.completed``: ``{"cluster", "task", "time", "status"}``
+- ``nodes.heartbeats``: ``{"cluster", "node", "time", "capacity", "labels"?}``
+
+``decode(kind, raw)`` returns ``(cluster, event)`` or raises ``BadInput`` with a one-line reason;
+the worker sends such input to the dead-letter topic with the original bytes. The engine may
+still reject a well-formed event (unknown task, duplicate, unknown resource): that reason goes
+the same way.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources as package_files
+from typing import Any
+
+import jsonschema
+
+from fairstream.model import (
+    CompletionStatus,
+    Decision,
+    Event,
+    ModelError,
+    NodeHeartbeat,
+    NodeLost,
+    TaskCompleted,
+    TaskSubmitted,
+)
+
+SUBMITTED, COMPLETED, HEARTBEAT = "submitted", "completed", "heartbeat"
+KINDS = (SUBMITTED, COMPLETED, HEARTBEAT)
+SCHEMA_FILES = {SUBMITTED: "task-submitted", COMPLETED: "task-completed", HEARTBEAT: "node-heartbeat"}
+DEFAULT_MAX_BYTES = 64 * 1024
+
+
+class BadInput(ModelError):
+    """Input that cannot be applied; the message is the dead-letter reason."""
+
+
+@lru_cache(maxsize=None)
+def _validator(kind: str) -> jsonschema.Draft202012Validator:
+    name = f"schemas/{SCHEMA_FILES[kind]}.schema.json"
+    schema = json.loads(package_files.files("fairstream").joinpath(name).read_text())
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _where(path) -> str:
+    return ".".join(str(p) for p in path) or "(message)"
+
+
+def decode(kind: str, raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str, Event]:
+    """Bytes of one message on the ``kind`` topic to ``(cluster, engine event)``."""
+    if len(raw) > max_bytes:
+        raise BadInput(f"oversize message: {len(raw)} bytes > {max_bytes}")
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadInput(f"malformed JSON: {exc}") from None
+    error = jsonschema.exceptions.best_match(_validator(kind).iter_errors(doc))
+    if error is not None:
+        raise BadInput(f"{_where(error.absolute_path)}: {error.message}")
+    time = float(doc["time"])
+    if not math.isfinite(time):
+        raise BadInput("time: must be finite")
+    cluster = doc["cluster"]
+    if kind == SUBMITTED:
+        return cluster, TaskSubmitted(time, doc["task"], doc.get("job", doc["task"]), doc["tenant"],
+                                      doc["demand"], doc.get("constraints"))
+    if kind == COMPLETED:
+        return cluster, TaskCompleted(time, doc["task"], CompletionStatus(doc.get("status", "succeeded")))
+    return cluster, NodeHeartbeat(time, doc["node"], doc["capacity"], doc.get("labels"))
+
+
+# ------------------------------------------------------------------------------ encoding
+
+
+def event_to_json(event: Event) -> dict[str, Any]:
+    """An engine event as a plain object (the recorded input log and ``simulate --events``)."""
+    if isinstance(event, TaskSubmitted):
+        out = {"type": SUBMITTED, "time": event.time, "task": event.task, "job": event.job,
+               "tenant": event.tenant, "demand": dict(event.demand)}
+        if event.constraints:
+            out["constraints"] = dict(event.constraints)
+        return out
+    if isinstance(event, TaskCompleted):
+        return {"type": COMPLETED, "time": event.time, "task": event.task, "status": event.status.value}
+    if isinstance(event, NodeHeartbeat):
+        out = {"type": HEARTBEAT, "time": event.time, "node": event.node, "capacity": dict(event.capacity)}
+        if event.labels is not None:
+            out["labels"] = dict(event.labels)
+        return out
+    if isinstance(event, NodeLost):
+        return {"type": "lost", "time": event.time, "node": event.node}
+    raise TypeError(type(event).__name__)
+
+
+def event_from_json(doc: dict[str, Any]) -> Event:
+    kind = doc.get("type")
+    if kind == SUBMITTED:
+        return TaskSubmitted(doc["time"], doc["task"], doc["job"], doc["tenant"], doc["demand"], doc.get("constraints"))
+    if kind == COMPLETED:
+        return TaskCompleted(doc["time"], doc["task"], CompletionStatus(doc["status"]))
+    if kind == HEARTBEAT:
+        return NodeHeartbeat(doc["time"], doc["node"], doc["capacity"], doc.get("labels"))
+    if kind == "lost":
+        return NodeLost(doc["time"], doc["node"])
+    raise ModelError(f"type: unknown event type {kind!r}")
+
+
+def decision_message(cluster: str, decision: Decision) -> dict[str, Any]:
+    return {"cluster": cluster, **decision.to_json()}
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """An input that could not be applied: where it came from, why, and its original bytes."""
+
+    topic: str
+    partition: int | None
+    offset: int | None
+    reason: str
+    raw: bytes
+
+    def to_json(self) -> dict[str, Any]:
+        try:
+            text = self.raw.decode("utf-8")
+            original = {"original": text}
+        except UnicodeDecodeError:
+            original = {"original_base64": base64.b64encode(self.raw).decode("ascii")}
+        return {"topic": self.topic, "partition": self.partition, "offset": self.offset,
+                "reason": self.reason, **original}

@@ -1,0 +1,142 @@
+"""Publishing events to, and reading decisions from, the worker's topics (aiokafka).
+
+The Python API a cluster agent uses::
+
+    from fairstream.producers.client import Publisher
+
+    async with Publisher("127.0.0.1:9092") as pub:
+        await pub.heartbeat("prod", "node-1", time=0, capacity={"cpu": 32, "mem": 128})
+        await pub.submit("prod", "task-1", tenant="analytics", demand={"cpu": 1, "mem": 4}, time=0)
+        await pub.complete("prod", "task-1", time=42.0)
+
+Each message is keyed by its cluster id, so one cluster's events stay in one partition, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any, AsyncIterator
+
+from fairstream.streams.processor import Topics
+
+
+def kafka_security(options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """aiokafka security settings from ``FAIRSTREAM_KAFKA_*`` environment variables (see README)."""
+    import os
+    import ssl
+
+    env = os.environ
+    out: dict[str, Any] = dict(options or {})
+    protocol = env.get("FAIRSTREAM_KAFKA_SECURITY_PROTOCOL")
+    if protocol:
+        out["security_protocol"] = protocol
+    if env.get("FAIRSTREAM_KAFKA_SASL_MECHANISM"):
+        out["sasl_mechanism"] = env["FAIRSTREAM_KAFKA_SASL_MECHANISM"]
+        out["sasl_plain_username"] = env.get("FAIRSTREAM_KAFKA_SASL_USERNAME")
+        out["sasl_plain_password"] = env.get("FAIRSTREAM_KAFKA_SASL_PASSWORD")
+    if env.get("FAIRSTREAM_KAFKA_SSL_CAFILE") or (protocol or "").endswith("SSL"):
+        out["ssl_context"] = ssl.create_default_context(cafile=env.get("FAIRSTREAM_KAFKA_SSL_CAFILE"))
+    return out
+
+
+class Publisher:
+    def __init__(self, broker: str = "127.0.0.1:9092", topics: Topics = Topics(), **kafka_options: Any) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        self.topics = topics
+        self.producer = AIOKafkaProducer(bootstrap_servers=broker, **kafka_security(kafka_options))
+
+    async def __aenter__(self) -> "Publisher":
+        await self.producer.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.producer.stop()
+
+    async def send_raw(self, topic: str, key: str, value: bytes) -> None:
+        await self.producer.send_and_wait(topic, value=value, key=key.encode())
+
+    async def send(self, topic: str, message: dict[str, Any]) -> None:
+        await self.send_raw(topic, str(message.get("cluster", "")), json.dumps(message, separators=(",", ":")).encode())
+
+    async def submit(self, cluster: str, task: str, tenant: str, demand: dict[str, float], time: float,
+                     job: str | None = None, constraints: dict | None = None) -> None:
+        message = {"cluster": cluster, "task": task, "job": job or task, "tenant": tenant, "demand": demand, "time": time}
+        if constraints:
+            message["constraints"] = constraints
+        await self.send(self.topics.submitted, message)
+
+    async def complete(self, cluster: str, task: str, time: float, status: str = "succeeded") -> None:
+        await self.send(self.topics.completed, {"cluster": cluster, "task": task, "time": time, "status": status})
+
+    async def heartbeat(self, cluster: str, node: str, time: float, capacity: dict[str, float],
+                        labels: dict[str, str] | None = None) -> None:
+        message = {"cluster": cluster, "node": node, "time": time, "capacity": capacity}
+        if labels is not None:
+            message["labels"] = labels
+        await self.send(self.topics.heartbeats, message)
+
+
+async def read_topic(broker: str, topic: str, from_beginning: bool = True, idle_timeout: float | None = None,
+                     group: str | None = None, **kafka_options: Any) -> AsyncIterator[dict[str, Any]]:
+    """Yield JSON messages of ``topic`` until ``idle_timeout`` seconds pass without one."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=broker, group_id=group,
+                                auto_offset_reset="earliest" if from_beginning else "latest",
+                                enable_auto_commit=group is not None, **kafka_security(kafka_options))
+    await consumer.start()
+    try:
+        while True:
+            batch = await consumer.getmany(timeout_ms=int((idle_timeout or 1.0) * 1000))
+            if not batch:
+                if idle_timeout is not None:
+                    return
+                continue
+            for records in batch.values():
+                for record in records:
+                    try:
+                        yield json.loads(record.value)
+                    except ValueError:
+                        yield {"undecodable": record.value.decode("utf-8", "replace")}
+    finally:
+        await consumer.stop()
+
+
+def publish_stdin(broker: str, topic: str) -> int:
+    """``fairstream publish``: one JSON object per line of stdin to ``topic``; returns the count."""
+
+    async def run() -> int:
+        count = 0
+        async with Publisher(broker) as pub:
+            for number, line in enumerate(sys.stdin, 1):
+                if not line.strip():
+                    continue
+                try:
+                    message = json.loads(line)
+                except ValueError as exc:
+                    from fairstream.model import ModelError
+
+                    raise ModelError(f"stdin line {number}: not JSON ({exc})") from None
+                await pub.send(topic, message)
+                count += 1
+        return count
+
+    return asyncio.run(run())
+
+
+def tail(broker: str, topic: str, from_beginning: bool, idle_timeout: float | None, count: int | None) -> int:
+    """``fairstream tail``: print a topic's messages as JSON lines."""
+
+    async def run() -> int:
+        seen = 0
+        async for message in read_topic(broker, topic, from_beginning, idle_timeout):
+            print(json.dumps(message), flush=True)
+            seen += 1
+            if count is not None and seen >= count:
+                break
+        return seen
+
+    return asyncio.run(run())

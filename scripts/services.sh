@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Real services for the streaming worker and its tests, on loopback:
+#   Apache Kafka 3.9.1, KRaft, one combined broker+controller on 127.0.0.1:9092
+#   Redis on 127.0.0.1:6379
+# Usage: scripts/services.sh start|stop|status
+# `start` is idempotent: it installs what is missing (Kafka's jars from Maven Central with mvn,
+# redis-server and kcat from Debian's packages), then starts whatever is not already answering.
+# State, logs and pids live in .services/ (git-ignored). Where Docker is available,
+# docker-compose.yml is the documented alternative.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+dir="$root/.services"
+kafka_dir="$dir/kafka"
+redis_dir="$dir/redis"
+KAFKA_PORT="${FAIRSTREAM_KAFKA_PORT:-9092}"
+CONTROLLER_PORT="${FAIRSTREAM_KAFKA_CONTROLLER_PORT:-9093}"
+REDIS_PORT="${FAIRSTREAM_REDIS_PORT:-6379}"
+
+log() { echo "services: $*" >&2; }
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+apt_install() {
+  if [ "$(id -u)" != 0 ]; then
+    log "need $* (Debian packages); run as root or install them: apt-get install -y $*"
+    exit 1
+  fi
+  if [ ! -f "$dir/.apt-updated" ]; then
+    apt-get update -qq >/dev/null 2>&1 || true
+    mkdir -p "$dir" && touch "$dir/.apt-updated"
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+ensure_tools() {
+  command -v redis-server >/dev/null || { log "installing redis-server"; apt_install redis-server; }
+  command -v kcat >/dev/null || { log "installing kcat"; apt_install kcat; }
+  command -v java >/dev/null || { log "installing a Java runtime"; apt_install openjdk-17-jre-headless; }
+  if [ ! -f "$kafka_dir/libs/.complete" ]; then
+    command -v mvn >/dev/null || { log "installing maven"; apt_install maven; }
+    log "fetching Kafka 3.9.1 jars from Maven Central"
+    mkdir -p "$kafka_dir/libs"
+    mvn -q -f "$root/scripts/kafka/pom.xml" dependency:copy-dependencies \
+      -DoutputDirectory="$kafka_dir/libs" -DincludeScope=runtime >"$dir/mvn.log" 2>&1 \
+      || { tail -20 "$dir/mvn.log" >&2; log "could not fetch Kafka's jars"; exit 1; }
+    touch "$kafka_dir/libs/.complete"
+  fi
+}
+
+start_redis() {
+  if port_open "$REDIS_PORT"; then log "redis already answering on $REDIS_PORT"; return; fi
+  mkdir -p "$redis_dir"
+  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --daemonize yes --dir "$redis_dir" \
+    --pidfile "$redis_dir/redis.pid" --logfile "$redis_dir/redis.log" --save "" --appendonly no
+  for _ in $(seq 1 50); do port_open "$REDIS_PORT" && { log "redis up on $REDIS_PORT"; return; }; sleep 0.1; done
+  log "redis did not start (see $redis_dir/redis.log)"; exit 1
+}
+
+start_kafka() {
+  if port_open "$KAFKA_PORT"; then log "kafka already answering on $KAFKA_PORT"; return; fi
+  mkdir -p "$kafka_dir/data"
+  cat >"$kafka_dir/server.properties" <<EOF
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs=$kafka_dir/data
+num.partitions=4
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=true
+message.max.bytes=1048576
+EOF
+  cat >"$kafka_dir/log4j.properties" <<EOF
+log4j.rootLogger=WARN, file
+log4j.appender.file=org.apache.log4j.FileAppender
+log4j.appender.file.File=$kafka_dir/kafka.log
+log4j.appender.file.layout=org.apache.log4j.PatternLayout
+log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
+EOF
+  local java_opts=(-Xms256m -Xmx768m -Dlog4j.configuration="file:$kafka_dir/log4j.properties" -cp "$kafka_dir/libs/*")
+  if [ ! -f "$kafka_dir/data/meta.properties" ]; then
+    local cluster_id
+    cluster_id="$(java "${java_opts[@]}" kafka.tools.StorageTool random-uuid)"
+    java "${java_opts[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$kafka_dir/server.properties" >/dev/null
+  fi
+  nohup java "${java_opts[@]}" kafka.Kafka "$kafka_dir/server.properties" >"$kafka_dir/stdout.log" 2>&1 &
+  echo $! >"$kafka_dir/kafka.pid"
+  for _ in $(seq 1 600); do
+    if port_open "$KAFKA_PORT"; then log "kafka up on $KAFKA_PORT"; return; fi
+    kill -0 "$(cat "$kafka_dir/kafka.pid")" 2>/dev/null || break
+    sleep 0.1
+  done
+  tail -20 "$kafka_dir/stdout.log" "$kafka_dir/kafka.log" >&2 2>/dev/null || true
+  log "kafka did not start"; exit 1
+}
+
+stop_one() {
+  local name="$1" pidfile="$2"
+  if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+    kill "$(cat "$pidfile")"
+    for _ in $(seq 1 100); do kill -0 "$(cat "$pidfile")" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$(cat "$pidfile")" 2>/dev/null || true
+    log "$name stopped"
+  fi
+  rm -f "$pidfile"
+}
+
+case "${1:-}" in
+  start)
+    ensure_tools
+    start_redis
+    start_kafka
+    ;;
+  stop)
+    stop_one kafka "$kafka_dir/kafka.pid"
+    stop_one redis "$redis_dir/redis.pid"
+    ;;
+  status)
+    port_open "$KAFKA_PORT" && echo "kafka: up (127.0.0.1:$KAFKA_PORT)" || echo "kafka: down"
+    port_open "$REDIS_PORT" && echo "redis: up (127.0.0.1:$REDIS_PORT)" || echo "redis: down"
+    ;;
+  *)
+    echo "usage: $0 start|stop|status" >&2
+    exit 2
+    ;;
+esac

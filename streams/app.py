@@ -1,0 +1,103 @@
+"""The Faust app: three thin agents (one per input topic) around one ``Processor``.
+
+Each agent reads its topic in small batches (``take_events``), hands them to the processor
+(decode, apply, run the engine, commit to the state store, publish) and only then asks for the
+next batch, so Faust acknowledges a message after its effects are durable. Offsets that Faust
+had not committed before a crash are redelivered and skipped by the processor, which keeps its
+own offsets in the store, committed with the state they produced.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import faust
+
+from fairstream.engine import Engine
+from fairstream.model import ResourceSpace
+from fairstream.tenants import TenantTree
+from fairstream.streams.processor import Incoming, Processor, Topics
+
+
+@dataclass
+class WorkerConfig:
+    policy: str = "ltrf"
+    params: dict[str, str] = field(default_factory=dict)
+    resources: tuple[str, ...] = ("cpu", "mem")
+    tenants: TenantTree | None = None
+    auto_tenants: bool = True
+    broker: str = "127.0.0.1:9092"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    app_id: str = "fairstream"
+    topics: Topics = field(default_factory=Topics)
+    partitions: int = 4
+    batch_size: int = 500
+    batch_window: float = 0.02
+    max_lateness: float = 60.0
+    node_timeout: float = math.inf
+    snapshot_every: int = 500
+    max_bytes: int = 64 * 1024
+    kafka_options: dict = field(default_factory=dict)  # security settings passed to Faust
+
+    def make_engine(self) -> Engine:
+        tree = TenantTree.from_specs(list(self.tenants.specs.values())) if self.tenants else TenantTree.from_specs([])
+        return Engine(ResourceSpace(tuple(self.resources)), tree, self.policy, self.params, auto_tenants=self.auto_tenants)
+
+
+KINDS = (("submitted", "submitted"), ("completed", "completed"), ("heartbeats", "heartbeat"))
+
+
+def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, Processor]:
+    app = faust.App(
+        config.app_id,
+        broker=f"kafka://{config.broker}",
+        value_serializer="raw",
+        key_serializer="raw",
+        web_enabled=False,
+        topic_partitions=config.partitions,
+        topic_allow_declare=True,
+        consumer_auto_offset_reset="earliest",
+        **config.kafka_options,
+        **app_options,
+    )
+    out = {
+        config.topics.decisions: app.topic(config.topics.decisions, value_serializer="raw", key_serializer="raw"),
+        config.topics.deadletter: app.topic(config.topics.deadletter, value_serializer="raw", key_serializer="raw"),
+    }
+
+    async def publish(topic: str, key: str, message: dict) -> None:
+        payload = json.dumps(message, separators=(",", ":")).encode()
+        future = await out[topic].send(key=key.encode(), value=payload)
+        await future  # wait for the broker before the outbox entry is cleared
+
+    processor = Processor(
+        store, config.make_engine, publish, config.topics, max_lateness=config.max_lateness,
+        node_timeout=config.node_timeout, snapshot_every=config.snapshot_every, max_bytes=config.max_bytes,
+    )
+
+    for attribute, kind in KINDS:
+        topic = app.topic(getattr(config.topics, attribute), value_serializer="raw", key_serializer="raw")
+        app.agent(topic, name=f"fairstream.{kind}")(_agent(processor, kind, config))
+
+    @app.task
+    async def recover() -> None:
+        await processor.start()
+
+    return app, processor
+
+
+def _agent(processor: Processor, kind: str, config: WorkerConfig):
+    async def agent(stream):
+        async for events in stream.take_events(config.batch_size, within=config.batch_window):
+            batch = [
+                Incoming(kind, bytes(e.value) if e.value is not None else b"", e.message.topic,
+                         e.message.partition, e.message.offset)
+                for e in events
+            ]
+            await processor.handle(batch)
+            yield len(batch)
+
+    agent.__name__ = f"schedule_{kind}"
+    return agent

@@ -1,0 +1,95 @@
+"""``fairstream worker``: build the config from options and environment, then run Faust."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+
+import structlog
+
+from fairstream.policies.base import parse_param_pairs
+from fairstream.scenario import load_scenario
+from fairstream.streams.app import WorkerConfig, create_app
+from fairstream.state.store import RedisStore, redis_client
+
+
+def redact(url: str) -> str:
+    """``redis://user:secret@host`` -> ``redis://user:***@host``: no secret in logs."""
+    return re.sub(r"(//[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def faust_security() -> dict:
+    """Faust broker credentials from the same ``FAIRSTREAM_KAFKA_*`` variables as the clients."""
+    import ssl
+
+    import faust
+
+    env = os.environ
+    context = None
+    if env.get("FAIRSTREAM_KAFKA_SSL_CAFILE") or env.get("FAIRSTREAM_KAFKA_SECURITY_PROTOCOL", "").endswith("SSL"):
+        context = ssl.create_default_context(cafile=env.get("FAIRSTREAM_KAFKA_SSL_CAFILE"))
+    if env.get("FAIRSTREAM_KAFKA_SASL_MECHANISM"):
+        return {"broker_credentials": faust.SASLCredentials(
+            username=env.get("FAIRSTREAM_KAFKA_SASL_USERNAME"), password=env.get("FAIRSTREAM_KAFKA_SASL_PASSWORD"),
+            mechanism=env["FAIRSTREAM_KAFKA_SASL_MECHANISM"], ssl_context=context)}
+    if context is not None:
+        return {"broker_credentials": faust.SSLCredentials(context)}
+    return {}
+
+
+def config_from_args(args) -> WorkerConfig:
+    tenants = load_scenario_tenants(args.tenants) if args.tenants else None
+    return WorkerConfig(
+        policy=args.policy,
+        params=parse_param_pairs(args.param),
+        resources=tuple(r.strip() for r in args.resources.split(",") if r.strip()),
+        tenants=tenants,
+        auto_tenants=not args.no_auto_tenants,
+        broker=args.broker or os.environ.get("FAIRSTREAM_BROKER", "127.0.0.1:9092"),
+        redis_url=args.redis or os.environ.get("FAIRSTREAM_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        app_id=args.app_id,
+        node_timeout=math.inf if args.node_timeout is None else args.node_timeout,
+        max_lateness=args.max_lateness,
+    )
+
+
+def load_scenario_tenants(path: str):
+    """The tenant tree of a scenario-style file: ``{"tenants": [...]}`` (nodes and tasks optional)."""
+    import json
+    from pathlib import Path
+
+    from fairstream.model import ModelError
+
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"--tenants {path}: cannot read ({exc})") from None
+    doc.setdefault("nodes", [{"id": "_", "capacity": {"cpu": 1}}])
+    doc.setdefault("tasks", [])
+    doc.setdefault("resources", ["cpu", "mem"])
+    return load_scenario_from_doc(doc).tree
+
+
+def load_scenario_from_doc(doc):
+    from fairstream.scenario import parse_scenario
+
+    return parse_scenario(doc)
+
+
+def run_worker(args) -> int:
+    import faust
+
+    config = config_from_args(args)
+    config.make_engine()  # validates policy, parameters and tenants before anything connects
+    store = RedisStore(redis_client(config.redis_url), prefix=args.app_id)
+    app, _ = create_app(config, store, **faust_security())
+    structlog.get_logger("fairstream.worker").info(
+        "worker.start", policy=config.policy, params=config.params, broker=config.broker,
+        redis=redact(config.redis_url), app_id=config.app_id)
+    worker = faust.Worker(app, loglevel="warning", quiet=True)
+    worker.execute_from_commandline()
+    return 0
+
+
+__all__ = ["run_worker", "redact", "load_scenario"]

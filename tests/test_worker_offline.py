@@ -1,0 +1,174 @@
+"""The worker's processing without Kafka or Redis: the processor with the in-memory store, and
+the Faust agents through ``test_context``. The same behaviour on real Kafka and Redis is in
+``test_worker_live.py``."""
+
+import asyncio
+import json
+
+import pytest
+
+from fairstream.state.store import MemoryStore
+from fairstream.streams.app import WorkerConfig, create_app
+from fairstream.streams.processor import Incoming, Processor, Topics
+
+TOPIC = {"submitted": "tasks.submitted", "completed": "tasks.completed", "heartbeat": "nodes.heartbeats"}
+
+
+class Wire:
+    """Builds input messages with increasing offsets and collects what the worker publishes."""
+
+    def __init__(self):
+        self.offsets = {}
+        self.published = []
+
+    def msg(self, kind, body, raw=None):
+        offset = self.offsets.get(kind, 0)
+        self.offsets[kind] = offset + 1
+        data = raw if raw is not None else json.dumps(body).encode()
+        return Incoming(kind, data, TOPIC[kind], 0, offset)
+
+    async def publish(self, topic, key, message):
+        self.published.append((topic, key, message))
+
+    def decisions(self):
+        return [m for t, _, m in self.published if t == "allocations.decisions"]
+
+    def dead(self):
+        return [m for t, _, m in self.published if t == "events.deadletter"]
+
+
+def heartbeat(node="n1", time=0, cluster="c1", **capacity):
+    return {"cluster": cluster, "node": node, "time": time, "capacity": capacity or {"cpu": 4, "mem": 8}}
+
+
+def task(name, tenant="A", time=0, cluster="c1", **demand):
+    return {"cluster": cluster, "task": name, "job": "j", "tenant": tenant, "time": time, "demand": demand or {"cpu": 1, "mem": 1}}
+
+
+def done(name, time, cluster="c1"):
+    return {"cluster": cluster, "task": name, "time": time, "status": "succeeded"}
+
+
+def processor(store=None, wire=None, **options):
+    config = WorkerConfig(policy="ltrf", params={"resource": "mem"})
+    return Processor(store or MemoryStore(), config.make_engine, wire.publish, Topics(), **options)
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def test_submissions_on_a_known_node_are_decided_and_published_with_their_cluster():
+    wire = Wire()
+
+    async def scenario():
+        p = processor(wire=wire)
+        await p.handle([wire.msg("heartbeat", heartbeat()), wire.msg("submitted", task("t1")), wire.msg("submitted", task("t2", "B"))])
+
+    run(scenario())
+    decisions = wire.decisions()
+    assert [(d["cluster"], d["task"], d["node"], d["kind"]) for d in decisions] == [("c1", "t1", "n1", "place"), ("c1", "t2", "n1", "place")]
+    assert {"id", "cluster", "task", "job", "tenant", "node", "demand", "time", "policy"} <= set(decisions[0])
+
+
+BAD_INPUTS = [
+    pytest.param("completed", done("ghost", 2), None, "completion of an unknown task", id="completion of an unknown task"),
+    pytest.param("submitted", task("t1", time=2), None, "duplicate submission", id="duplicate submission"),
+    pytest.param("submitted", task("neg", time=2, mem=-1), None, "demand.mem", id="negative demand"),
+    pytest.param("submitted", {k: v for k, v in task("nodemand", time=2).items() if k != "demand"}, None, "'demand' is a required property", id="missing demand"),
+    pytest.param("submitted", task("gpu", time=2, gpu=1), None, "demand.gpu: unknown resource", id="unknown resource name"),
+    pytest.param("submitted", task("old", time=0), None, "behind the cluster clock", id="an event too far in the past"),
+    pytest.param("submitted", None, b'{"cluster": "c1", "task": ', "malformed JSON", id="malformed JSON"),
+    pytest.param("submitted", None, b"\xff\xfe\x00", "malformed JSON", id="bytes that are not UTF-8"),
+    pytest.param("heartbeat", {"cluster": "c1", "node": 7, "time": 2, "capacity": {"mem": 1}}, None, "node: 7 is not of type 'string'", id="wrong types"),
+    pytest.param("submitted", None, b"{" + b" " * 70000 + b"}", "oversize message", id="oversize message"),
+]
+
+
+@pytest.mark.parametrize("kind, body, raw, reason", BAD_INPUTS)
+def test_bad_input_goes_to_the_dead_letter_topic_and_the_worker_keeps_going(kind, body, raw, reason):
+    wire = Wire()
+
+    async def scenario():
+        p = processor(wire=wire, max_lateness=0.5)
+        await p.handle([wire.msg("heartbeat", heartbeat()), wire.msg("submitted", task("t1"))])
+        await p.handle([wire.msg("heartbeat", heartbeat(time=2)), wire.msg(kind, body, raw), wire.msg("submitted", task("after", time=2))])
+
+    run(scenario())
+    dead = wire.dead()
+    assert len(dead) == 1 and reason in dead[0]["reason"]
+    assert dead[0]["topic"] == TOPIC[kind] and ("original" in dead[0] or "original_base64" in dead[0])
+    assert "after" in [d["task"] for d in wire.decisions()]  # still deciding afterwards
+
+
+def test_redelivered_messages_are_skipped_by_offset():
+    wire = Wire()
+
+    async def scenario():
+        p = processor(wire=wire)
+        batch = [wire.msg("heartbeat", heartbeat()), wire.msg("submitted", task("t1"))]
+        await p.handle(batch)
+        outcome = await p.handle(batch)  # Kafka delivers the same offsets again
+        return outcome
+
+    outcome = run(scenario())
+    assert outcome.skipped == 2 and [d["task"] for d in wire.decisions()] == ["t1"]
+
+
+def test_a_restarted_worker_resumes_from_the_store_with_the_same_accumulated_usage():
+    store, wire = MemoryStore(), Wire()
+
+    async def first_life():
+        p = processor(store, wire, snapshot_every=2)
+        await p.handle([wire.msg("heartbeat", heartbeat(cpu=2, mem=2))])
+        for t in range(1, 6):
+            await p.handle([wire.msg("submitted", task(f"a{t}", "A", t)), wire.msg("submitted", task(f"b{t}", "B", t))])
+            await p.handle([wire.msg("completed", done(f"a{t}", t + 0.5)), wire.msg("completed", done(f"b{t}", t + 0.5))])
+        return p.engines["c1"].accounting.usage_key(0, 6.0), await store.view("c1", "usage:0")
+
+    before, view = run(first_life())
+
+    async def second_life():
+        p = processor(store, wire, snapshot_every=2)
+        await p.start()
+        engine = await p.engine("c1")
+        return engine.accounting.usage_key(0, 6.0)
+
+    assert run(second_life()) == pytest.approx(before)
+    assert view["A"]["raw"]["mem"] > 0
+    tasks = [d["task"] for d in wire.decisions()]
+    assert len(tasks) == len(set(tasks)) == 10
+
+
+def test_a_silent_node_is_lost_its_tasks_requeued_and_nothing_placed_there():
+    wire = Wire()
+
+    async def scenario():
+        p = processor(wire=wire, node_timeout=10)
+        await p.handle([wire.msg("heartbeat", heartbeat("n1", 0)), wire.msg("heartbeat", heartbeat("n2", 0, mem=1)),
+                        wire.msg("submitted", task("t1", time=0, mem=8))])
+        await p.handle([wire.msg("heartbeat", heartbeat("n2", 12, mem=1)), wire.msg("submitted", task("t2", time=12, mem=1))])
+
+    run(scenario())
+    kinds = [(d["task"], d["kind"], d["node"]) for d in wire.decisions()]
+    assert ("t1", "requeue", "n1") in kinds
+    assert ("t2", "place", "n2") in kinds and not any(k == "place" and n == "n1" for t, k, n in kinds[1:])
+
+
+def test_faust_agents_hand_messages_to_the_processor_via_test_context():
+    async def scenario():
+        config = WorkerConfig(policy="drf")
+        app, proc = create_app(config, MemoryStore())
+        wire = Wire()
+        proc.publish = wire.publish
+        agents = {a.name.rsplit(".", 1)[-1]: a for a in app.agents.values()}
+        async with agents["heartbeat"].test_context() as hb:
+            await hb.put(json.dumps(heartbeat()).encode(), key=b"c1")
+        async with agents["submitted"].test_context() as sub:
+            await sub.put(json.dumps(task("t1")).encode(), key=b"c1")
+            await sub.put(b"not json", key=b"c1")
+        return wire
+
+    wire = run(scenario())
+    assert [d["task"] for d in wire.decisions()] == ["t1"]
+    assert [d["reason"][:14] for d in wire.dead()] == ["malformed JSON"]
