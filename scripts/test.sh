@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The test suite on a fresh machine: install, then run pytest. Extra arguments go to pytest.
+# The test suite on a fresh machine: install, start Kafka and Redis, run pytest.
+# Extra arguments go to pytest. `scripts/services.sh stop` stops the services afterwards.
 # pytest's exit code 5 ("no tests collected") is a failure here, not a pass.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/bootstrap.sh" || exit 1
+# Real Kafka (KRaft) and Redis for the worker's tests: installed and started if not running.
+bash "$root/scripts/services.sh" start || exit 1
 cd "$root"
 "$root/.venv/bin/python" -m pytest "$@"
 status=$?

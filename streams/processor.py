@@ -44,6 +44,13 @@ class Topics:
     decisions: str = "allocations.decisions"
     deadletter: str = "events.deadletter"
 
+    def with_prefix(self, prefix: str) -> "Topics":
+        """``prefix.tasks.submitted`` and so on: several deployments on one Kafka."""
+        if not prefix:
+            return self
+        return Topics(*(f"{prefix}.{name}" for name in (self.submitted, self.completed, self.heartbeats,
+                                                            self.decisions, self.deadletter)))
+
 
 @dataclass(frozen=True)
 class Incoming:

@@ -11,6 +11,7 @@ import structlog
 from fairstream.policies.base import parse_param_pairs
 from fairstream.scenario import load_scenario
 from fairstream.streams.app import WorkerConfig, create_app
+from fairstream.streams.processor import Topics
 from fairstream.state.store import RedisStore, redis_client
 
 
@@ -51,6 +52,7 @@ def config_from_args(args) -> WorkerConfig:
         app_id=args.app_id,
         node_timeout=math.inf if args.node_timeout is None else args.node_timeout,
         max_lateness=args.max_lateness,
+        topics=Topics().with_prefix(args.topic_prefix),
     )
 
 
