@@ -104,6 +104,12 @@ def _replay_events(args) -> int:
                 cluster = {"cluster": args.cluster} if args.cluster else {}
                 written.write(json.dumps({**cluster, **decision.to_json()}, separators=(",", ":")) + "\n")
                 decisions += 1
+    from fairstream.streams.processor import views
+
+    # The same per-tenant accumulated usage view the worker keeps in Redis, for comparison.
+    usage = {name: {k: json.loads(v) for k, v in fields.items()} for name, fields in views(engine).items()
+             if name.startswith("usage:")}
+    (out / "usage.json").write_text(json.dumps(usage, indent=1))
     print(json.dumps({"policy": args.policy, "events": args.events, "decisions": decisions, "out": str(out)}))
     return 0
 
@@ -150,6 +156,41 @@ def cmd_export_log(args) -> int:
         Path(args.out).write_text(text)
     print(json.dumps({"cluster": args.cluster, "steps": len(steps)}), file=sys.stderr)
     return 0
+
+
+def _workload(args):
+    from fairstream.scenario import load_scenario
+    from fairstream.traces import load_trace
+
+    if args.format == "scenario":
+        return load_scenario(args.trace)
+    options = {k: getattr(args, k) for k in ("limit", "nodes") if getattr(args, k, None) is not None}
+    if args.format == "swim" and args.tenants is not None:
+        options["tenants"] = args.tenants
+    return load_trace(args.trace, args.format, **options)
+
+
+def cmd_replay(args) -> int:
+    import asyncio
+
+    from fairstream.producers.emulator import replay_only
+    from fairstream.streams.processor import Topics
+
+    scenario = _workload(args)
+    count = asyncio.run(replay_only(scenario, args.cluster, args.broker, Topics().with_prefix(args.topic_prefix), args.speed))
+    print(json.dumps({"cluster": args.cluster, "nodes": len(scenario.nodes), "submitted": count}))
+    return 0
+
+
+def cmd_emulate(args) -> int:
+    from fairstream.producers.emulator import run
+    from fairstream.streams.processor import Topics
+
+    scenario = _workload(args)
+    report = run(scenario, args.cluster, args.broker, Topics().with_prefix(args.topic_prefix), args.speed,
+                 args.heartbeat_interval, not args.no_replay, args.timeout)
+    print(json.dumps({"cluster": args.cluster, "tasks": len(scenario.tasks), **report.to_json()}))
+    return 0 if not report.over_committed and report.completed == len(scenario.tasks) else 1
 
 
 def cmd_demo(args) -> int:
@@ -269,6 +310,24 @@ def build_parser() -> argparse.ArgumentParser:
     tail_cmd.add_argument("--idle-timeout", type=float, default=None, help="stop after this many idle seconds")
     tail_cmd.add_argument("--count", type=int, default=None, help="stop after N messages")
     tail_cmd.set_defaults(func=cmd_tail)
+
+    for name, helptext in (("replay", "publish a workload's heartbeats and submissions at trace times"),
+                           ("emulate", "play the cluster: run decided tasks for their trace durations, publish completions")):
+        cmd = sub.add_parser(name, help=helptext)
+        cmd.add_argument("trace", help="trace or scenario file")
+        cmd.add_argument("--format", choices=["swim", "google", "scenario"], required=True)
+        cmd.add_argument("--cluster", default="default")
+        cmd.add_argument("--speed", type=float, default=100.0, help="event seconds per wall second")
+        cmd.add_argument("--limit", type=int)
+        cmd.add_argument("--tenants", type=int)
+        cmd.add_argument("--nodes", type=int)
+        cmd.add_argument("--broker", default=env_broker)
+        cmd.add_argument("--topic-prefix", default="")
+        if name == "emulate":
+            cmd.add_argument("--heartbeat-interval", type=float, default=30.0, help="seconds of event time")
+            cmd.add_argument("--no-replay", action="store_true", help="do not publish submissions (run `replay` too)")
+            cmd.add_argument("--timeout", type=float, default=None, help="give up after this many wall seconds")
+        cmd.set_defaults(func=cmd_replay if name == "replay" else cmd_emulate)
 
     export = sub.add_parser("export-log", help="write a cluster's recorded worker input (for simulate --events)")
     export.add_argument("--cluster", required=True)

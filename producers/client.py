@@ -41,6 +41,26 @@ def kafka_security(options: dict[str, Any] | None = None) -> dict[str, Any]:
     return out
 
 
+async def ensure_topics(broker: str, names: list[str], partitions: int = 4, **kafka_options: Any) -> None:
+    """Create the topics that do not exist yet (idempotent; replication factor 1 is for the
+    single-broker set-up of scripts/services.sh, production clusters pre-create topics)."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import TopicAlreadyExistsError
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker, **kafka_security(kafka_options))
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [NewTopic(n, num_partitions=partitions, replication_factor=1) for n in names if n not in existing]
+        if missing:
+            try:
+                await admin.create_topics(missing)
+            except TopicAlreadyExistsError:
+                pass
+    finally:
+        await admin.close()
+
+
 class Publisher:
     def __init__(self, broker: str = "127.0.0.1:9092", topics: Topics = Topics(), **kafka_options: Any) -> None:
         from aiokafka import AIOKafkaProducer

@@ -83,6 +83,8 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
 
     @app.task
     async def recover() -> None:
+        for topic in out.values():  # declare the output topics so consumers can subscribe first
+            await topic.maybe_declare()
         await processor.start()
 
     return app, processor

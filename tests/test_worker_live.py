@@ -153,3 +153,44 @@ def test_kill_9_and_restart_loses_nothing_places_nothing_twice_and_replays_to_th
         emitted.setdefault(d["id"], d)
     assert [d["id"] for d in replayed] == list(emitted)
     assert [(d["task"], d["node"], d["kind"]) for d in replayed] == [(d["task"], d["node"], d["kind"]) for d in emitted.values()]
+
+
+def test_a_fb2009_sample_through_kafka_with_the_emulator_matches_the_simulator(tmp_path):
+    from fairstream.producers.emulator import run_emulator
+    from fairstream.state.store import RedisStore, redis_client
+    from fairstream.traces import load_trace
+
+    app_id = f"t{uuid.uuid4().hex[:8]}"
+    topics = Topics().with_prefix(app_id)
+    scenario = load_trace(str(ROOT / "tests" / "data" / "FB-2009_samples_24_times_1hr_1.head60.tsv"), "swim",
+                          limit=12, nodes=2, tenants=3)
+    worker = Worker(app_id, tmp_path, "--max-lateness", "1e9").start()
+    try:
+        report = asyncio.run(run_emulator(scenario, "fb", BROKER, topics, speed=50, timeout=240))
+    finally:
+        worker.stop()
+    assert report.completed == report.placed == len(scenario.tasks), report.to_json()
+    assert report.over_committed == []
+
+    # The worker's accumulated usage in Redis equals the simulator's on the same (recorded) input.
+    log = tmp_path / "input.jsonl"
+    subprocess.run([sys.executable, "-m", "fairstream.cli", "export-log", "--cluster", "fb", "--app-id", app_id,
+                    "--redis", REDIS, "--out", str(log)], check=True, cwd=ROOT)
+    out = tmp_path / "replay"
+    subprocess.run([sys.executable, "-m", "fairstream.cli", "simulate", "--events", str(log), "--policy", "drf",
+                    "--out", str(out)], check=True, cwd=ROOT, capture_output=True)
+    simulated = json.loads((out / "usage.json").read_text())
+
+    async def from_redis():
+        client = redis_client(REDIS)
+        try:
+            store = RedisStore(client, prefix=app_id)
+            return {name: await store.view("fb", name) for name in simulated}
+        finally:
+            await client.aclose()
+
+    stored = asyncio.run(from_redis())
+    assert set(stored["usage:0"]) == {"q0", "q1", "q2"}
+    for tenant, usage in simulated["usage:0"].items():
+        assert stored["usage:0"][tenant]["raw"] == pytest.approx(usage["raw"])
+        assert stored["usage:0"][tenant]["counted"] == pytest.approx(usage["counted"])

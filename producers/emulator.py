@@ -1,0 +1,195 @@
+"""Trace replay and a cluster emulator for the streaming worker.
+
+``replay``: publishes a workload's node heartbeats, then its submissions at their trace times,
+on a clock ``speed`` times faster than real time. Tasks that wait for something (a later stage
+of their job, or a whole other job) are not published by replay: the emulator releases them.
+
+``emulate``: plays the cluster. It consumes decisions, runs each placed task for its trace
+duration and publishes its completion with event time ``decision time + duration`` when the
+accelerated clock gets there; a requeued task's pending completion is cancelled. It releases
+held-back tasks when what they wait for has completed, and sends every node's heartbeat every
+``heartbeat_interval`` seconds of event time. With ``replay=True`` it also does replay's part,
+so one process drives a whole run (the demo and the end-to-end tests).
+
+Decisions are idempotent by id: a decision seen twice (the worker republishes after a crash)
+is applied once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import json
+import math
+import time as wall
+from dataclasses import dataclass, field
+
+import structlog
+
+from fairstream.producers.client import Publisher, ensure_topics, kafka_security
+from fairstream.scenario import Scenario, TaskSpec
+from fairstream.simulator import _Gates
+from fairstream.streams.processor import Topics
+
+log = structlog.get_logger("fairstream.emulator")
+
+
+@dataclass
+class EmulatorReport:
+    submitted: int = 0
+    placed: int = 0
+    completed: int = 0
+    requeued: int = 0
+    duplicates_ignored: int = 0
+    max_node_use: dict[str, dict[str, float]] = field(default_factory=dict)
+    over_committed: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in vars(self).items() if k != "max_node_use"}
+
+
+async def run_emulator(
+    scenario: Scenario,
+    cluster: str,
+    broker: str = "127.0.0.1:9092",
+    topics: Topics = Topics(),
+    speed: float = 100.0,
+    heartbeat_interval: float = 30.0,
+    replay: bool = True,
+    timeout: float | None = None,
+) -> EmulatorReport:
+    """Drive ``scenario`` through the worker until every task has completed (or ``timeout``
+    seconds of wall time pass). Returns what it saw, including any node over-commitment."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    report = EmulatorReport()
+    specs = {t.id: t for t in scenario.tasks}
+    gates = _Gates(scenario.tasks)
+    await ensure_topics(broker, [topics.submitted, topics.completed, topics.heartbeats, topics.decisions,
+                                 topics.deadletter])
+    consumer = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False, **kafka_security())
+    await consumer.start()
+    # Read the decisions topic from its current end, positioned before anything is published.
+    partitions = None
+    for _ in range(100):
+        await consumer._client.force_metadata_update()
+        partitions = consumer.partitions_for_topic(topics.decisions)
+        if partitions:
+            break
+        await asyncio.sleep(0.1)
+    if not partitions:
+        raise RuntimeError(f"topic {topics.decisions} has no partitions")
+    assigned = [TopicPartition(topics.decisions, p) for p in sorted(partitions)]
+    consumer.assign(assigned)
+    await consumer.seek_to_end(*assigned)
+    for tp in assigned:  # resolve the end offsets now, not lazily after our first publish
+        await consumer.position(tp)
+
+    heap: list = []  # (event_time, order, kind, payload)
+    order = 0
+
+    def schedule(at: float, kind: str, payload) -> None:
+        nonlocal order
+        order += 1
+        heapq.heappush(heap, (at, order, kind, payload))
+
+    schedule(0.0, "heartbeat", None)  # nodes first: the worker can place what arrives at t=0
+    for spec in gates.initially_released():
+        if replay:
+            schedule(spec.submit, "submit", spec)
+    attempts: dict[str, int] = {}
+    seen: set[str] = set()
+    use: dict[str, list[float]] = {n.id: [0.0] * len(scenario.resources.names) for n in scenario.nodes}
+    capacity = {n.id: [n.capacity.get(r, 0.0) for r in scenario.resources.names] for n in scenario.nodes}
+    running: dict[str, tuple[str, list[float]]] = {}
+    origin = wall.monotonic()
+    deadline = None if timeout is None else origin + timeout
+    names = scenario.resources.names
+
+    async with Publisher(broker, topics) as pub:
+        while report.completed < len(specs):
+            now_event = (wall.monotonic() - origin) * speed
+            while heap and heap[0][0] <= now_event:
+                at, _, kind, payload = heapq.heappop(heap)
+                if kind == "heartbeat":
+                    for node in scenario.nodes:
+                        await pub.heartbeat(cluster, node.id, at, node.capacity, node.labels or None)
+                    if report.completed < len(specs):
+                        schedule(at + heartbeat_interval, "heartbeat", None)
+                elif kind == "submit":
+                    spec: TaskSpec = payload
+                    await pub.submit(cluster, spec.id, spec.tenant, spec.demand, at, job=spec.job,
+                                     constraints=spec.constraints)
+                    report.submitted += 1
+                elif kind == "complete":
+                    task_id, attempt = payload
+                    if attempts.get(task_id) != attempt:
+                        continue  # requeued meanwhile
+                    node, demand = running.pop(task_id)
+                    use[node] = [u - d for u, d in zip(use[node], demand)]
+                    await pub.complete(cluster, task_id, at)
+                    report.completed += 1
+                    spec = specs[task_id]
+                    for released in gates.finished(task_id, spec.job, at):
+                        schedule(max(released.submit, gates.release_time(released, at)), "submit", released)
+            next_at = heap[0][0] if heap else now_event + speed
+            wait = max(0.0, min((next_at - now_event) / speed, 0.2))
+            batch = await consumer.getmany(timeout_ms=int(wait * 1000))
+            for records in batch.values():
+                for record in records:
+                    decision = json.loads(record.value)
+                    if decision.get("cluster") != cluster:
+                        continue
+                    if decision["id"] in seen:
+                        report.duplicates_ignored += 1
+                        continue
+                    seen.add(decision["id"])
+                    task_id = decision["task"]
+                    if decision["kind"] == "requeue":
+                        attempts[task_id] = attempts.get(task_id, 0) + 1
+                        if task_id in running:
+                            node, demand = running.pop(task_id)
+                            use[node] = [u - d for u, d in zip(use[node], demand)]
+                        report.requeued += 1
+                        continue
+                    spec = specs.get(task_id)
+                    if spec is None:
+                        continue
+                    attempts[task_id] = attempts.get(task_id, 0) + 1
+                    demand = [float(decision["demand"].get(r, 0.0)) for r in names]
+                    node = decision["node"]
+                    running[task_id] = (node, demand)
+                    use[node] = [u + d for u, d in zip(use[node], demand)]
+                    if any(u > c + 1e-9 for u, c in zip(use[node], capacity[node])):
+                        report.over_committed.append(f"{node} at t={decision['time']}: {use[node]} > {capacity[node]}")
+                    peak = report.max_node_use.setdefault(node, dict.fromkeys(names, 0.0))
+                    for r, u in zip(names, use[node]):
+                        peak[r] = max(peak[r], u)
+                    report.placed += 1
+                    schedule(decision["time"] + spec.duration, "complete", (task_id, attempts[task_id]))
+            if deadline is not None and wall.monotonic() > deadline:
+                log.warning("emulator.timeout", completed=report.completed, tasks=len(specs))
+                break
+    await consumer.stop()
+    return report
+
+
+def run(scenario: Scenario, cluster: str, broker: str, topics: Topics, speed: float, heartbeat_interval: float,
+        replay: bool, timeout: float | None) -> EmulatorReport:
+    return asyncio.run(run_emulator(scenario, cluster, broker, topics, speed, heartbeat_interval, replay, timeout))
+
+
+async def replay_only(scenario: Scenario, cluster: str, broker: str, topics: Topics, speed: float) -> int:
+    """``fairstream replay``: heartbeats, then the ungated submissions at their trace times."""
+    gates = _Gates(scenario.tasks)
+    released = sorted(gates.initially_released(), key=lambda t: t.submit)
+    origin = wall.monotonic()
+    async with Publisher(broker, topics) as pub:
+        for node in scenario.nodes:
+            await pub.heartbeat(cluster, node.id, 0.0, node.capacity, node.labels or None)
+        for spec in released:
+            delay = spec.submit / speed - (wall.monotonic() - origin) if math.isfinite(speed) else 0
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await pub.submit(cluster, spec.id, spec.tenant, spec.demand, spec.submit, job=spec.job, constraints=spec.constraints)
+    return len(released)
