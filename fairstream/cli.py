@@ -296,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--node-timeout", type=float, default=None, help="seconds of event time without heartbeat before a node is lost")
     worker.add_argument("--max-lateness", type=float, default=60.0, help="seconds an event may lag the cluster clock")
     worker.add_argument("--topic-prefix", default="", help="prefix every topic name with PREFIX.")
+    worker.add_argument("--metrics-port", type=int, default=9464, help="Prometheus metrics on 127.0.0.1:PORT (0: off)")
     worker.set_defaults(func=cmd_worker)
 
     publish = sub.add_parser("publish", help="send JSON events from stdin (one per line) to a topic")

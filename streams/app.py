@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 
 import faust
+import structlog
+from faust.exceptions import ConsumerNotStarted
 
 from fairstream.engine import Engine
 from fairstream.model import ResourceSpace
@@ -39,6 +41,7 @@ class WorkerConfig:
     node_timeout: float = math.inf
     snapshot_every: int = 500
     max_bytes: int = 64 * 1024
+    metrics_port: int = 9464  # 0: no metrics endpoint
     kafka_options: dict = field(default_factory=dict)  # security settings passed to Faust
 
     def make_engine(self) -> Engine:
@@ -83,11 +86,26 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
 
     @app.task
     async def recover() -> None:
+        if config.metrics_port:
+            try:
+                processor.metrics.serve(config.metrics_port)
+            except OSError as exc:  # e.g. a second worker on the same machine
+                structlog.get_logger("fairstream.worker").warning(
+                    "worker.metrics_unavailable", port=config.metrics_port, error=str(exc))
         for topic in out.values():  # declare the output topics so consumers can subscribe first
             await topic.maybe_declare()
         await processor.start()
 
     return app, processor
+
+
+def _record_lag(app: faust.App, processor: Processor, message) -> None:
+    try:
+        highwater = app.consumer.highwater(message.tp)
+    except ConsumerNotStarted:  # unit tests drive agents without a consumer
+        return
+    if highwater is not None:
+        processor.metrics.lag.labels(message.topic, str(message.partition)).set(max(highwater - message.offset - 1, 0))
 
 
 def _agent(processor: Processor, kind: str, config: WorkerConfig):
@@ -99,6 +117,8 @@ def _agent(processor: Processor, kind: str, config: WorkerConfig):
                 for e in events
             ]
             await processor.handle(batch)
+            for e in events[-1:]:  # consumer lag of this partition after the batch
+                _record_lag(stream.app, processor, e.message)
             yield len(batch)
 
     agent.__name__ = f"schedule_{kind}"

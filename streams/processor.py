@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import math
 import pickle
+import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
@@ -87,7 +88,11 @@ class Processor:
         node_timeout: float = math.inf,
         snapshot_every: int = 500,
         max_bytes: int = 64 * 1024,
+        metrics=None,
     ) -> None:
+        from fairstream.streams.metrics import WorkerMetrics
+
+        self.metrics = metrics or WorkerMetrics()
         self.store = store
         self.make_engine = make_engine
         self.publish = publish
@@ -134,8 +139,15 @@ class Processor:
     async def handle(self, messages: list[Incoming]) -> BatchOutcome:
         if not self._started:
             await self.start()
+        received = time.perf_counter()  # the metric's clock; the engine never reads one
         async with self._lock:
-            return await self._handle(messages)
+            outcome = await self._handle(messages)
+        metrics = self.metrics
+        for message in messages:
+            metrics.events.labels(message.topic).inc()
+        metrics.latency.observe(time.perf_counter() - received)
+        metrics.steps.inc(outcome.steps)
+        return outcome
 
     async def _handle(self, messages: list[Incoming]) -> BatchOutcome:
         outcome = BatchOutcome()
@@ -170,6 +182,7 @@ class Processor:
         for letter in dead:
             log.warning("worker.dead_letter", topic=letter.topic, partition=letter.partition,
                         offset=letter.offset, reason=letter.reason)
+            self.metrics.dead_letters.labels(letter.topic).inc()
             commit.outbox.append((self.topics.deadletter, letter.to_json()))
             outcome.reasons.append(letter.reason)
         outcome.dead_letters = len(dead)
@@ -178,6 +191,8 @@ class Processor:
         self.applied.update(commit.offsets)
         for topic, message in commit.outbox:
             await self.publish(topic, message.get("cluster") or _cluster_of(message), message)
+            if topic == self.topics.decisions:
+                self.metrics.decisions.labels(message["kind"]).inc()
         await self.store.clear_outbox(len(commit.outbox))
         return outcome
 

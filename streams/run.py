@@ -53,6 +53,7 @@ def config_from_args(args) -> WorkerConfig:
         node_timeout=math.inf if args.node_timeout is None else args.node_timeout,
         max_lateness=args.max_lateness,
         topics=Topics().with_prefix(args.topic_prefix),
+        metrics_port=args.metrics_port,
     )
 
 

@@ -29,16 +29,26 @@ def services():
     subprocess.run(["bash", str(ROOT / "scripts" / "services.sh"), "start"], check=True, capture_output=True)
 
 
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Worker:
     def __init__(self, app_id, tmp_path, *extra):
         self.app_id, self.tmp_path, self.extra = app_id, tmp_path, extra
+        self.metrics_port = free_port()
         self.process = None
 
     def start(self):
         log = open(self.tmp_path / f"worker-{time.monotonic_ns()}.log", "w")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "fairstream.cli", "worker", "--policy", "drf", "--app-id", self.app_id,
-             "--topic-prefix", self.app_id, "--broker", BROKER, "--redis", REDIS, *self.extra],
+             "--topic-prefix", self.app_id, "--broker", BROKER, "--redis", REDIS,
+             "--metrics-port", str(self.metrics_port), *self.extra],
             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         return self
 
@@ -97,8 +107,13 @@ def test_events_from_our_client_and_from_kcat_are_decided_and_bad_input_is_dead_
             return decisions, dead
 
         decisions, dead = asyncio.run(scenario())
+        import urllib.request
+
+        scraped = urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_port}/metrics", timeout=5).read().decode()
     finally:
         worker.stop()
+    assert f'fairstream_decisions_total{{kind="place"}} 4.0' in scraped
+    assert "fairstream_dead_letters_total" in scraped and "fairstream_consumer_lag" in scraped
     assert sorted(d["task"] for d in placed(decisions)) == ["from-kcat", "t0", "t1", "t2"]
     assert all(d["cluster"] == "c1" and d["node"] == "n1" and d["policy"] == "drf" for d in decisions)
     reasons = sorted(d["reason"] for d in dead)

@@ -172,3 +172,20 @@ def test_faust_agents_hand_messages_to_the_processor_via_test_context():
     wire = run(scenario())
     assert [d["task"] for d in wire.decisions()] == ["t1"]
     assert [d["reason"][:14] for d in wire.dead()] == ["malformed JSON"]
+
+
+def test_the_worker_counts_events_decisions_dead_letters_and_latency_for_prometheus():
+    wire = Wire()
+
+    async def scenario():
+        p = processor(wire=wire)
+        await p.handle([wire.msg("heartbeat", heartbeat()), wire.msg("submitted", task("t1")), wire.msg("submitted", None, b"{")])
+        return p.metrics
+
+    metrics = run(scenario())
+    sample = metrics.registry.get_sample_value
+    assert sample("fairstream_events_total", {"topic": "tasks.submitted"}) == 2
+    assert sample("fairstream_events_total", {"topic": "nodes.heartbeats"}) == 1
+    assert sample("fairstream_decisions_total", {"kind": "place"}) == 1
+    assert sample("fairstream_dead_letters_total", {"topic": "tasks.submitted"}) == 1
+    assert sample("fairstream_decision_latency_seconds_count") == 1

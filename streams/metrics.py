@@ -1,0 +1,29 @@
+"""Prometheus metrics of the worker (``--metrics-port``, default 9464; 0 turns them off).
+
+Rates (events/s, decisions/s) come from the counters with PromQL's ``rate()``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.events = Counter("fairstream_events_total", "Input messages received", ["topic"], registry=self.registry)
+        self.decisions = Counter("fairstream_decisions_total", "Decisions published", ["kind"], registry=self.registry)
+        self.dead_letters = Counter("fairstream_dead_letters_total", "Inputs sent to the dead-letter topic", ["topic"],
+                                    registry=self.registry)
+        self.latency = Histogram(
+            "fairstream_decision_latency_seconds",
+            "From a batch's arrival at the worker to its decisions being published",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+            registry=self.registry,
+        )
+        self.lag = Gauge("fairstream_consumer_lag", "Messages behind the end of the partition",
+                         ["topic", "partition"], registry=self.registry)
+        self.steps = Counter("fairstream_engine_steps_total", "Engine steps (scheduling passes)", registry=self.registry)
+
+    def serve(self, port: int, address: str = "127.0.0.1") -> None:
+        start_http_server(port, addr=address, registry=self.registry)
