@@ -84,6 +84,10 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         topic = app.topic(getattr(config.topics, attribute), value_serializer="raw", key_serializer="raw")
         app.agent(topic, name=f"fairstream.{kind}")(_agent(processor, kind, config))
 
+    @app.on_partitions_revoked.connect
+    async def on_revoked(app, revoked, **kwargs) -> None:  # noqa: ARG001 - Faust's signal signature
+        await processor.forget()
+
     @app.task
     async def recover() -> None:
         if config.metrics_port:

@@ -122,6 +122,15 @@ class Processor:
                 log.info("worker.outbox_republished", messages=len(pending))
             self._started = True
 
+    async def forget(self) -> None:
+        """Drop cached engines and offsets (partitions were revoked: another worker may now
+        append to these clusters' logs); they are reloaded from the store when next needed."""
+        async with self._lock:
+            self.engines.clear()
+            self.steps_taken.clear()
+            self.steps_at_snapshot.clear()
+            self._started = False
+
     async def engine(self, cluster: str) -> Engine:
         engine = self.engines.get(cluster)
         if engine is None:

@@ -189,3 +189,19 @@ def test_the_worker_counts_events_decisions_dead_letters_and_latency_for_prometh
     assert sample("fairstream_decisions_total", {"kind": "place"}) == 1
     assert sample("fairstream_dead_letters_total", {"topic": "tasks.submitted"}) == 1
     assert sample("fairstream_decision_latency_seconds_count") == 1
+
+
+def test_after_a_rebalance_the_worker_reloads_clusters_from_the_store():
+    store, wire = MemoryStore(), Wire()
+
+    async def scenario():
+        p = processor(store, wire)
+        await p.handle([wire.msg("heartbeat", heartbeat()), wire.msg("submitted", task("t1"))])
+        other = processor(store, wire)  # another worker got the partition and went on
+        await other.handle([wire.msg("submitted", task("t2", time=1))])
+        await p.forget()  # partitions revoked from the first worker...
+        await p.handle([wire.msg("submitted", task("t3", time=2))])  # ...and assigned back
+        return sorted((await p.engine("c1")).tasks)
+
+    assert run(scenario()) == ["t1", "t2", "t3"]
+    assert [d["task"] for d in wire.decisions()] == ["t1", "t2", "t3"]
