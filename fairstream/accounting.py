@@ -70,6 +70,7 @@ class QuantumTree:
         self._children_sum: dict[str, float] = {}
         self._children_count: dict[str, int] = {}
         self._finished: dict[str, tuple[int, float]] = {}
+        self.version = 0  # changes whenever any quantum may have changed
 
     def initialise(self, path: tuple[str, ...]) -> None:
         parent = ROOT
@@ -87,6 +88,7 @@ class QuantumTree:
     def record(self, tree: TenantTree, leaf: str, run_time: float) -> None:
         if not self.adaptive:
             return
+        self.version += 1
         count, total = self._finished.get(leaf, (0, 0.0))
         count, total = count + 1, total + run_time
         self._finished[leaf] = (count, total)
@@ -367,11 +369,14 @@ class Accounting:
         """Formula 15 for running tasks, for the given tenant rows (all if None):
         ``sum demand * max(0, Q - elapsed_in_round)``, counted at each tenant's current
         discount rate. One row per tenant, in resource-seconds."""
-        rows = list(range(len(self.ledgers))) if rows is None else rows
-        quanta = np.empty(len(rows))
+        if rows is None:
+            rows = list(range(len(self.ledgers)))
+            quanta = self.quanta_by_row()
+        else:
+            quanta = self.quanta_by_row()[rows]
         demand, weighted = [], []
         for i, row in enumerate(rows):
-            quanta[i] = q = self.quantum(row)
+            q = quanta[i]
             recent = self.ledgers[row].recent
             if recent:
                 recent.advance(now, q)
@@ -385,6 +390,14 @@ class Accounting:
             rate = np.divide(counted, alloc, out=np.ones_like(alloc), where=alloc > 0)
             extra *= rate
         return extra
+
+    def quanta_by_row(self) -> np.ndarray:
+        """Every tenant's current quantum, cached until the Quantum Updater changes one."""
+        key = (self.quanta.version, len(self.ledgers))
+        if getattr(self, "_quanta_key", None) != key:
+            self._quanta = np.array([self.quantum(row) for row in range(len(self.ledgers))])
+            self._quanta_key = key
+        return self._quanta
 
     def top_up(self, row: int, now: float) -> np.ndarray:
         return self.top_ups([row], now)[0]

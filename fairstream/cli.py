@@ -224,6 +224,12 @@ def cmd_generate(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.target == "stream":
+        from fairstream.bench_stream import bench_stream
+
+        print(json.dumps(bench_stream(rate=args.rate, duration=args.duration, nodes=args.stream_nodes,
+                                      tenants=args.stream_tenants)))
+        return 0
     from fairstream.bench import bench_engine
 
     result = bench_engine(
@@ -296,7 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--node-timeout", type=float, default=None, help="seconds of event time without heartbeat before a node is lost")
     worker.add_argument("--max-lateness", type=float, default=60.0, help="seconds an event may lag the cluster clock")
     worker.add_argument("--topic-prefix", default="", help="prefix every topic name with PREFIX.")
-    worker.add_argument("--metrics-port", type=int, default=9464, help="Prometheus metrics on 127.0.0.1:PORT (0: off)")
+    worker.add_argument("--step-window", type=float, default=0.1,
+                        help="events within this many seconds of event time make one scheduling step (0: exact times)")
+    worker.add_argument("--metrics-port", type=int, default=9464, help="Prometheus metrics on ADDRESS:PORT (0: off)")
+    worker.add_argument("--metrics-address", default="127.0.0.1", help="address of the metrics endpoint (0.0.0.0 in containers)")
     worker.set_defaults(func=cmd_worker)
 
     publish = sub.add_parser("publish", help="send JSON events from stdin (one per line) to a topic")
@@ -338,7 +347,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(func=cmd_export_log)
 
     bench = sub.add_parser("bench", parents=[progress], help="benchmarks (JSON on stdout)")
-    bench.add_argument("target", choices=["engine"])
+    bench.add_argument("target", choices=["engine", "stream"])
+    bench.add_argument("--rate", type=float, default=5000, help="stream: input events per second")
+    bench.add_argument("--duration", type=float, default=60, help="stream: seconds of load (600 for the memory check)")
+    bench.add_argument("--stream-nodes", type=int, default=200)
+    bench.add_argument("--stream-tenants", type=int, default=100)
     bench.add_argument("--tenants", type=int, default=1000)
     bench.add_argument("--nodes", type=int, default=10000)
     bench.add_argument("--pending", type=int, default=100000)

@@ -103,7 +103,8 @@ class Engine:
         self._node_ids: list[str] = []
         self._node_labels: list[dict[str, str]] = []
         self._shares_stale = False
-        self.tasks: dict[str, Task] = {}
+        self.tasks: dict[str, Task] = {}  # pending and running tasks
+        self.finished_ids: set[str] = set()  # finished tasks are forgotten but for their ids
         self.pending: dict[str, PendingQueue] = {}
         self._seq = 0
         self._shapes: dict[tuple, int] = {}
@@ -176,7 +177,7 @@ class Engine:
             share=acc.share.copy(),
             accumulated=accumulated,
             pseudo_accumulated=np.array([ledger.pseudo_accumulated for ledger in acc.ledgers]),
-            quantum=np.array([acc.quantum(row) for row in range(len(names))]),
+            quantum=acc.quanta_by_row().copy(),
             arrival=np.array([math.inf if l.first_arrival is None else l.first_arrival for l in acc.ledgers]),
             waiting_since=np.array([math.nan if l.waiting_since is None else l.waiting_since for l in acc.ledgers]),
             pending={t: q for t, q in self.pending.items() if q.count > 0},
@@ -199,7 +200,7 @@ class Engine:
             raise EventRejected(f"unknown event type {type(event).__name__}")
 
     def _submit(self, event: TaskSubmitted) -> Task:
-        if event.task in self.tasks:
+        if event.task in self.tasks or event.task in self.finished_ids:
             raise EventRejected(f"task {event.task!r}: duplicate submission")
         if not self.tree.is_leaf(event.tenant):
             if event.tenant in self.tree.specs:
@@ -234,10 +235,12 @@ class Engine:
     def _complete(self, event: TaskCompleted) -> Task:
         task = self.tasks.get(event.task)
         if task is None:
+            if event.task in self.finished_ids:
+                raise EventRejected(f"task {event.task!r}: already completed")
             raise EventRejected(f"task {event.task!r}: completion of an unknown task")
         row = self.accounting.row[task.tenant]
-        if task.state is TaskState.DONE:
-            raise EventRejected(f"task {event.task!r}: already completed")
+        self.finished_ids.add(task.id)
+        del self.tasks[task.id]
         if task.state is TaskState.PENDING:
             # Killed (or failed) before it ever ran: it leaves the queue.
             task.state = TaskState.DONE

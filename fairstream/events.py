@@ -56,6 +56,42 @@ def _where(path) -> str:
     return ".".join(str(p) for p in path) or "(message)"
 
 
+_REQUIRED = {
+    SUBMITTED: ("cluster", "task", "tenant", "demand", "time"),
+    COMPLETED: ("cluster", "task", "time"),
+    HEARTBEAT: ("cluster", "node", "time", "capacity"),
+}
+_OPTIONAL = {SUBMITTED: {"job", "constraints", "version"}, COMPLETED: {"status", "version"},
+             HEARTBEAT: {"labels", "version"}}
+_STRINGS = ("cluster", "task", "tenant", "job", "node")
+
+
+def _number(value) -> bool:
+    return value.__class__ in (int, float) and value >= 0
+
+
+def _vector(value) -> bool:
+    return value.__class__ is dict and bool(value) and all(_number(v) for v in value.values())
+
+
+def _looks_valid(kind: str, doc) -> bool:
+    """A conservative fast check of the plain shapes (no constraints, no labels, no status):
+    True only if the schema would surely accept it. Anything else gets full validation."""
+    if doc.__class__ is not dict:
+        return False
+    required = _REQUIRED[kind]
+    if not all(k in doc for k in required) or not set(doc) <= set(required) | _OPTIONAL[kind]:
+        return False
+    if "constraints" in doc or "labels" in doc or "status" in doc or "version" in doc:
+        return False
+    for key in _STRINGS:
+        if key in doc and not (doc[key].__class__ is str and 0 < len(doc[key]) <= 256):
+            return False
+    if not _number(doc["time"]):
+        return False
+    return _vector(doc["demand"]) if kind == SUBMITTED else (_vector(doc["capacity"]) if kind == HEARTBEAT else True)
+
+
 def decode(kind: str, raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str, Event]:
     """Bytes of one message on the ``kind`` topic to ``(cluster, engine event)``."""
     if len(raw) > max_bytes:
@@ -64,9 +100,10 @@ def decode(kind: str, raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[s
         doc = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadInput(f"malformed JSON: {exc}") from None
-    error = jsonschema.exceptions.best_match(_validator(kind).iter_errors(doc))
-    if error is not None:
-        raise BadInput(f"{_where(error.absolute_path)}: {error.message}")
+    if not _looks_valid(kind, doc):  # the common case skips the (slow) full validation
+        error = jsonschema.exceptions.best_match(_validator(kind).iter_errors(doc))
+        if error is not None:
+            raise BadInput(f"{_where(error.absolute_path)}: {error.message}")
     time = float(doc["time"])
     if not math.isfinite(time):
         raise BadInput("time: must be finite")

@@ -41,7 +41,9 @@ class WorkerConfig:
     node_timeout: float = math.inf
     snapshot_every: int = 500
     max_bytes: int = 64 * 1024
+    step_window: float = 0.1  # seconds of event time gathered into one scheduling step
     metrics_port: int = 9464  # 0: no metrics endpoint
+    metrics_address: str = "127.0.0.1"
     kafka_options: dict = field(default_factory=dict)  # security settings passed to Faust
 
     def make_engine(self) -> Engine:
@@ -70,14 +72,16 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         config.topics.deadletter: app.topic(config.topics.deadletter, value_serializer="raw", key_serializer="raw"),
     }
 
-    async def publish(topic: str, key: str, message: dict) -> None:
+    async def publish(topic: str, key: str, message: dict):
         payload = json.dumps(message, separators=(",", ":")).encode()
-        future = await out[topic].send(key=key.encode(), value=payload)
-        await future  # wait for the broker before the outbox entry is cleared
+        # The returned future resolves when the broker has the message; the processor waits
+        # for all of a batch's before it clears them from the outbox.
+        return await out[topic].send(key=key.encode(), value=payload)
 
     processor = Processor(
         store, config.make_engine, publish, config.topics, max_lateness=config.max_lateness,
         node_timeout=config.node_timeout, snapshot_every=config.snapshot_every, max_bytes=config.max_bytes,
+        step_window=config.step_window,
     )
 
     for attribute, kind in KINDS:
@@ -92,7 +96,7 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
     async def recover() -> None:
         if config.metrics_port:
             try:
-                processor.metrics.serve(config.metrics_port)
+                processor.metrics.serve(config.metrics_port, config.metrics_address)
             except OSError as exc:  # e.g. a second worker on the same machine
                 structlog.get_logger("fairstream.worker").warning(
                     "worker.metrics_unavailable", port=config.metrics_port, error=str(exc))

@@ -3,10 +3,11 @@
 ``Processor.handle(messages)``:
 1. skip messages whose offsets were already applied (Kafka redelivers after a crash);
 2. decode and validate each (bad ones become dead letters with the reason);
-3. per cluster, in arrival order, turn events into engine steps: consecutive events with the
-   same event time form one step; an event up to ``max_lateness`` seconds behind the cluster's
-   clock is applied at the clock, one further behind is a dead letter; before each step, nodes
-   silent for more than ``node_timeout`` seconds (event time) are declared lost;
+3. per cluster, in arrival order, turn events into engine steps: consecutive events within
+   ``step_window`` seconds of event time (0: the same time) form one step, taken at the latest
+   of their times (a scheduling cycle); an event up to ``max_lateness`` seconds behind the
+   cluster's clock is applied at the clock, one further behind is a dead letter; before each
+   step, nodes silent for more than ``node_timeout`` seconds (event time) are declared lost;
 4. commit the new log steps, offsets, outputs (outbox) and views to the store in one
    transaction, snapshotting an engine every ``snapshot_every`` steps;
 5. publish the outbox, then clear it.
@@ -34,7 +35,9 @@ from fairstream.state.store import BatchCommit, StateStore
 
 log = structlog.get_logger("fairstream.worker")
 
-Publish = Callable[[str, str, dict], Awaitable[None]]  # (topic, key, message)
+# publish(topic, key, message) enqueues the message (in call order) and returns an awaitable that
+# resolves when the broker has it, or None when there is nothing to wait for.
+Publish = Callable[[str, str, dict], Awaitable["Awaitable | None"]]
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class Processor:
         snapshot_every: int = 500,
         max_bytes: int = 64 * 1024,
         metrics=None,
+        step_window: float = 0.0,
     ) -> None:
         from fairstream.streams.metrics import WorkerMetrics
 
@@ -101,6 +105,7 @@ class Processor:
         self.node_timeout = node_timeout
         self.snapshot_every = snapshot_every
         self.max_bytes = max_bytes
+        self.step_window = step_window
         self.engines: dict[str, Engine] = {}
         self.steps_taken: dict[str, int] = {}
         self.steps_at_snapshot: dict[str, int] = {}
@@ -115,8 +120,7 @@ class Processor:
                 return
             self.applied = await self.store.offsets()
             pending = await self.store.outbox()
-            for topic, message in pending:
-                await self.publish(topic, message.get("cluster") or "", message)
+            await self._publish_all(pending)
             await self.store.clear_outbox(len(pending))
             if pending:
                 log.info("worker.outbox_republished", messages=len(pending))
@@ -198,19 +202,30 @@ class Processor:
 
         await self.store.commit(commit)
         self.applied.update(commit.offsets)
+        await self._publish_all(commit.outbox)
         for topic, message in commit.outbox:
-            await self.publish(topic, message.get("cluster") or _cluster_of(message), message)
             if topic == self.topics.decisions:
                 self.metrics.decisions.labels(message["kind"]).inc()
         await self.store.clear_outbox(len(commit.outbox))
         return outcome
+
+    async def _publish_all(self, outbox: list[tuple[str, dict]]) -> None:
+        """Enqueue every message in order, then wait for all acknowledgements at once."""
+        acks = []
+        for topic, message in outbox:
+            ack = await self.publish(topic, message.get("cluster") or _cluster_of(message), message)
+            if ack is not None:
+                acks.append(ack)
+        if acks:
+            await asyncio.gather(*acks)
 
     def _run(self, cluster: str, engine: Engine, items: list[tuple[Event, Incoming]], dead: list[DeadLetter]):
         """Events in arrival order to engine steps; returns (log steps, decisions)."""
         steps: list[dict] = []
         decisions = []
         group: list[tuple[Event, Incoming]] = []
-        group_time: float | None = None
+        group_time: float | None = None  # the step's time: the latest event time in the group
+        group_start: float | None = None
 
         def flush() -> None:
             if not group:
@@ -239,9 +254,12 @@ class Processor:
                     continue
                 event = _at(event, clock)  # a little late: applied now, recorded as applied
                 time = clock
-            if group_time is not None and time != group_time:
+            if group_time is not None and (time > group_start + self.step_window or (self.step_window == 0 and time != group_time)):
                 flush()
-            group_time = time
+                group_start = None
+            if group_start is None:
+                group_start = time
+            group_time = time if group_time is None else max(group_time, time)
             group.append((event, message))
         flush()
         return steps, decisions

@@ -54,6 +54,8 @@ def config_from_args(args) -> WorkerConfig:
         max_lateness=args.max_lateness,
         topics=Topics().with_prefix(args.topic_prefix),
         metrics_port=args.metrics_port,
+        metrics_address=args.metrics_address,
+        step_window=args.step_window,
     )
 
 

@@ -1,0 +1,179 @@
+"""``fairstream bench stream``: the worker on loopback Kafka and Redis, end to end.
+
+Starts a worker (its own topic prefix, consumer group and Redis keys), gives it ``nodes``
+nodes, then publishes input at ``rate`` events/s for ``duration`` seconds: half submissions,
+half completions of tasks submitted ``hold`` seconds earlier, so the cluster stays in a steady
+state. Measures, from Kafka's own record timestamps, the time from a submission's append to its
+decision's append (``p50_ms``, ``p99_ms``), the input rate the worker kept up with
+(``events_per_s``: input events over the time until the last decision was appended), and the
+worker's resident memory every second. Needs ``scripts/services.sh start``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from fairstream.model import ModelError
+from fairstream.producers.client import Publisher, ensure_topics
+from fairstream.streams.processor import Topics
+
+
+def _rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int, tenants: int, hold: float,
+               policy: str, log_path: Path) -> dict:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    app_id = f"bench{uuid.uuid4().hex[:8]}"
+    topics = Topics().with_prefix(app_id)
+    await ensure_topics(broker, [topics.submitted, topics.completed, topics.heartbeats, topics.decisions, topics.deadletter])
+    with open(log_path, "w") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "fairstream.cli", "worker", "--policy", policy, "--app-id", app_id,
+             "--topic-prefix", app_id, "--broker", broker, "--redis", redis, "--metrics-port", "0",
+             "--max-lateness", "1e9"], stdout=log, stderr=subprocess.STDOUT)
+    memory: list[tuple[float, float]] = []
+    submitted_at: dict[str, int] = {}
+    decided_at: dict[str, int] = {}
+    consumer = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        await consumer._client.force_metadata_update()
+        parts = [TopicPartition(topics.decisions, p) for p in sorted(consumer.partitions_for_topic(topics.decisions) or [0])]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+
+        async with Publisher(broker, topics) as pub:
+            for n in range(nodes):
+                await pub.heartbeat("bench", f"n{n}", 0, {"cpu": 64, "mem": 256})
+            # Wait for the worker to join its group: the first decision comes back.
+            await pub.submit("bench", "warm-up", "t0", {"cpu": 1, "mem": 1}, 0)
+            start_wait = time.monotonic()
+            while "warm-up" not in decided_at and time.monotonic() - start_wait < 120:
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    for r in records:
+                        decided_at[json.loads(r.value)["task"]] = r.timestamp
+            if "warm-up" not in decided_at:
+                raise ModelError(f"the worker did not answer within 120 s (log: {log_path})")
+
+            producer = pub.producer
+            interval = 2.0 / rate  # one submission and one completion per interval
+            begin = time.monotonic()
+            sent = 0
+            pending_completion: list[tuple[float, str]] = []
+            futures = []
+            k = 0
+            next_sample = begin
+            while time.monotonic() - begin < duration:
+                now = time.monotonic()
+                due = begin + k * interval
+                if now < due:
+                    # Read decisions while waiting, so the consumer keeps up.
+                    for records in (await consumer.getmany(timeout_ms=max(1, int((due - now) * 1000)))).values():
+                        for r in records:
+                            decided_at.setdefault(json.loads(r.value)["task"], r.timestamp)
+                    continue
+                event_time = now - begin
+                name = f"b{k}"
+                message = {"cluster": "bench", "task": name, "job": f"j{k // 50}", "tenant": f"t{k % tenants}",
+                           "demand": {"cpu": 1, "mem": 2}, "time": event_time}
+                futures.append(await producer.send(topics.submitted, json.dumps(message).encode(), key=b"bench"))
+                pending_completion.append((now + hold, name))
+                sent += 1
+                while pending_completion and pending_completion[0][0] <= now:
+                    _, done = pending_completion.pop(0)
+                    futures.append(await producer.send(topics.completed, json.dumps(
+                        {"cluster": "bench", "task": done, "time": event_time}).encode(), key=b"bench"))
+                    sent += 1
+                k += 1
+                if now >= next_sample:
+                    rss = _rss_mb(worker.pid)
+                    if rss is not None:
+                        memory.append((round(now - begin, 1), round(rss, 1)))
+                    next_sample += 1.0
+                if len(futures) > 2000:
+                    for f in futures:
+                        record = await f
+                        # submissions' append times, for latency
+                    futures.clear()
+            for f in futures:
+                await f
+            sent_total = sent
+        # Collect the submissions' append timestamps and the rest of the decisions.
+        sub = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False)
+        await sub.start()
+        await sub._client.force_metadata_update()
+        sub_parts = [TopicPartition(topics.submitted, p) for p in sorted(sub.partitions_for_topic(topics.submitted) or [0])]
+        sub.assign(sub_parts)
+        await sub.seek_to_beginning(*sub_parts)
+        idle = 0
+        while idle < 3:
+            batch = await sub.getmany(timeout_ms=1000)
+            idle = idle + 1 if not batch else 0
+            for records in batch.values():
+                for r in records:
+                    submitted_at[json.loads(r.value)["task"]] = r.timestamp
+        await sub.stop()
+        wanted = set(submitted_at) - {"warm-up"}
+        deadline = time.monotonic() + 120
+        while not wanted <= set(decided_at) and time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=1000)).values():
+                for r in records:
+                    decided_at.setdefault(json.loads(r.value)["task"], r.timestamp)
+    finally:
+        await consumer.stop()
+        worker.terminate()
+        try:
+            worker.wait(20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+    latencies = [decided_at[t] - submitted_at[t] for t in wanted if t in decided_at]
+    first = min(submitted_at[t] for t in wanted)
+    last = max(decided_at[t] for t in wanted if t in decided_at)
+    return {
+        "benchmark": "stream",
+        "setup": {"rate_target": rate, "duration_s": duration, "nodes": nodes, "tenants": tenants,
+                  "hold_s": hold, "policy": policy},
+        "input_events": sent_total,
+        "decided": len(latencies),
+        "undecided": len(wanted) - len(latencies),
+        "events_per_s": round(sent_total / max((last - first) / 1000, 1e-9), 1),
+        "p50_ms": float(np.percentile(latencies, 50)) if latencies else None,
+        "p99_ms": float(np.percentile(latencies, 99)) if latencies else None,
+        "worker_rss_mb": memory,
+    }
+
+
+def bench_stream(rate: float = 5000, duration: float = 60, nodes: int = 200, tenants: int = 100, hold: float = 2.0,
+                 policy: str = "ltrf", broker: str | None = None, redis: str | None = None) -> dict:
+    broker = broker or os.environ.get("FAIRSTREAM_BROKER", "127.0.0.1:9092")
+    redis = redis or os.environ.get("FAIRSTREAM_REDIS_URL", "redis://127.0.0.1:6379/0")
+    if not (_port_open(int(broker.rsplit(":", 1)[1])) and _port_open(int(redis.rsplit(":", 1)[1].split("/")[0]))):
+        raise ModelError("bench stream needs Kafka and Redis: run scripts/services.sh start")
+    log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"fairstream-bench-worker-{os.getpid()}.log"
+    return asyncio.run(_run(broker, redis, rate, duration, nodes, tenants, hold, policy, log_path))
