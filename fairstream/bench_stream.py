@@ -46,7 +46,7 @@ def _port_open(port: int) -> bool:
 
 
 async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int, tenants: int, hold: float,
-               policy: str, log_path: Path) -> dict:
+               policy: str, log_path: Path, retention: float) -> dict:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     app_id = f"bench{uuid.uuid4().hex[:8]}"
@@ -56,7 +56,7 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
         worker = subprocess.Popen(
             [sys.executable, "-m", "fairstream.cli", "worker", "--policy", policy, "--app-id", app_id,
              "--topic-prefix", app_id, "--broker", broker, "--redis", redis, "--metrics-port", "0",
-             "--max-lateness", "1e9"], stdout=log, stderr=subprocess.STDOUT)
+             "--max-lateness", "1e9", "--finished-retention", str(retention)], stdout=log, stderr=subprocess.STDOUT)
     memory: list[tuple[float, float]] = []
     submitted_at: dict[str, int] = {}
     decided_at: dict[str, int] = {}
@@ -116,13 +116,10 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
                     if rss is not None:
                         memory.append((round(now - begin, 1), round(rss, 1)))
                     next_sample += 1.0
-                if len(futures) > 2000:
-                    for f in futures:
-                        record = await f
-                        # submissions' append times, for latency
+                if len(futures) > 2000:  # bound the producer's in-flight messages
+                    await asyncio.gather(*futures)
                     futures.clear()
-            for f in futures:
-                await f
+            await asyncio.gather(*futures)
             sent_total = sent
         # Collect the submissions' append timestamps and the rest of the decisions.
         sub = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False)
@@ -158,7 +155,7 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
     return {
         "benchmark": "stream",
         "setup": {"rate_target": rate, "duration_s": duration, "nodes": nodes, "tenants": tenants,
-                  "hold_s": hold, "policy": policy},
+                  "hold_s": hold, "policy": policy, "finished_retention_s": retention},
         "input_events": sent_total,
         "decided": len(latencies),
         "undecided": len(wanted) - len(latencies),
@@ -170,10 +167,11 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
 
 
 def bench_stream(rate: float = 5000, duration: float = 60, nodes: int = 200, tenants: int = 100, hold: float = 2.0,
-                 policy: str = "ltrf", broker: str | None = None, redis: str | None = None) -> dict:
+                 policy: str = "ltrf", broker: str | None = None, redis: str | None = None,
+                 retention: float = 3600.0) -> dict:
     broker = broker or os.environ.get("FAIRSTREAM_BROKER", "127.0.0.1:9092")
     redis = redis or os.environ.get("FAIRSTREAM_REDIS_URL", "redis://127.0.0.1:6379/0")
     if not (_port_open(int(broker.rsplit(":", 1)[1])) and _port_open(int(redis.rsplit(":", 1)[1].split("/")[0]))):
         raise ModelError("bench stream needs Kafka and Redis: run scripts/services.sh start")
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"fairstream-bench-worker-{os.getpid()}.log"
-    return asyncio.run(_run(broker, redis, rate, duration, nodes, tenants, hold, policy, log_path))
+    return asyncio.run(_run(broker, redis, rate, duration, nodes, tenants, hold, policy, log_path, retention))

@@ -82,7 +82,8 @@ def _replay_events(args) -> int:
     from fairstream.tenants import TenantTree
 
     tree = load_scenario_tenants(args.tenants_file) if args.tenants_file else TenantTree.from_specs([])
-    engine = Engine(ResourceSpace(tuple(args.resources.split(","))), tree, args.policy, parse_param_pairs(args.param))
+    engine = Engine(ResourceSpace(tuple(args.resources.split(","))), tree, args.policy, parse_param_pairs(args.param),
+                    finished_retention=args.finished_retention)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     decisions = 0
@@ -228,7 +229,7 @@ def cmd_bench(args) -> int:
         from fairstream.bench_stream import bench_stream
 
         print(json.dumps(bench_stream(rate=args.rate, duration=args.duration, nodes=args.stream_nodes,
-                                      tenants=args.stream_tenants)))
+                                      tenants=args.stream_tenants, retention=args.retention)))
         return 0
     from fairstream.bench import bench_engine
 
@@ -261,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--resources", default="cpu,mem", help="with --events: resource names (default cpu,mem)")
     sim.add_argument("--tenants-file", dest="tenants_file", help="with --events: the worker's --tenants file")
     sim.add_argument("--cluster", help="with --events: cluster id to stamp on the decisions")
+    sim.add_argument("--finished-retention", type=float, default=3600.0, help="with --events: the worker's --finished-retention")
     sim.add_argument("--policy", required=True)
     sim.add_argument("--param", action="append", metavar="NAME=VALUE", help="policy parameter (repeatable)")
     sim.add_argument("--metric-resource", help="resource the fairness metrics are in (default mem, else dominant)")
@@ -304,6 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--topic-prefix", default="", help="prefix every topic name with PREFIX.")
     worker.add_argument("--step-window", type=float, default=0.1,
                         help="events within this many seconds of event time make one scheduling step (0: exact times)")
+    worker.add_argument("--finished-retention", type=float, default=3600.0,
+                        help="seconds of event time a finished task's id is remembered (duplicate detection)")
     worker.add_argument("--metrics-port", type=int, default=9464, help="Prometheus metrics on ADDRESS:PORT (0: off)")
     worker.add_argument("--metrics-address", default="127.0.0.1", help="address of the metrics endpoint (0.0.0.0 in containers)")
     worker.set_defaults(func=cmd_worker)
@@ -352,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--duration", type=float, default=60, help="stream: seconds of load (600 for the memory check)")
     bench.add_argument("--stream-nodes", type=int, default=200)
     bench.add_argument("--stream-tenants", type=int, default=100)
+    bench.add_argument("--retention", type=float, default=3600.0, help="stream: the worker's --finished-retention")
     bench.add_argument("--tenants", type=int, default=1000)
     bench.add_argument("--nodes", type=int, default=10000)
     bench.add_argument("--pending", type=int, default=100000)

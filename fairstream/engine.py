@@ -16,6 +16,7 @@ it is random.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -82,6 +83,7 @@ class Engine:
         policy: str,
         params: Mapping[str, str] | None = None,
         auto_tenants: bool = True,
+        finished_retention: float = 3600.0,
     ) -> None:
         self.resources = resources
         self.tree = tree
@@ -104,7 +106,10 @@ class Engine:
         self._node_labels: list[dict[str, str]] = []
         self._shares_stale = False
         self.tasks: dict[str, Task] = {}  # pending and running tasks
-        self.finished_ids: set[str] = set()  # finished tasks are forgotten but for their ids
+        # Finished tasks are forgotten but for their ids, kept ``finished_retention`` seconds of
+        # event time (in finish order) to reject duplicate submissions and repeated completions.
+        self.finished_ids: OrderedDict[str, float] = OrderedDict()
+        self.finished_retention = finished_retention
         self.pending: dict[str, PendingQueue] = {}
         self._seq = 0
         self._shapes: dict[tuple, int] = {}
@@ -134,6 +139,9 @@ class Engine:
             raise EventRejected(f"time {time} is before the engine clock {self.time}")
         self.time = time
         self.accounting.advance(time)
+        horizon = time - self.finished_retention
+        while self.finished_ids and next(iter(self.finished_ids.values())) < horizon:
+            self.finished_ids.popitem(last=False)
         result = StepResult()
         for event in events:
             try:
@@ -239,7 +247,7 @@ class Engine:
                 raise EventRejected(f"task {event.task!r}: already completed")
             raise EventRejected(f"task {event.task!r}: completion of an unknown task")
         row = self.accounting.row[task.tenant]
-        self.finished_ids.add(task.id)
+        self.finished_ids[task.id] = event.time
         del self.tasks[task.id]
         if task.state is TaskState.PENDING:
             # Killed (or failed) before it ever ran: it leaves the queue.

@@ -42,13 +42,15 @@ class WorkerConfig:
     snapshot_every: int = 500
     max_bytes: int = 64 * 1024
     step_window: float = 0.1  # seconds of event time gathered into one scheduling step
+    finished_retention: float = 3600.0  # seconds of event time finished task ids are remembered
     metrics_port: int = 9464  # 0: no metrics endpoint
     metrics_address: str = "127.0.0.1"
     kafka_options: dict = field(default_factory=dict)  # security settings passed to Faust
 
     def make_engine(self) -> Engine:
         tree = TenantTree.from_specs(list(self.tenants.specs.values())) if self.tenants else TenantTree.from_specs([])
-        return Engine(ResourceSpace(tuple(self.resources)), tree, self.policy, self.params, auto_tenants=self.auto_tenants)
+        return Engine(ResourceSpace(tuple(self.resources)), tree, self.policy, self.params,
+                      auto_tenants=self.auto_tenants, finished_retention=self.finished_retention)
 
 
 KINDS = (("submitted", "submitted"), ("completed", "completed"), ("heartbeats", "heartbeat"))

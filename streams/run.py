@@ -9,7 +9,6 @@ import re
 import structlog
 
 from fairstream.policies.base import parse_param_pairs
-from fairstream.scenario import load_scenario
 from fairstream.streams.app import WorkerConfig, create_app
 from fairstream.streams.processor import Topics
 from fairstream.state.store import RedisStore, redis_client
@@ -56,6 +55,7 @@ def config_from_args(args) -> WorkerConfig:
         metrics_port=args.metrics_port,
         metrics_address=args.metrics_address,
         step_window=args.step_window,
+        finished_retention=args.finished_retention,
     )
 
 
@@ -73,13 +73,9 @@ def load_scenario_tenants(path: str):
     doc.setdefault("nodes", [{"id": "_", "capacity": {"cpu": 1}}])
     doc.setdefault("tasks", [])
     doc.setdefault("resources", ["cpu", "mem"])
-    return load_scenario_from_doc(doc).tree
-
-
-def load_scenario_from_doc(doc):
     from fairstream.scenario import parse_scenario
 
-    return parse_scenario(doc)
+    return parse_scenario(doc).tree
 
 
 def run_worker(args) -> int:
@@ -97,4 +93,4 @@ def run_worker(args) -> int:
     return 0
 
 
-__all__ = ["run_worker", "redact", "load_scenario"]
+__all__ = ["run_worker", "redact", "load_scenario_tenants"]

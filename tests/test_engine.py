@@ -125,3 +125,14 @@ def test_dominant_mode_counts_accumulated_usage_as_a_dominant_share():
     e.step(0, [submit("a", "A", 0, cpu=4, mem=1), submit("b", "B", 0, cpu=0, mem=4)])
     result = e.step(1, [TaskCompleted(1, "a"), TaskCompleted(1, "b"), submit("a2", "A", 1, cpu=4, mem=1), submit("b2", "B", 1, cpu=4, mem=1)])
     assert [d.tenant for d in result.decisions] == ["B"]
+
+
+def test_finished_tasks_are_forgotten_after_the_retention_window_but_duplicates_within_it_are_rejected():
+    e = engine(tree("A"), "fifo")
+    e.finished_retention = 100
+    e.step(0, [node("n1", mem=4), submit("t", "A", 0)])
+    e.step(10, [TaskCompleted(10, "t")])
+    assert "duplicate submission" in e.step(50, [submit("t", "A", 50)]).rejected[0][1]
+    assert "already completed" in e.step(60, [TaskCompleted(60, "t")]).rejected[0][1]
+    assert not e.step(111, [submit("t", "A", 111)]).rejected  # 101 s after it finished: a new task
+    assert "t" in e.tasks and len(e.finished_ids) == 0

@@ -4,7 +4,6 @@ topic prefix, consumer group and Redis key prefix."""
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -112,7 +111,7 @@ def test_events_from_our_client_and_from_kcat_are_decided_and_bad_input_is_dead_
         scraped = urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_port}/metrics", timeout=5).read().decode()
     finally:
         worker.stop()
-    assert f'fairstream_decisions_total{{kind="place"}} 4.0' in scraped
+    assert 'fairstream_decisions_total{kind="place"} 4.0' in scraped
     assert "fairstream_dead_letters_total" in scraped and "fairstream_consumer_lag" in scraped
     assert sorted(d["task"] for d in placed(decisions)) == ["from-kcat", "t0", "t1", "t2"]
     assert all(d["cluster"] == "c1" and d["node"] == "n1" and d["policy"] == "drf" for d in decisions)

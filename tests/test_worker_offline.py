@@ -205,3 +205,28 @@ def test_after_a_rebalance_the_worker_reloads_clusters_from_the_store():
 
     assert run(scenario()) == ["t1", "t2", "t3"]
     assert [d["task"] for d in wire.decisions()] == ["t1", "t2", "t3"]
+
+
+@pytest.mark.parametrize("url, shown", [
+    pytest.param("redis://:s3cret@cache:6379/0", "redis://:***@cache:6379/0", id="a password alone is masked"),
+    pytest.param("rediss://app:s3cret@cache:6380/1", "rediss://app:***@cache:6380/1", id="user and password: the password is masked"),
+    pytest.param("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0", id="a URL without credentials is unchanged"),
+])
+def test_redis_urls_are_logged_without_their_password(url, shown):
+    from fairstream.streams.run import redact
+
+    assert redact(url) == shown and "s3cret" not in redact(url)
+
+
+def test_a_tenants_file_gives_the_worker_its_tree_and_a_bad_one_is_one_line(tmp_path):
+    from fairstream.model import ModelError
+    from fairstream.streams.run import load_scenario_tenants
+
+    good = tmp_path / "tenants.json"
+    good.write_text(json.dumps({"tenants": [{"id": "org"}, {"id": "a", "parent": "org", "weight": 3}, {"id": "b", "parent": "org"}]}))
+    tree = load_scenario_tenants(str(good))
+    assert tree.path("a") == ("org", "a") and tree.effective_share == {"a": 0.75, "b": 0.25}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"tenants": [{"id": "a", "parent": "nowhere"}]}))
+    with pytest.raises(ModelError, match=r"tenants\[a\]\.parent: unknown tenant 'nowhere'"):
+        load_scenario_tenants(str(bad))
