@@ -74,7 +74,10 @@ async def run_emulator(
     for _ in range(100):
         await consumer._client.force_metadata_update()
         partitions = consumer.partitions_for_topic(topics.decisions)
-        if partitions:
+        cluster_meta = consumer._client.cluster
+        # Wait until every partition has a leader: a just-created topic needs a moment.
+        if partitions and all(cluster_meta.leader_for_partition(TopicPartition(topics.decisions, p)) not in (None, -1)
+                              for p in partitions):
             break
         await asyncio.sleep(0.1)
     if not partitions:
