@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Real services for the streaming worker and its tests, on loopback:
 #   Apache Kafka 3.9.1, KRaft, one combined broker+controller on 127.0.0.1:9092
+#   (plus a SASL/PLAIN listener on 127.0.0.1:9094, user "fairstream", for the security tests)
 #   Redis on 127.0.0.1:6379
 # Usage: scripts/services.sh start|stop|status
 # `start` is idempotent: it installs what is missing (Kafka's jars from Maven Central with mvn,
@@ -15,6 +16,7 @@ redis_dir="$dir/redis"
 KAFKA_PORT="${FAIRSTREAM_KAFKA_PORT:-9092}"
 CONTROLLER_PORT="${FAIRSTREAM_KAFKA_CONTROLLER_PORT:-9093}"
 REDIS_PORT="${FAIRSTREAM_REDIS_PORT:-6379}"
+SASL_PORT="${FAIRSTREAM_KAFKA_SASL_PORT:-9094}"   # SASL/PLAIN listener, for the security tests
 
 log() { echo "services: $*" >&2; }
 
@@ -57,16 +59,21 @@ start_redis() {
 }
 
 start_kafka() {
-  if port_open "$KAFKA_PORT"; then log "kafka already answering on $KAFKA_PORT"; return; fi
+  if port_open "$KAFKA_PORT"; then
+    port_open "$SASL_PORT" || log "warning: kafka on $KAFKA_PORT has no SASL listener on $SASL_PORT (started elsewhere?)"
+    log "kafka already answering on $KAFKA_PORT"; return
+  fi
   mkdir -p "$kafka_dir/data"
   cat >"$kafka_dir/server.properties" <<EOF
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT,SASL_PLAINTEXT://127.0.0.1:$SASL_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$SASL_PORT
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
+sasl.enabled.mechanisms=PLAIN
+listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" password="admin-secret" user_admin="admin-secret" user_fairstream="fairstream-test-secret";
 inter.broker.listener.name=PLAINTEXT
 log.dirs=$kafka_dir/data
 num.partitions=4
@@ -94,7 +101,7 @@ EOF
   nohup java "${java_opts[@]}" kafka.Kafka "$kafka_dir/server.properties" >"$kafka_dir/stdout.log" 2>&1 &
   echo $! >"$kafka_dir/kafka.pid"
   for _ in $(seq 1 600); do
-    if port_open "$KAFKA_PORT"; then log "kafka up on $KAFKA_PORT"; return; fi
+    if port_open "$KAFKA_PORT" && port_open "$SASL_PORT"; then log "kafka up on $KAFKA_PORT (SASL/PLAIN on $SASL_PORT)"; return; fi
     kill -0 "$(cat "$kafka_dir/kafka.pid")" 2>/dev/null || break
     sleep 0.1
   done

@@ -208,3 +208,49 @@ def test_a_fb2009_sample_through_kafka_with_the_emulator_matches_the_simulator(t
     for tenant, usage in simulated["usage:0"].items():
         assert stored["usage:0"][tenant]["raw"] == pytest.approx(usage["raw"])
         assert stored["usage:0"][tenant]["counted"] == pytest.approx(usage["counted"])
+
+
+def test_the_worker_runs_with_kafka_sasl_and_redis_auth_and_logs_no_secret(tmp_path, monkeypatch):
+    # Kafka: the SASL/PLAIN listener of scripts/services.sh. Redis: a second real server with a
+    # password, on a free port, for this test only.
+    redis_port = free_port()
+    redis_secret, kafka_secret = "redis-test-secret", "fairstream-test-secret"
+    redis_dir = tmp_path / "redis"
+    redis_dir.mkdir()
+    redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--requirepass", redis_secret,
+                              "--save", "", "--dir", str(redis_dir)], stdout=subprocess.DEVNULL)
+    env = {"FAIRSTREAM_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "FAIRSTREAM_KAFKA_SASL_MECHANISM": "PLAIN",
+           "FAIRSTREAM_KAFKA_SASL_USERNAME": "fairstream", "FAIRSTREAM_KAFKA_SASL_PASSWORD": kafka_secret}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    sasl_broker = "127.0.0.1:9094"
+    app_id = f"t{uuid.uuid4().hex[:8]}"
+    topics = Topics().with_prefix(app_id)
+    log_path = tmp_path / "secure-worker.log"
+    with open(log_path, "w") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "fairstream.cli", "worker", "--policy", "drf", "--app-id", app_id, "--topic-prefix", app_id,
+             "--broker", sasl_broker, "--redis", f"redis://:{redis_secret}@127.0.0.1:{redis_port}/0", "--metrics-port", "0"],
+            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        async def scenario():
+            async with Publisher(sasl_broker, topics) as pub:  # reads the same FAIRSTREAM_KAFKA_* variables
+                await pub.heartbeat("secure", "n1", 0, {"cpu": 2, "mem": 2})
+                await pub.submit("secure", "s1", "A", {"cpu": 1, "mem": 1}, 1)
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                seen = [m async for m in read_topic(sasl_broker, topics.decisions, idle_timeout=1.0)]
+                if seen:
+                    return seen
+            return []
+
+        decisions = asyncio.run(scenario())
+    finally:
+        worker.terminate()
+        worker.wait(20)
+        redis.terminate()
+        redis.wait(10)
+    assert [d["task"] for d in decisions] == ["s1"]
+    text = log_path.read_text()
+    assert "worker.start" in text and "***" in text, text[-2000:]
+    assert redis_secret not in text and kafka_secret not in text
