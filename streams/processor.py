@@ -30,7 +30,7 @@ import structlog
 
 from fairstream.engine import Engine
 from fairstream.events import BadInput, DeadLetter, decision_message, decode, event_from_json, event_to_json
-from fairstream.model import Event, NodeLost
+from fairstream.model import Event, NodeLost, TaskSubmitted
 from fairstream.state.store import BatchCommit, StateStore
 
 log = structlog.get_logger("fairstream.worker")
@@ -181,12 +181,12 @@ class Processor:
 
         for cluster, items in by_cluster.items():
             engine = await self.engine(cluster)
-            steps, decisions = self._run(cluster, engine, items, dead)
+            steps, decisions, touched = self._run(cluster, engine, items, dead)
             commit.steps[cluster] = steps
             outcome.steps += len(steps)
             outcome.decisions += len(decisions)
             commit.outbox.extend((self.topics.decisions, decision_message(cluster, d)) for d in decisions)
-            commit.views[cluster] = views(engine)
+            commit.views[cluster] = views(engine, touched, touched_nodes(steps, decisions))
             self.steps_taken[cluster] += len(steps)
             if self.steps_taken[cluster] - self.steps_at_snapshot[cluster] >= self.snapshot_every:
                 commit.snapshots[cluster] = (pickle.dumps(engine), self.steps_taken[cluster])
@@ -220,9 +220,11 @@ class Processor:
             await asyncio.gather(*acks)
 
     def _run(self, cluster: str, engine: Engine, items: list[tuple[Event, Incoming]], dead: list[DeadLetter]):
-        """Events in arrival order to engine steps; returns (log steps, decisions)."""
+        """Events in arrival order to engine steps; returns (log steps, decisions, tenants whose
+        accounting an event or decision of this batch changed)."""
         steps: list[dict] = []
         decisions = []
+        touched: set[str] = set()
         group: list[tuple[Event, Incoming]] = []
         group_time: float | None = None  # the step's time: the latest event time in the group
         group_start: float | None = None
@@ -236,6 +238,9 @@ class Processor:
             result = engine.step(group_time, step_events)
             steps.append({"time": group_time, "events": [event_to_json(e) for e in step_events]})
             decisions.extend(result.decisions)
+            touched.update(d.tenant for d in result.decisions)
+            touched.update(t.tenant for t in result.finished)
+            touched.update(e.tenant for e in events if isinstance(e, TaskSubmitted))
             origin = {id(e): m for e, m in group}
             for event, reason in result.rejected:
                 message = origin.get(id(event))
@@ -262,7 +267,7 @@ class Processor:
             group_time = time if group_time is None else max(group_time, time)
             group.append((event, message))
         flush()
-        return steps, decisions
+        return steps, decisions, touched
 
     def _silent_nodes(self, engine: Engine, now: float) -> list[Event]:
         if math.isinf(self.node_timeout):
@@ -290,9 +295,17 @@ def _cluster_of(message: dict) -> str:
     return ""
 
 
-def views(engine: Engine) -> dict[str, dict[str, str]]:
-    """Readable state for operators: accumulated usage per tenant in the current round,
-    quanta, and the node registry (JSON strings per field)."""
+def touched_nodes(steps: list[dict], decisions) -> set[str]:
+    nodes = {d.node for d in decisions}
+    for step in steps:
+        nodes.update(e["node"] for e in step["events"] if "node" in e)
+    return nodes
+
+
+def views(engine: Engine, tenants: set[str] | None = None, nodes: set[str] | None = None) -> dict[str, dict[str, str]]:
+    """Readable state for operators: accumulated usage per tenant in the current round (as of
+    the tenant's last event or decision), quanta, and the node registry (JSON strings per
+    field); only for ``tenants`` and ``nodes`` if given."""
     import json
 
     acc = engine.accounting
@@ -301,6 +314,8 @@ def views(engine: Engine) -> dict[str, dict[str, str]]:
     usage = {}
     quanta = {}
     for row, ledger in enumerate(acc.ledgers):
+        if tenants is not None and ledger.name not in tenants:
+            continue
         usage[ledger.name] = json.dumps({
             "round_start": acc.round_start,
             "raw": dict(zip(names, acc.raw_usage[row].tolist())),
@@ -309,9 +324,9 @@ def views(engine: Engine) -> dict[str, dict[str, str]]:
             "usage_key": acc.usage_key(row, now),
         })
         quanta[ledger.name] = json.dumps(acc.quantum(row))
-    nodes = {
+    node_view = {
         n.id: json.dumps({"capacity": dict(zip(names, n.capacity.tolist())), "alive": n.alive,
                           "last_heartbeat": n.last_heartbeat, "labels": n.labels})
-        for n in engine.nodes
+        for n in engine.nodes if nodes is None or n.id in nodes
     }
-    return {f"usage:{acc.round_start:g}": usage, "quanta": quanta, "nodes": nodes}
+    return {f"usage:{acc.round_start:g}": usage, "quanta": quanta, "nodes": node_view}
