@@ -50,7 +50,7 @@ class StateStore(Protocol):
     async def offsets(self) -> dict[str, int]: ...
     async def commit(self, batch: BatchCommit) -> None: ...
     async def outbox(self) -> list[tuple[str, dict]]: ...
-    async def clear_outbox(self, count: int) -> None: ...
+    async def clear_outbox(self, published: list[tuple[str, dict]]) -> None: ...
     async def view(self, cluster: str, name: str) -> dict[str, Any]: ...
     async def full_log(self, cluster: str) -> list[dict]: ...
 
@@ -88,8 +88,10 @@ class MemoryStore:
     async def outbox(self) -> list[tuple[str, dict]]:
         return list(self._outbox)
 
-    async def clear_outbox(self, count: int) -> None:
-        del self._outbox[:count]
+    async def clear_outbox(self, published: list[tuple[str, dict]]) -> None:
+        for item in published:
+            if item in self._outbox:
+                self._outbox.remove(item)
 
     async def view(self, cluster: str, name: str) -> dict[str, Any]:
         return {k: json.loads(v) for k, v in self._views.get(cluster, {}).get(name, {}).items()}
@@ -141,7 +143,7 @@ class RedisStore:
         if batch.offsets:
             pipe.hset(self._key("offsets"), mapping=batch.offsets)
         if batch.outbox:
-            pipe.rpush(self._key("outbox"), *[json.dumps(item, separators=(",", ":")) for item in batch.outbox])
+            pipe.rpush(self._key("outbox"), *[json.dumps(list(item), separators=(",", ":")) for item in batch.outbox])
         for cluster, views in batch.views.items():
             for name, fields in views.items():
                 if fields:
@@ -151,9 +153,15 @@ class RedisStore:
     async def outbox(self) -> list[tuple[str, dict]]:
         return [tuple(json.loads(item)) for item in await self.redis.lrange(self._key("outbox"), 0, -1)]
 
-    async def clear_outbox(self, count: int) -> None:
-        if count:
-            await self.redis.ltrim(self._key("outbox"), count, -1)
+    async def clear_outbox(self, published: list[tuple[str, dict]]) -> None:
+        """Remove exactly these entries (several workers of one group share the outbox list,
+        so trimming by count could drop another worker's unpublished entries)."""
+        if not published:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for item in published:
+            pipe.lrem(self._key("outbox"), 1, json.dumps(list(item), separators=(",", ":")))
+        await pipe.execute()
 
     async def view(self, cluster: str, name: str) -> dict[str, Any]:
         raw = await self.redis.hgetall(self._key("c", cluster, "view", name))

@@ -121,7 +121,7 @@ class Processor:
             self.applied = await self.store.offsets()
             pending = await self.store.outbox()
             await self._publish_all(pending)
-            await self.store.clear_outbox(len(pending))
+            await self.store.clear_outbox(pending)
             if pending:
                 log.info("worker.outbox_republished", messages=len(pending))
             self._started = True
@@ -200,13 +200,22 @@ class Processor:
             outcome.reasons.append(letter.reason)
         outcome.dead_letters = len(dead)
 
-        await self.store.commit(commit)
+        try:
+            await self.store.commit(commit)
+        except Exception:
+            # The engines have applied a batch that is not durable: forget them, so that the
+            # redelivered messages are applied to engines rebuilt from the store, once.
+            for cluster in by_cluster:
+                self.engines.pop(cluster, None)
+                self.steps_taken.pop(cluster, None)
+                self.steps_at_snapshot.pop(cluster, None)
+            raise
         self.applied.update(commit.offsets)
         await self._publish_all(commit.outbox)
         for topic, message in commit.outbox:
             if topic == self.topics.decisions:
                 self.metrics.decisions.labels(message["kind"]).inc()
-        await self.store.clear_outbox(len(commit.outbox))
+        await self.store.clear_outbox(commit.outbox)
         return outcome
 
     async def _publish_all(self, outbox: list[tuple[str, dict]]) -> None:

@@ -254,3 +254,26 @@ def test_the_worker_runs_with_kafka_sasl_and_redis_auth_and_logs_no_secret(tmp_p
     text = log_path.read_text()
     assert "worker.start" in text and "***" in text, text[-2000:]
     assert redis_secret not in text and kafka_secret not in text
+
+
+def test_the_redis_store_commits_atomically_and_removes_exactly_the_published_outbox_entries():
+    from fairstream.state.store import BatchCommit, RedisStore, redis_client
+
+    async def scenario():
+        client = redis_client(REDIS)
+        store = RedisStore(client, prefix=f"t{uuid.uuid4().hex[:8]}")
+        try:
+            mine = ("allocations.decisions", {"id": "place:a@1.0", "cluster": "c", "time": 1.5})
+            theirs = ("events.deadletter", {"topic": "tasks.submitted", "reason": "malformed JSON: x"})
+            await store.commit(BatchCommit(steps={"c": [{"time": 1.0, "events": []}]}, offsets={"s:0": 7},
+                                           outbox=[theirs, mine], views={"c": {"quanta": {"A": "11.0"}}}))
+            await store.clear_outbox([mine])
+            return (await store.outbox(), await store.offsets(), await store.full_log("c"),
+                    await store.view("c", "quanta"), await store.clusters())
+        finally:
+            await client.aclose()
+
+    outbox, offsets, log, quanta, clusters = asyncio.run(scenario())
+    assert outbox == [("events.deadletter", {"topic": "tasks.submitted", "reason": "malformed JSON: x"})]
+    assert offsets == {"s:0": 7} and log == [{"time": 1.0, "events": []}]
+    assert quanta == {"A": 11.0} and clusters == ["c"]

@@ -230,3 +230,42 @@ def test_a_tenants_file_gives_the_worker_its_tree_and_a_bad_one_is_one_line(tmp_
     bad.write_text(json.dumps({"tenants": [{"id": "a", "parent": "nowhere"}]}))
     with pytest.raises(ModelError, match=r"tenants\[a\]\.parent: unknown tenant 'nowhere'"):
         load_scenario_tenants(str(bad))
+
+
+def test_a_failed_commit_leaves_nothing_half_applied_and_the_redelivery_is_applied_once():
+    class FlakyStore(MemoryStore):
+        fail = True
+
+        async def commit(self, batch):
+            if self.fail and batch.steps.get("c1") and len(batch.steps["c1"]) and any(
+                    e.get("task") == "t2" for s in batch.steps["c1"] for e in s["events"]):
+                self.fail = False
+                raise ConnectionError("redis went away")
+            await super().commit(batch)
+
+    store, wire = FlakyStore(), Wire()
+
+    async def scenario():
+        p = processor(store, wire)
+        await p.handle([wire.msg("heartbeat", heartbeat()), wire.msg("submitted", task("t1"))])
+        batch = [wire.msg("submitted", task("t2", time=1))]
+        with pytest.raises(ConnectionError):
+            await p.handle(batch)
+        await p.handle(batch)  # Kafka delivers the uncommitted message again
+        return sorted((await p.engine("c1")).tasks)
+
+    assert run(scenario()) == ["t1", "t2"]
+    assert [d["task"] for d in wire.decisions()] == ["t1", "t2"] and wire.dead() == []
+
+
+def test_clearing_the_outbox_removes_only_what_this_worker_published():
+    async def scenario():
+        store = MemoryStore()
+        from fairstream.state.store import BatchCommit
+
+        mine, theirs = ("allocations.decisions", {"id": "a"}), ("allocations.decisions", {"id": "b"})
+        await store.commit(BatchCommit(outbox=[theirs, mine]))
+        await store.clear_outbox([mine])
+        return await store.outbox()
+
+    assert run(scenario()) == [("allocations.decisions", {"id": "b"})]
