@@ -46,7 +46,7 @@ def _port_open(port: int) -> bool:
 
 
 async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int, tenants: int, hold: float,
-               policy: str, log_path: Path, retention: float) -> dict:
+               policy: str, log_path: Path, retention: float, batch_window: float) -> dict:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     app_id = f"bench{uuid.uuid4().hex[:8]}"
@@ -56,7 +56,7 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
         worker = subprocess.Popen(
             [sys.executable, "-m", "fairstream.cli", "worker", "--policy", policy, "--app-id", app_id,
              "--topic-prefix", app_id, "--broker", broker, "--redis", redis, "--metrics-port", "0",
-             "--max-lateness", "1e9", "--finished-retention", str(retention)], stdout=log, stderr=subprocess.STDOUT)
+             "--max-lateness", "1e9", "--finished-retention", str(retention), "--batch-window", str(batch_window)], stdout=log, stderr=subprocess.STDOUT)
     memory: list[tuple[float, float]] = []
     submitted_at: dict[str, int] = {}
     decided_at: dict[str, int] = {}
@@ -155,7 +155,8 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
     return {
         "benchmark": "stream",
         "setup": {"rate_target": rate, "duration_s": duration, "nodes": nodes, "tenants": tenants,
-                  "hold_s": hold, "policy": policy, "finished_retention_s": retention},
+                  "hold_s": hold, "policy": policy, "finished_retention_s": retention,
+                  "batch_window_s": batch_window},
         "input_events": sent_total,
         "decided": len(latencies),
         "undecided": len(wanted) - len(latencies),
@@ -168,10 +169,10 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
 
 def bench_stream(rate: float = 5000, duration: float = 60, nodes: int = 200, tenants: int = 100, hold: float = 2.0,
                  policy: str = "ltrf", broker: str | None = None, redis: str | None = None,
-                 retention: float = 3600.0) -> dict:
+                 retention: float = 3600.0, batch_window: float = 0.02) -> dict:
     broker = broker or os.environ.get("FAIRSTREAM_BROKER", "127.0.0.1:9092")
     redis = redis or os.environ.get("FAIRSTREAM_REDIS_URL", "redis://127.0.0.1:6379/0")
     if not (_port_open(int(broker.rsplit(":", 1)[1])) and _port_open(int(redis.rsplit(":", 1)[1].split("/")[0]))):
         raise ModelError("bench stream needs Kafka and Redis: run scripts/services.sh start")
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"fairstream-bench-worker-{os.getpid()}.log"
-    return asyncio.run(_run(broker, redis, rate, duration, nodes, tenants, hold, policy, log_path, retention))
+    return asyncio.run(_run(broker, redis, rate, duration, nodes, tenants, hold, policy, log_path, retention, batch_window))

@@ -229,7 +229,8 @@ def cmd_bench(args) -> int:
         from fairstream.bench_stream import bench_stream
 
         print(json.dumps(bench_stream(rate=args.rate, duration=args.duration, nodes=args.stream_nodes,
-                                      tenants=args.stream_tenants, retention=args.retention)))
+                                      tenants=args.stream_tenants, retention=args.retention,
+                                      batch_window=args.batch_window)))
         return 0
     from fairstream.bench import bench_engine
 
@@ -306,6 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--topic-prefix", default="", help="prefix every topic name with PREFIX.")
     worker.add_argument("--step-window", type=float, default=0.1,
                         help="events within this many seconds of event time make one scheduling step (0: exact times)")
+    worker.add_argument("--batch-window", type=float, default=0.02,
+                        help="seconds an agent waits to fill a batch (up to 500 messages) before processing it")
     worker.add_argument("--finished-retention", type=float, default=3600.0,
                         help="seconds of event time a finished task's id is remembered (duplicate detection)")
     worker.add_argument("--metrics-port", type=int, default=9464, help="Prometheus metrics on ADDRESS:PORT (0: off)")
@@ -357,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--stream-nodes", type=int, default=200)
     bench.add_argument("--stream-tenants", type=int, default=100)
     bench.add_argument("--retention", type=float, default=3600.0, help="stream: the worker's --finished-retention")
+    bench.add_argument("--batch-window", type=float, default=0.02, help="stream: the worker's --batch-window")
     bench.add_argument("--tenants", type=int, default=1000)
     bench.add_argument("--nodes", type=int, default=10000)
     bench.add_argument("--pending", type=int, default=100000)

@@ -56,6 +56,7 @@ def config_from_args(args) -> WorkerConfig:
         metrics_address=args.metrics_address,
         step_window=args.step_window,
         finished_retention=args.finished_retention,
+        batch_window=args.batch_window,
     )
 
 
