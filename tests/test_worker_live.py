@@ -210,15 +210,22 @@ def test_a_fb2009_sample_through_kafka_with_the_emulator_matches_the_simulator(t
         assert stored["usage:0"][tenant]["counted"] == pytest.approx(usage["counted"])
 
 
-def test_the_worker_runs_with_kafka_sasl_and_redis_auth_and_logs_no_secret(tmp_path, monkeypatch):
-    # Kafka: the SASL/PLAIN listener of scripts/services.sh. Redis: a second real server with a
-    # password, on a free port, for this test only.
+def test_the_worker_runs_with_kafka_sasl_and_redis_auth_over_tls_and_logs_no_secret(tmp_path, monkeypatch):
+    # Kafka: the SASL/PLAIN listener of scripts/services.sh. Redis: a second real server with
+    # TLS (a self-signed certificate made here) and a password, on a free port, for this test.
     redis_port = free_port()
     redis_secret, kafka_secret = "redis-test-secret", "fairstream-test-secret"
     redis_dir = tmp_path / "redis"
     redis_dir.mkdir()
-    redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--requirepass", redis_secret,
-                              "--save", "", "--dir", str(redis_dir)], stdout=subprocess.DEVNULL)
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    redis = subprocess.Popen(["redis-server", "--port", "0", "--tls-port", str(redis_port), "--tls-cert-file", str(cert),
+                              "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no",
+                              "--bind", "127.0.0.1", "--requirepass", redis_secret, "--save", "", "--dir", str(redis_dir)],
+                             stdout=subprocess.DEVNULL)
+    redis_url = f"rediss://:{redis_secret}@127.0.0.1:{redis_port}/0?ssl_ca_certs={cert}"
     env = {"FAIRSTREAM_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "FAIRSTREAM_KAFKA_SASL_MECHANISM": "PLAIN",
            "FAIRSTREAM_KAFKA_SASL_USERNAME": "fairstream", "FAIRSTREAM_KAFKA_SASL_PASSWORD": kafka_secret}
     for key, value in env.items():
@@ -230,7 +237,7 @@ def test_the_worker_runs_with_kafka_sasl_and_redis_auth_and_logs_no_secret(tmp_p
     with open(log_path, "w") as log:
         worker = subprocess.Popen(
             [sys.executable, "-m", "fairstream.cli", "worker", "--policy", "drf", "--app-id", app_id, "--topic-prefix", app_id,
-             "--broker", sasl_broker, "--redis", f"redis://:{redis_secret}@127.0.0.1:{redis_port}/0", "--metrics-port", "0"],
+             "--broker", sasl_broker, "--redis", redis_url, "--metrics-port", "0"],
             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         async def scenario():
@@ -250,6 +257,7 @@ def test_the_worker_runs_with_kafka_sasl_and_redis_auth_and_logs_no_secret(tmp_p
         worker.wait(20)
         redis.terminate()
         redis.wait(10)
+    # A decision is published only after its batch was committed to Redis: it crossed both.
     assert [d["task"] for d in decisions] == ["s1"]
     text = log_path.read_text()
     assert "worker.start" in text and "***" in text, text[-2000:]
