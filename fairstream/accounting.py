@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairstream.fairness import counted_allocation, normalised_usage, resource_shares
+from fairstream.fairness import counted_allocation, resource_shares
 from fairstream.model import ROOT
 from fairstream.tenants import TenantTree
 
@@ -402,32 +402,27 @@ class Accounting:
     def top_up(self, row: int, now: float) -> np.ndarray:
         return self.top_ups([row], now)[0]
 
-    def accumulated(self, row: int, now: float) -> np.ndarray:
-        """Counted accumulated usage vector in resource-seconds at ``now``, PAR excluded.
+    def accumulated_rows(self, rows: list[int] | None, now: float) -> np.ndarray:
+        """Counted accumulated usage in resource-seconds at ``now``, PAR excluded, one row per
+        tenant in ``rows`` (all if None): the round's integral plus the quantum top-up.
 
         ``now`` may lie after the last event (metrics sample between events): the allocation
         has been constant since, so the integral is extended to ``now``."""
-        usage = self.counted_usage[row] + self.top_up(row, now)
+        counted = self.counted_usage if rows is None else self.counted_usage[rows]
+        usage = counted + self.top_ups(rows, now)
         if self.clock is not None and now > self.clock:
-            since = counted_allocation(self.allocation[row], self.share[row], self.config.discount)
-            usage = usage + (now - self.clock) * since
+            allocation = self.allocation if rows is None else self.allocation[rows]
+            share = self.share if rows is None else self.share[rows]
+            usage += (now - self.clock) * counted_allocation(allocation, share, self.config.discount)
         return usage
-
-    def accumulated_all(self, now: float) -> np.ndarray:
-        """``accumulated`` for every tenant (rows), at the engine clock."""
-        return self.counted_usage + self.top_ups(None, now)
 
     def usage_keys(self, rows: list[int], now: float) -> list[float]:
         """``usage_key`` for many tenants at once (one vectorised normalisation)."""
         if not rows:
             return []
-        usage = self.counted_usage[rows] + self.top_ups(rows, now)
-        if self.clock is not None and now > self.clock:
-            usage += (now - self.clock) * counted_allocation(self.allocation[rows], self.share[rows], self.config.discount)
-        keys = resource_shares(usage, self.capacity, self.config.resource)
+        keys = resource_shares(self.accumulated_rows(rows, now), self.capacity, self.config.resource)
         return (keys + np.array([self.ledgers[r].pseudo_accumulated for r in rows])).tolist()
 
     def usage_key(self, row: int, now: float) -> float:
         """``f_i(t)`` as a scalar (unweighted): normalised accumulated usage plus PAR."""
-        usage = normalised_usage(self.accumulated(row, now), self.capacity, self.config.resource)
-        return usage + self.ledgers[row].pseudo_accumulated
+        return self.usage_keys([row], now)[0]

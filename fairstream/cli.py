@@ -16,23 +16,20 @@ from pathlib import Path
 from fairstream.model import ModelError
 
 
+def _trace_options(args) -> dict:
+    """The loader options the command line gave for this trace format (None: the default)."""
+    keys = {"swim": ("limit", "nodes", "tenants"), "google": ("limit", "nodes", "users")}[args.format]
+    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+
+
 def _scenario_from_args(args):
     from fairstream.scenario import load_scenario
     from fairstream.traces import load_trace
 
     if args.trace:
-        options = {}
-        for key in ("limit", "tenants", "users", "nodes"):
-            value = getattr(args, key, None)
-            if value is not None:
-                options[key] = value
         if args.format is None:
             raise ModelError("--trace needs --format swim|google")
-        if args.format == "google":
-            options.pop("tenants", None)
-        else:
-            options.pop("users", None)
-        scenario = load_trace(args.trace, args.format, **options)
+        scenario = load_trace(args.trace, args.format, **_trace_options(args))
         if args.scenario:  # the cluster (nodes, tenant tree) comes from a scenario file
             cluster = load_scenario(args.scenario)
             scenario.nodes, scenario.resources = cluster.nodes, cluster.resources
@@ -74,16 +71,18 @@ def cmd_simulate(args) -> int:
 def _replay_events(args) -> int:
     """``simulate --events FILE``: replay a worker's recorded input (one JSON step per line:
     ``{"time", "events"}``) through a fresh engine; writes the decisions it takes."""
-    from fairstream.engine import Engine
     from fairstream.events import event_from_json
-    from fairstream.model import ResourceSpace
     from fairstream.policies.base import parse_param_pairs
+    from fairstream.streams.app import WorkerConfig
     from fairstream.streams.run import load_scenario_tenants
-    from fairstream.tenants import TenantTree
 
-    tree = load_scenario_tenants(args.tenants_file) if args.tenants_file else TenantTree.from_specs([])
-    engine = Engine(ResourceSpace(tuple(args.resources.split(","))), tree, args.policy, parse_param_pairs(args.param),
-                    finished_retention=args.finished_retention)
+    # The engine the worker builds from the same options: equivalence depends on it.
+    engine = WorkerConfig(
+        policy=args.policy, params=parse_param_pairs(args.param),
+        resources=tuple(r.strip() for r in args.resources.split(",") if r.strip()),
+        tenants=load_scenario_tenants(args.tenants_file) if args.tenants_file else None,
+        finished_retention=args.finished_retention,
+    ).make_engine()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     decisions = 0
@@ -165,10 +164,7 @@ def _workload(args):
 
     if args.format == "scenario":
         return load_scenario(args.trace)
-    options = {k: getattr(args, k) for k in ("limit", "nodes") if getattr(args, k, None) is not None}
-    if args.format == "swim" and args.tenants is not None:
-        options["tenants"] = args.tenants
-    return load_trace(args.trace, args.format, **options)
+    return load_trace(args.trace, args.format, **_trace_options(args))
 
 
 def cmd_replay(args) -> int:

@@ -169,7 +169,7 @@ class Engine:
         free = self.capacity - self.used
         free[~self.alive] = -1.0
         names = [ledger.name for ledger in acc.ledgers]
-        accumulated = acc.accumulated_all(now)
+        accumulated = acc.accumulated_rows(None, now)
         return Snapshot(
             time=now,
             resources=self.resources,

@@ -20,6 +20,7 @@ the engine ends exactly where it was).
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import pickle
 import time
@@ -294,8 +295,6 @@ def _cluster_of(message: dict) -> str:
     original = message.get("original")
     if isinstance(original, str):
         try:
-            import json
-
             doc = json.loads(original)
             if isinstance(doc, dict) and isinstance(doc.get("cluster"), str):
                 return doc["cluster"]
@@ -315,7 +314,6 @@ def views(engine: Engine, tenants: set[str] | None = None, nodes: set[str] | Non
     """Readable state for operators: accumulated usage per tenant in the current round (as of
     the tenant's last event or decision), quanta, and the node registry (JSON strings per
     field); only for ``tenants`` and ``nodes`` if given."""
-    import json
 
     acc = engine.accounting
     now = engine.time or 0.0
