@@ -399,9 +399,6 @@ class Accounting:
             self._quanta_key = key
         return self._quanta
 
-    def top_up(self, row: int, now: float) -> np.ndarray:
-        return self.top_ups([row], now)[0]
-
     def accumulated_rows(self, rows: list[int] | None, now: float) -> np.ndarray:
         """Counted accumulated usage in resource-seconds at ``now``, PAR excluded, one row per
         tenant in ``rows`` (all if None): the round's integral plus the quantum top-up.

@@ -362,13 +362,5 @@ class Engine:
         self.accounting.set_shares(total, self.tree.effective_share)
         self._shares_stale = False
 
-    # ---------------------------------------------------------------- queries
-
-    def running_tasks(self) -> list[Task]:
-        return [t for t in self.tasks.values() if t.state is TaskState.RUNNING]
-
-    def node_usage(self) -> dict[str, np.ndarray]:
-        return {n.id: self.used[i].copy() for i, n in enumerate(self.nodes)}
-
 
 __all__ = ["Engine", "EventRejected", "PolicyViolation", "StepResult", "CompletionStatus"]
