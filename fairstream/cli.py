@@ -68,6 +68,17 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+def positive_seconds(text: str) -> float:
+    """An argparse type: a number of seconds above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0 seconds, got {text}")
+    return value
+
+
 def _replay_events(args) -> int:
     """``simulate --events FILE``: replay a worker's recorded input (one JSON step per line:
     ``{"time", "events"}``) through a fresh engine; writes the decisions it takes."""
@@ -76,13 +87,22 @@ def _replay_events(args) -> int:
     from fairstream.streams.app import WorkerConfig
     from fairstream.streams.run import load_scenario_tenants
 
-    # The engine the worker builds from the same options: equivalence depends on it.
-    engine = WorkerConfig(
-        policy=args.policy, params=parse_param_pairs(args.param),
-        resources=tuple(r.strip() for r in args.resources.split(",") if r.strip()),
-        tenants=load_scenario_tenants(args.tenants_file) if args.tenants_file else None,
-        finished_retention=args.finished_retention,
-    ).make_engine()
+    # The engine the worker builds from the same options (equivalence depends on it), or the
+    # checkpoint the retained log starts from.
+    if args.snapshot:
+        import pickle
+
+        try:
+            engine = pickle.loads(Path(args.snapshot).read_bytes())
+        except (OSError, pickle.UnpicklingError, EOFError) as exc:
+            raise ModelError(f"--snapshot {args.snapshot}: not an engine snapshot ({exc})") from None
+    else:
+        engine = WorkerConfig(
+            policy=args.policy, params=parse_param_pairs(args.param),
+            resources=tuple(r.strip() for r in args.resources.split(",") if r.strip()),
+            tenants=load_scenario_tenants(args.tenants_file) if args.tenants_file else None,
+            finished_retention=args.finished_retention,
+        ).make_engine()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     decisions = 0
@@ -136,25 +156,32 @@ def cmd_tail(args) -> int:
 
 
 def cmd_export_log(args) -> int:
-    """Write a cluster's recorded input from Redis, one step per line (for ``simulate --events``)."""
+    """Write a cluster's recorded input from Redis, one step per line (for ``simulate --events``),
+    and, when ``--log-retention`` trimmed the log's head, the engine it starts from."""
     import asyncio
 
     from fairstream.state.store import RedisStore, redis_client
 
-    async def run() -> list[dict]:
+    async def run():
         client = redis_client(args.redis)
         try:
             return await RedisStore(client, prefix=args.app_id).full_log(args.cluster)
         finally:
             await client.aclose()
 
-    steps = asyncio.run(run())
-    text = "".join(json.dumps(step, separators=(",", ":")) + "\n" for step in steps)
+    retained = asyncio.run(run())
+    if retained.base_steps and not args.snapshot_out:
+        raise ModelError(f"the log of cluster {args.cluster} starts at step {retained.base_steps} (older steps were "
+                         "trimmed by --log-retention): pass --snapshot-out FILE for the engine it starts from")
+    text = "".join(json.dumps(step, separators=(",", ":")) + "\n" for step in retained.steps)
     if args.out == "-":
         sys.stdout.write(text)
     else:
         Path(args.out).write_text(text)
-    print(json.dumps({"cluster": args.cluster, "steps": len(steps)}), file=sys.stderr)
+    if retained.base_steps:
+        Path(args.snapshot_out).write_bytes(retained.base_snapshot)
+    print(json.dumps({"cluster": args.cluster, "steps": len(retained.steps), "base_steps": retained.base_steps}),
+          file=sys.stderr)
     return 0
 
 
@@ -259,6 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--resources", default="cpu,mem", help="with --events: resource names (default cpu,mem)")
     sim.add_argument("--tenants-file", dest="tenants_file", help="with --events: the worker's --tenants file")
     sim.add_argument("--cluster", help="with --events: cluster id to stamp on the decisions")
+    sim.add_argument("--snapshot", help="with --events: the engine the log starts from (export-log --snapshot-out); "
+                                        "a pickle, so only load one you exported from your own Redis")
     sim.add_argument("--finished-retention", type=float, default=3600.0, help="with --events: the worker's --finished-retention")
     sim.add_argument("--policy", required=True)
     sim.add_argument("--param", action="append", metavar="NAME=VALUE", help="policy parameter (repeatable)")
@@ -309,6 +338,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds of event time a finished task's id is remembered (duplicate detection)")
     worker.add_argument("--metrics-port", type=int, default=9464, help="Prometheus metrics on ADDRESS:PORT (0: off)")
     worker.add_argument("--metrics-address", default="127.0.0.1", help="address of the metrics endpoint (0.0.0.0 in containers)")
+    worker.add_argument("--log-retention", type=positive_seconds, default=None,
+                        help="seconds of event time of input log kept in Redis (default: all); older steps are "
+                             "trimmed to a checkpoint that export-log --snapshot-out writes")
+    worker.add_argument("--data-dir", default=None,
+                        help="Faust's local directory (default: <tmp>/fairstream-faust/<app-id>; no state of ours is kept there)")
     worker.set_defaults(func=cmd_worker)
 
     publish = sub.add_parser("publish", help="send JSON events from stdin (one per line) to a topic")
@@ -347,6 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--redis", default=env_redis)
     export.add_argument("--app-id", default="fairstream")
     export.add_argument("--out", default="-")
+    export.add_argument("--snapshot-out", help="where to write the engine the kept log starts from, when "
+                                               "--log-retention trimmed its head (for simulate --events --snapshot)")
     export.set_defaults(func=cmd_export_log)
 
     bench = sub.add_parser("bench", parents=[progress], help="benchmarks (JSON on stdout)")

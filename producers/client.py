@@ -22,10 +22,29 @@ from typing import Any, AsyncIterator
 from fairstream.streams.processor import Topics
 
 
+def kafka_ssl_context():
+    """The TLS context for Kafka from ``FAIRSTREAM_KAFKA_*`` variables, or None when TLS is off.
+
+    TLS is on when the security protocol ends in ``SSL`` or a CA file is given. The broker's
+    certificate is verified against ``SSL_CAFILE`` (the system's CAs without it); for mutual TLS
+    ``SSL_CERTFILE`` and ``SSL_KEYFILE`` (optionally ``SSL_KEY_PASSWORD``) give the client's own.
+    """
+    import os
+    import ssl
+
+    env = os.environ
+    if not (env.get("FAIRSTREAM_KAFKA_SSL_CAFILE") or env.get("FAIRSTREAM_KAFKA_SECURITY_PROTOCOL", "").endswith("SSL")):
+        return None
+    context = ssl.create_default_context(cafile=env.get("FAIRSTREAM_KAFKA_SSL_CAFILE"))
+    if env.get("FAIRSTREAM_KAFKA_SSL_CERTFILE"):
+        context.load_cert_chain(env["FAIRSTREAM_KAFKA_SSL_CERTFILE"], env.get("FAIRSTREAM_KAFKA_SSL_KEYFILE"),
+                                env.get("FAIRSTREAM_KAFKA_SSL_KEY_PASSWORD"))
+    return context
+
+
 def kafka_security(options: dict[str, Any] | None = None) -> dict[str, Any]:
     """aiokafka security settings from ``FAIRSTREAM_KAFKA_*`` environment variables (see README)."""
     import os
-    import ssl
 
     env = os.environ
     out: dict[str, Any] = dict(options or {})
@@ -36,8 +55,9 @@ def kafka_security(options: dict[str, Any] | None = None) -> dict[str, Any]:
         out["sasl_mechanism"] = env["FAIRSTREAM_KAFKA_SASL_MECHANISM"]
         out["sasl_plain_username"] = env.get("FAIRSTREAM_KAFKA_SASL_USERNAME")
         out["sasl_plain_password"] = env.get("FAIRSTREAM_KAFKA_SASL_PASSWORD")
-    if env.get("FAIRSTREAM_KAFKA_SSL_CAFILE") or (protocol or "").endswith("SSL"):
-        out["ssl_context"] = ssl.create_default_context(cafile=env.get("FAIRSTREAM_KAFKA_SSL_CAFILE"))
+    context = kafka_ssl_context()
+    if context is not None:
+        out["ssl_context"] = context
     return out
 
 
@@ -69,7 +89,11 @@ class Publisher:
         self.producer = AIOKafkaProducer(bootstrap_servers=broker, **kafka_security(kafka_options))
 
     async def __aenter__(self) -> "Publisher":
-        await self.producer.start()
+        try:
+            await self.producer.start()
+        except BaseException:
+            await self.producer.stop()  # a failed start (refused, untrusted broker) leaves nothing open
+            raise
         return self
 
     async def __aexit__(self, *exc) -> None:

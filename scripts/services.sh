@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Real services for the streaming worker and its tests, on loopback:
 #   Apache Kafka 3.9.1, KRaft, one combined broker+controller on 127.0.0.1:9092
-#   (plus a SASL/PLAIN listener on 127.0.0.1:9094, user "fairstream", for the security tests)
+#   plus, for the security tests: SASL_PLAINTEXT on 127.0.0.1:9094 (SASL/PLAIN, user "fairstream"),
+#   SSL on 127.0.0.1:9095 (mutual TLS: clients present a certificate) and SASL_SSL on 127.0.0.1:9096,
+#   with a throw-away certificate authority made here (.services/kafka/tls/ca.pem, client.pem, client.key)
 #   Redis on 127.0.0.1:6379
 # Usage: scripts/services.sh start|stop|status
 # `start` is idempotent: it installs what is missing (Kafka's jars from Maven Central with mvn,
@@ -17,6 +19,10 @@ KAFKA_PORT="${FAIRSTREAM_KAFKA_PORT:-9092}"
 CONTROLLER_PORT="${FAIRSTREAM_KAFKA_CONTROLLER_PORT:-9093}"
 REDIS_PORT="${FAIRSTREAM_REDIS_PORT:-6379}"
 SASL_PORT="${FAIRSTREAM_KAFKA_SASL_PORT:-9094}"   # SASL/PLAIN listener, for the security tests
+SSL_PORT="${FAIRSTREAM_KAFKA_SSL_PORT:-9095}"     # mutual-TLS listener, for the security tests
+SASL_SSL_PORT="${FAIRSTREAM_KAFKA_SASL_SSL_PORT:-9096}"  # SASL/PLAIN over TLS, for the security tests
+tls_dir="$kafka_dir/tls"
+TLS_PASS="fairstream-test-keystore"  # protects a throw-away test keystore, nothing else
 
 log() { echo "services: $*" >&2; }
 
@@ -37,6 +43,7 @@ apt_install() {
 ensure_tools() {
   command -v redis-server >/dev/null || { log "installing redis-server"; apt_install redis-server; }
   command -v kcat >/dev/null || { log "installing kcat"; apt_install kcat; }
+  command -v openssl >/dev/null || { log "installing openssl"; apt_install openssl; }
   command -v java >/dev/null || { log "installing a Java runtime"; apt_install openjdk-17-jre-headless; }
   if [ ! -f "$kafka_dir/libs/.complete" ]; then
     command -v mvn >/dev/null || { log "installing maven"; apt_install maven; }
@@ -58,22 +65,54 @@ start_redis() {
   log "redis did not start (see $redis_dir/redis.log)"; exit 1
 }
 
+# A certificate authority, a broker certificate for 127.0.0.1 and a client certificate, all
+# self-made for the tests; the broker keeps its key in a PKCS#12 keystore and trusts the CA's PEM.
+make_tls() {
+  [ -f "$tls_dir/.complete" ] && return
+  mkdir -p "$tls_dir"
+  (
+    cd "$tls_dir"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=fairstream test CA" \
+      -keyout ca.key -out ca.pem 2>/dev/null
+    for who in broker client; do
+      openssl req -newkey rsa:2048 -nodes -subj "/CN=fairstream-$who" -keyout "$who.key" -out "$who.csr" 2>/dev/null
+      printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$who.ext"
+      openssl x509 -req -in "$who.csr" -CA ca.pem -CAkey ca.key -CAcreateserial -days 3650 \
+        -extfile "$who.ext" -out "$who.pem" 2>/dev/null
+    done
+    openssl pkcs12 -export -in broker.pem -inkey broker.key -certfile ca.pem -name broker \
+      -out broker.p12 -passout "pass:$TLS_PASS"
+  )
+  touch "$tls_dir/.complete"
+}
+
 start_kafka() {
   if port_open "$KAFKA_PORT"; then
-    port_open "$SASL_PORT" || log "warning: kafka on $KAFKA_PORT has no SASL listener on $SASL_PORT (started elsewhere?)"
+    for port in "$SASL_PORT" "$SSL_PORT" "$SASL_SSL_PORT"; do
+      port_open "$port" || log "warning: kafka on $KAFKA_PORT has no listener on $port (started elsewhere? restart it with: $0 stop && $0 start)"
+    done
     log "kafka already answering on $KAFKA_PORT"; return
   fi
   mkdir -p "$kafka_dir/data"
+  make_tls
   cat >"$kafka_dir/server.properties" <<EOF
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT,SASL_PLAINTEXT://127.0.0.1:$SASL_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$SASL_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT,SASL_PLAINTEXT://127.0.0.1:$SASL_PORT,SSL://127.0.0.1:$SSL_PORT,SASL_SSL://127.0.0.1:$SASL_SSL_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$SASL_PORT,SSL://127.0.0.1:$SSL_PORT,SASL_SSL://127.0.0.1:$SASL_SSL_PORT
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL
 sasl.enabled.mechanisms=PLAIN
 listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" password="admin-secret" user_admin="admin-secret" user_fairstream="fairstream-test-secret";
+listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" password="admin-secret" user_admin="admin-secret" user_fairstream="fairstream-test-secret";
+ssl.keystore.type=PKCS12
+ssl.keystore.location=$tls_dir/broker.p12
+ssl.keystore.password=$TLS_PASS
+ssl.key.password=$TLS_PASS
+ssl.truststore.type=PEM
+ssl.truststore.location=$tls_dir/ca.pem
+listener.name.ssl.ssl.client.auth=required
 inter.broker.listener.name=PLAINTEXT
 log.dirs=$kafka_dir/data
 num.partitions=4
@@ -101,7 +140,9 @@ EOF
   nohup java "${java_opts[@]}" kafka.Kafka "$kafka_dir/server.properties" >"$kafka_dir/stdout.log" 2>&1 &
   echo $! >"$kafka_dir/kafka.pid"
   for _ in $(seq 1 600); do
-    if port_open "$KAFKA_PORT" && port_open "$SASL_PORT"; then log "kafka up on $KAFKA_PORT (SASL/PLAIN on $SASL_PORT)"; return; fi
+    if port_open "$KAFKA_PORT" && port_open "$SASL_PORT" && port_open "$SSL_PORT" && port_open "$SASL_SSL_PORT"; then
+      log "kafka up on $KAFKA_PORT (SASL/PLAIN on $SASL_PORT, mutual TLS on $SSL_PORT, SASL over TLS on $SASL_SSL_PORT)"; return
+    fi
     kill -0 "$(cat "$kafka_dir/kafka.pid")" 2>/dev/null || break
     sleep 0.1
   done
@@ -110,11 +151,12 @@ EOF
 }
 
 stop_one() {
-  local name="$1" pidfile="$2"
-  if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-    kill "$(cat "$pidfile")"
-    for _ in $(seq 1 100); do kill -0 "$(cat "$pidfile")" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$(cat "$pidfile")" 2>/dev/null || true
+  local name="$1" pidfile="$2" pid
+  pid="$(cat "$pidfile" 2>/dev/null || true)"  # read once: redis removes its own pidfile on exit
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    kill "$pid"
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
     log "$name stopped"
   fi
   rm -f "$pidfile"

@@ -6,6 +6,10 @@ fully determined by the ordered input it applied. We store
 - the **input log**: every step the engine took, ``{"time", "events"}``, in order;
 - an occasional **snapshot** of the engine (pickled) with the number of log steps it includes,
   so recovery replays only the log's tail;
+- with a log retention (``fairstream worker --log-retention``), a few **checkpoints** (engine
+  snapshots kept with their step number and event time): the log's head is trimmed up to the
+  newest checkpoint older than the retention, which becomes the **base** the retained log
+  replays from (``export-log --snapshot-out``);
 - the **offsets** of the input messages already applied (per topic and partition), so
   messages that Kafka delivers again after a crash are skipped;
 - the **outbox**: decisions and dead letters written before they are published, so a crash
@@ -31,6 +35,28 @@ class ClusterRecord:
     snapshot: bytes | None = None
     snapshot_steps: int = 0  # how many log steps the snapshot already includes
     log: list[dict] = field(default_factory=list)  # steps after the snapshot
+    log_base: int = 0  # steps trimmed from the log's head (the first kept step's number)
+    checkpoints: list[tuple[int, float]] = field(default_factory=list)  # (steps, event time), oldest first
+
+
+@dataclass
+class Trim:
+    """Drop the log's steps before ``new_base`` (the step number of a kept checkpoint) and the
+    checkpoints before it."""
+
+    old_base: int
+    new_base: int
+    dropped_checkpoints: list[int]
+
+
+@dataclass
+class RetainedLog:
+    """What ``full_log`` returns: the retained steps and, when the head was trimmed, the engine
+    snapshot they start from (None: they start from a fresh engine)."""
+
+    steps: list[dict]
+    base_steps: int = 0
+    base_snapshot: bytes | None = None
 
 
 @dataclass
@@ -42,6 +68,8 @@ class BatchCommit:
     offsets: dict[str, int] = field(default_factory=dict)  # "topic:partition" -> next offset to apply
     outbox: list[tuple[str, dict]] = field(default_factory=list)  # (topic, message)
     views: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # cluster -> view -> field -> json
+    checkpoints: dict[str, tuple[int, float, bytes]] = field(default_factory=dict)  # cluster -> (steps, time, engine)
+    trims: dict[str, Trim] = field(default_factory=dict)  # cluster -> log head to drop
 
 
 class StateStore(Protocol):
@@ -52,7 +80,7 @@ class StateStore(Protocol):
     async def outbox(self) -> list[tuple[str, dict]]: ...
     async def clear_outbox(self, published: list[tuple[str, dict]]) -> None: ...
     async def view(self, cluster: str, name: str) -> dict[str, Any]: ...
-    async def full_log(self, cluster: str) -> list[dict]: ...
+    async def full_log(self, cluster: str) -> RetainedLog: ...
 
 
 class MemoryStore:
@@ -64,13 +92,17 @@ class MemoryStore:
         self._offsets: dict[str, int] = {}
         self._outbox: list[tuple[str, dict]] = []
         self._views: dict[str, dict[str, dict[str, str]]] = {}
+        self._log_base: dict[str, int] = {}
+        self._checkpoints: dict[str, dict[int, tuple[float, bytes]]] = {}
 
     async def clusters(self) -> list[str]:
         return sorted(self._log)
 
     async def load(self, cluster: str) -> ClusterRecord:
         snapshot, steps = self._snapshots.get(cluster, (None, 0))
-        return ClusterRecord(snapshot, steps, list(self._log.get(cluster, [])[steps:]))
+        base = self._log_base.get(cluster, 0)
+        points = sorted((s, t) for s, (t, _) in self._checkpoints.get(cluster, {}).items())
+        return ClusterRecord(snapshot, steps, list(self._log.get(cluster, [])[steps - base:]), base, points)
 
     async def offsets(self) -> dict[str, int]:
         return dict(self._offsets)
@@ -84,6 +116,13 @@ class MemoryStore:
         for cluster, views in batch.views.items():
             for name, fields in views.items():
                 self._views.setdefault(cluster, {}).setdefault(name, {}).update(fields)
+        for cluster, (steps, time, blob) in batch.checkpoints.items():
+            self._checkpoints.setdefault(cluster, {})[steps] = (time, blob)
+        for cluster, trim in batch.trims.items():
+            del self._log[cluster][: trim.new_base - trim.old_base]
+            self._log_base[cluster] = trim.new_base
+            for steps in trim.dropped_checkpoints:
+                self._checkpoints[cluster].pop(steps, None)
 
     async def outbox(self) -> list[tuple[str, dict]]:
         return list(self._outbox)
@@ -96,15 +135,18 @@ class MemoryStore:
     async def view(self, cluster: str, name: str) -> dict[str, Any]:
         return {k: json.loads(v) for k, v in self._views.get(cluster, {}).get(name, {}).items()}
 
-    async def full_log(self, cluster: str) -> list[dict]:
-        return list(self._log.get(cluster, []))
+    async def full_log(self, cluster: str) -> RetainedLog:
+        base = self._log_base.get(cluster, 0)
+        blob = self._checkpoints.get(cluster, {}).get(base, (0.0, None))[1] if base else None
+        return RetainedLog(list(self._log.get(cluster, [])), base, blob)
 
 
 class RedisStore:
     """The same state in Redis (``redis.asyncio``); keys under ``{prefix}:``.
 
     ``{p}:clusters`` set; per cluster ``{p}:c:{cluster}:log`` list of JSON steps,
-    ``:snapshot`` bytes, ``:snapshot_steps`` int, ``:view:{name}`` hashes;
+    ``:log_base`` int (steps trimmed from its head), ``:snapshot`` bytes, ``:snapshot_steps`` int,
+    ``:checkpoints`` hash steps -> event time, ``:checkpoint:{steps}`` bytes, ``:view:{name}`` hashes;
     ``{p}:offsets`` hash; ``{p}:outbox`` list of JSON ``[topic, message]``.
     """
 
@@ -122,10 +164,13 @@ class RedisStore:
         pipe = self.redis.pipeline(transaction=True)
         pipe.get(self._key("c", cluster, "snapshot"))
         pipe.get(self._key("c", cluster, "snapshot_steps"))
-        snapshot, steps = await pipe.execute()
-        steps = int(steps or 0)
-        log = await self.redis.lrange(self._key("c", cluster, "log"), steps, -1)
-        return ClusterRecord(snapshot, steps, [json.loads(s) for s in log])
+        pipe.get(self._key("c", cluster, "log_base"))
+        pipe.hgetall(self._key("c", cluster, "checkpoints"))
+        snapshot, steps, base, points = await pipe.execute()
+        steps, base = int(steps or 0), int(base or 0)
+        log = await self.redis.lrange(self._key("c", cluster, "log"), steps - base, -1)
+        checkpoints = sorted((int(s), float(t)) for s, t in points.items())
+        return ClusterRecord(snapshot, steps, [json.loads(s) for s in log], base, checkpoints)
 
     async def offsets(self) -> dict[str, int]:
         raw = await self.redis.hgetall(self._key("offsets"))
@@ -148,6 +193,16 @@ class RedisStore:
             for name, fields in views.items():
                 if fields:
                     pipe.hset(self._key("c", cluster, "view", name), mapping=fields)
+        for cluster, (steps, time, blob) in batch.checkpoints.items():
+            pipe.set(self._key("c", cluster, "checkpoint", str(steps)), blob)
+            pipe.hset(self._key("c", cluster, "checkpoints"), str(steps), repr(time))
+        for cluster, trim in batch.trims.items():
+            # After this batch's RPUSH, in the same transaction: the head goes, the tail stays.
+            pipe.ltrim(self._key("c", cluster, "log"), trim.new_base - trim.old_base, -1)
+            pipe.set(self._key("c", cluster, "log_base"), trim.new_base)
+            for steps in trim.dropped_checkpoints:
+                pipe.delete(self._key("c", cluster, "checkpoint", str(steps)))
+                pipe.hdel(self._key("c", cluster, "checkpoints"), str(steps))
         await pipe.execute()
 
     async def outbox(self) -> list[tuple[str, dict]]:
@@ -167,8 +222,21 @@ class RedisStore:
         raw = await self.redis.hgetall(self._key("c", cluster, "view", name))
         return {k.decode(): json.loads(v) for k, v in raw.items()}
 
-    async def full_log(self, cluster: str) -> list[dict]:
-        return [json.loads(s) for s in await self.redis.lrange(self._key("c", cluster, "log"), 0, -1)]
+    async def full_log(self, cluster: str) -> RetainedLog:
+        while True:
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.get(self._key("c", cluster, "log_base"))
+            pipe.lrange(self._key("c", cluster, "log"), 0, -1)
+            base, steps = await pipe.execute()
+            base = int(base or 0)
+            if not base:
+                return RetainedLog([json.loads(s) for s in steps])
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.get(self._key("c", cluster, "log_base"))
+            pipe.get(self._key("c", cluster, "checkpoint", str(base)))
+            base_now, blob = await pipe.execute()
+            if int(base_now or 0) == base and blob is not None:  # else a worker trimmed in between: read again
+                return RetainedLog([json.loads(s) for s in steps], base, blob)
 
 
 def redis_client(url: str, **options):

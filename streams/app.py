@@ -43,9 +43,21 @@ class WorkerConfig:
     max_bytes: int = 64 * 1024
     step_window: float = 0.1  # seconds of event time gathered into one scheduling step
     finished_retention: float = 3600.0  # seconds of event time finished task ids are remembered
+    log_retention: float = math.inf  # seconds of event time of input log kept in the store
     metrics_port: int = 9464  # 0: no metrics endpoint
     metrics_address: str = "127.0.0.1"
     kafka_options: dict = field(default_factory=dict)  # security settings passed to Faust
+    # Faust's local directory; it holds nothing of ours (state is in Redis), so by default it
+    # goes to the temporary directory rather than "<app-id>-data" in the working directory.
+    data_dir: str | None = None
+
+    def faust_data_dir(self) -> str:
+        import tempfile
+        from pathlib import Path
+
+        path = Path(self.data_dir) if self.data_dir else Path(tempfile.gettempdir()) / "fairstream-faust" / self.app_id
+        path.parent.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
+        return str(path)
 
     def make_engine(self) -> Engine:
         tree = TenantTree.from_specs(list(self.tenants.specs.values())) if self.tenants else TenantTree.from_specs([])
@@ -66,6 +78,7 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         topic_partitions=config.partitions,
         topic_allow_declare=True,
         consumer_auto_offset_reset="earliest",
+        datadir=config.faust_data_dir(),
         **config.kafka_options,
         **app_options,
     )
@@ -83,6 +96,7 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
     processor = Processor(
         store, config.make_engine, publish, config.topics, max_lateness=config.max_lateness,
         node_timeout=config.node_timeout, snapshot_every=config.snapshot_every, max_bytes=config.max_bytes,
+        log_retention=config.log_retention,
         step_window=config.step_window,
     )
 

@@ -32,7 +32,7 @@ import structlog
 from fairstream.engine import Engine
 from fairstream.events import BadInput, DeadLetter, decision_message, decode, event_from_json, event_to_json
 from fairstream.model import Event, NodeLost, TaskSubmitted
-from fairstream.state.store import BatchCommit, StateStore
+from fairstream.state.store import BatchCommit, StateStore, Trim
 
 log = structlog.get_logger("fairstream.worker")
 
@@ -94,6 +94,7 @@ class Processor:
         max_bytes: int = 64 * 1024,
         metrics=None,
         step_window: float = 0.0,
+        log_retention: float = math.inf,
     ) -> None:
         from fairstream.streams.metrics import WorkerMetrics
 
@@ -107,7 +108,10 @@ class Processor:
         self.snapshot_every = snapshot_every
         self.max_bytes = max_bytes
         self.step_window = step_window
+        self.log_retention = log_retention
         self.engines: dict[str, Engine] = {}
+        self.log_base: dict[str, int] = {}
+        self.checkpoints: dict[str, list[tuple[int, float]]] = {}
         self.steps_taken: dict[str, int] = {}
         self.steps_at_snapshot: dict[str, int] = {}
         self.applied: dict[str, int] = {}
@@ -131,10 +135,33 @@ class Processor:
         """Drop cached engines and offsets (partitions were revoked: another worker may now
         append to these clusters' logs); they are reloaded from the store when next needed."""
         async with self._lock:
-            self.engines.clear()
-            self.steps_taken.clear()
-            self.steps_at_snapshot.clear()
+            for cluster in list(self.engines):
+                self._drop(cluster)
             self._started = False
+
+    def _drop(self, cluster: str) -> None:
+        for cache in (self.engines, self.steps_taken, self.steps_at_snapshot, self.log_base, self.checkpoints):
+            cache.pop(cluster, None)
+
+    def _retain(self, cluster: str, now: float, blob: bytes, commit: BatchCommit) -> None:
+        """Bound the input log to about ``log_retention`` seconds of event time.
+
+        A snapshot becomes a checkpoint when the last one is a quarter of the retention old;
+        the log's head is trimmed up to the newest checkpoint at least the retention old, which
+        becomes the base the kept log replays from. So between R and 1.25 R of the log is kept
+        (R = ``log_retention``), with at most about five checkpoints in the store."""
+        points = self.checkpoints[cluster]
+        steps = self.steps_at_snapshot[cluster]
+        if not points or now - points[-1][1] >= self.log_retention / 4:
+            points.append((steps, now))
+            commit.checkpoints[cluster] = (steps, now, blob)
+        old_enough = [point for point in points if point[1] <= now - self.log_retention]
+        if old_enough and old_enough[-1][0] > self.log_base[cluster]:
+            new_base = old_enough[-1][0]
+            dropped = [s for s, _ in points if s < new_base]
+            commit.trims[cluster] = Trim(self.log_base[cluster], new_base, dropped)
+            self.log_base[cluster] = new_base
+            self.checkpoints[cluster] = [point for point in points if point[0] >= new_base]
 
     async def engine(self, cluster: str) -> Engine:
         engine = self.engines.get(cluster)
@@ -145,6 +172,8 @@ class Processor:
                 engine.step(step["time"], [event_from_json(e) for e in step["events"]])
             self.engines[cluster] = engine
             self.steps_taken[cluster] = self.steps_at_snapshot[cluster] = record.snapshot_steps + len(record.log)
+            self.log_base[cluster] = record.log_base
+            self.checkpoints[cluster] = list(record.checkpoints)
             if record.snapshot or record.log:
                 log.info("worker.cluster_recovered", cluster=cluster, snapshot_steps=record.snapshot_steps,
                          replayed_steps=len(record.log))
@@ -190,8 +219,11 @@ class Processor:
             commit.views[cluster] = views(engine, touched, touched_nodes(steps, decisions))
             self.steps_taken[cluster] += len(steps)
             if self.steps_taken[cluster] - self.steps_at_snapshot[cluster] >= self.snapshot_every:
-                commit.snapshots[cluster] = (pickle.dumps(engine), self.steps_taken[cluster])
+                blob = pickle.dumps(engine)
+                commit.snapshots[cluster] = (blob, self.steps_taken[cluster])
                 self.steps_at_snapshot[cluster] = self.steps_taken[cluster]
+                if math.isfinite(self.log_retention):
+                    self._retain(cluster, engine.time or 0.0, blob, commit)
 
         for letter in dead:
             log.warning("worker.dead_letter", topic=letter.topic, partition=letter.partition,
@@ -207,9 +239,7 @@ class Processor:
             # The engines have applied a batch that is not durable: forget them, so that the
             # redelivered messages are applied to engines rebuilt from the store, once.
             for cluster in by_cluster:
-                self.engines.pop(cluster, None)
-                self.steps_taken.pop(cluster, None)
-                self.steps_at_snapshot.pop(cluster, None)
+                self._drop(cluster)
             raise
         self.applied.update(commit.offsets)
         await self._publish_all(commit.outbox)

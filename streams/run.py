@@ -21,14 +21,12 @@ def redact(url: str) -> str:
 
 def faust_security() -> dict:
     """Faust broker credentials from the same ``FAIRSTREAM_KAFKA_*`` variables as the clients."""
-    import ssl
-
     import faust
 
+    from fairstream.producers.client import kafka_ssl_context
+
     env = os.environ
-    context = None
-    if env.get("FAIRSTREAM_KAFKA_SSL_CAFILE") or env.get("FAIRSTREAM_KAFKA_SECURITY_PROTOCOL", "").endswith("SSL"):
-        context = ssl.create_default_context(cafile=env.get("FAIRSTREAM_KAFKA_SSL_CAFILE"))
+    context = kafka_ssl_context()
     if env.get("FAIRSTREAM_KAFKA_SASL_MECHANISM"):
         return {"broker_credentials": faust.SASLCredentials(
             username=env.get("FAIRSTREAM_KAFKA_SASL_USERNAME"), password=env.get("FAIRSTREAM_KAFKA_SASL_PASSWORD"),
@@ -57,6 +55,8 @@ def config_from_args(args) -> WorkerConfig:
         step_window=args.step_window,
         finished_retention=args.finished_retention,
         batch_window=args.batch_window,
+        data_dir=args.data_dir,
+        log_retention=math.inf if args.log_retention is None else args.log_retention,
     )
 
 

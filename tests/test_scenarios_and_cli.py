@@ -88,6 +88,21 @@ def test_cli_parameter_errors_are_one_line(tmp_path, capsys, argv, message):
     assert message in err and err.count("\n") == 1
 
 
+def test_a_replay_from_a_file_that_is_not_an_engine_snapshot_is_one_line(tmp_path, capsys):
+    (tmp_path / "steps.jsonl").write_text("")
+    (tmp_path / "snap").write_bytes(b"not a pickle")
+    assert main(["simulate", "--events", str(tmp_path / "steps.jsonl"), "--snapshot", str(tmp_path / "snap"),
+                 "--policy", "drf", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "not an engine snapshot" in err and err.count("\n") == 1
+
+
+def test_a_log_retention_of_zero_seconds_is_refused_before_anything_connects(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["worker", "--policy", "drf", "--log-retention", "0"])
+    assert stop.value.code == 2 and "must be above 0 seconds" in capsys.readouterr().err
+
+
 def test_an_unwritable_output_directory_is_one_line(tmp_path, capsys):
     path = tmp_path / "s.json"
     path.write_text(json.dumps(ISSUE_EXAMPLE))

@@ -210,11 +210,47 @@ def test_a_fb2009_sample_through_kafka_with_the_emulator_matches_the_simulator(t
         assert stored["usage:0"][tenant]["counted"] == pytest.approx(usage["counted"])
 
 
+KAFKA_SECRET = "fairstream-test-secret"  # the SASL user of scripts/services.sh
+TLS_DIR = ROOT / ".services" / "kafka" / "tls"  # the test CA and client certificate it makes
+
+
+def run_secured_worker(tmp_path, monkeypatch, broker, env, redis_url=REDIS):
+    """Start a worker on ``broker`` with ``env`` (``FAIRSTREAM_KAFKA_*``), publish a heartbeat and
+    a submission through the same settings, and return (decided task ids, the worker's log)."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    app_id = f"t{uuid.uuid4().hex[:8]}"
+    topics = Topics().with_prefix(app_id)
+    log_path = tmp_path / f"secure-worker-{app_id}.log"
+    with open(log_path, "w") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "fairstream.cli", "worker", "--policy", "drf", "--app-id", app_id, "--topic-prefix", app_id,
+             "--broker", broker, "--redis", redis_url, "--metrics-port", "0"],
+            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        async def scenario():
+            async with Publisher(broker, topics) as pub:  # reads the same FAIRSTREAM_KAFKA_* variables
+                await pub.heartbeat("secure", "n1", 0, {"cpu": 2, "mem": 2})
+                await pub.submit("secure", "s1", "A", {"cpu": 1, "mem": 1}, 1)
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                seen = [m async for m in read_topic(broker, topics.decisions, idle_timeout=1.0)]
+                if seen:
+                    return seen
+            return []
+
+        decisions = asyncio.run(scenario())
+    finally:
+        worker.terminate()
+        worker.wait(20)
+    return [d["task"] for d in decisions], log_path.read_text()
+
+
 def test_the_worker_runs_with_kafka_sasl_and_redis_auth_over_tls_and_logs_no_secret(tmp_path, monkeypatch):
     # Kafka: the SASL/PLAIN listener of scripts/services.sh. Redis: a second real server with
     # TLS (a self-signed certificate made here) and a password, on a free port, for this test.
     redis_port = free_port()
-    redis_secret, kafka_secret = "redis-test-secret", "fairstream-test-secret"
+    redis_secret = "redis-test-secret"
     redis_dir = tmp_path / "redis"
     redis_dir.mkdir()
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
@@ -227,41 +263,54 @@ def test_the_worker_runs_with_kafka_sasl_and_redis_auth_over_tls_and_logs_no_sec
                              stdout=subprocess.DEVNULL)
     redis_url = f"rediss://:{redis_secret}@127.0.0.1:{redis_port}/0?ssl_ca_certs={cert}"
     env = {"FAIRSTREAM_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "FAIRSTREAM_KAFKA_SASL_MECHANISM": "PLAIN",
-           "FAIRSTREAM_KAFKA_SASL_USERNAME": "fairstream", "FAIRSTREAM_KAFKA_SASL_PASSWORD": kafka_secret}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    sasl_broker = "127.0.0.1:9094"
-    app_id = f"t{uuid.uuid4().hex[:8]}"
-    topics = Topics().with_prefix(app_id)
-    log_path = tmp_path / "secure-worker.log"
-    with open(log_path, "w") as log:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "fairstream.cli", "worker", "--policy", "drf", "--app-id", app_id, "--topic-prefix", app_id,
-             "--broker", sasl_broker, "--redis", redis_url, "--metrics-port", "0"],
-            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+           "FAIRSTREAM_KAFKA_SASL_USERNAME": "fairstream", "FAIRSTREAM_KAFKA_SASL_PASSWORD": KAFKA_SECRET}
     try:
-        async def scenario():
-            async with Publisher(sasl_broker, topics) as pub:  # reads the same FAIRSTREAM_KAFKA_* variables
-                await pub.heartbeat("secure", "n1", 0, {"cpu": 2, "mem": 2})
-                await pub.submit("secure", "s1", "A", {"cpu": 1, "mem": 1}, 1)
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline:
-                seen = [m async for m in read_topic(sasl_broker, topics.decisions, idle_timeout=1.0)]
-                if seen:
-                    return seen
-            return []
-
-        decisions = asyncio.run(scenario())
+        decided, text = run_secured_worker(tmp_path, monkeypatch, "127.0.0.1:9094", env, redis_url)
     finally:
-        worker.terminate()
-        worker.wait(20)
         redis.terminate()
         redis.wait(10)
     # A decision is published only after its batch was committed to Redis: it crossed both.
-    assert [d["task"] for d in decisions] == ["s1"]
-    text = log_path.read_text()
+    assert decided == ["s1"]
     assert "worker.start" in text and "***" in text, text[-2000:]
-    assert redis_secret not in text and kafka_secret not in text
+    assert redis_secret not in text and KAFKA_SECRET not in text
+
+
+@pytest.mark.parametrize("broker, env", [
+    pytest.param("127.0.0.1:9095", {
+        "FAIRSTREAM_KAFKA_SECURITY_PROTOCOL": "SSL", "FAIRSTREAM_KAFKA_SSL_CAFILE": str(TLS_DIR / "ca.pem"),
+        "FAIRSTREAM_KAFKA_SSL_CERTFILE": str(TLS_DIR / "client.pem"), "FAIRSTREAM_KAFKA_SSL_KEYFILE": str(TLS_DIR / "client.key"),
+    }, id="mutual TLS: the broker verifies the client's certificate and the client the broker's"),
+    pytest.param("127.0.0.1:9096", {
+        "FAIRSTREAM_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "FAIRSTREAM_KAFKA_SSL_CAFILE": str(TLS_DIR / "ca.pem"),
+        "FAIRSTREAM_KAFKA_SASL_MECHANISM": "PLAIN", "FAIRSTREAM_KAFKA_SASL_USERNAME": "fairstream",
+        "FAIRSTREAM_KAFKA_SASL_PASSWORD": KAFKA_SECRET,
+    }, id="SASL PLAIN over TLS verified against the test CA"),
+])
+def test_the_worker_and_clients_speak_kafka_over_tls(tmp_path, monkeypatch, broker, env):
+    decided, text = run_secured_worker(tmp_path, monkeypatch, broker, env)
+    assert decided == ["s1"], text[-2000:]
+    assert KAFKA_SECRET not in text
+
+
+@pytest.mark.parametrize("env", [
+    pytest.param({}, id="a client that does not trust the test CA refuses the broker"),
+    pytest.param({"FAIRSTREAM_KAFKA_SSL_CAFILE": str(TLS_DIR / "ca.pem")},
+                 id="the broker refuses a client without a certificate on the mutual-TLS listener"),
+])
+def test_the_tls_listener_is_really_verified_both_ways(monkeypatch, env):
+    # The checks above could pass over an unverified connection by mistake; these show they cannot.
+    from aiokafka.errors import KafkaConnectionError
+
+    monkeypatch.setenv("FAIRSTREAM_KAFKA_SECURITY_PROTOCOL", "SSL")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+    async def attempt():
+        async with Publisher("127.0.0.1:9095", Topics().with_prefix("untrusted")) as pub:
+            await pub.heartbeat("secure", "n1", 0, {"cpu": 1})
+
+    with pytest.raises(KafkaConnectionError):
+        asyncio.run(asyncio.wait_for(attempt(), 30))
 
 
 def test_the_redis_store_commits_atomically_and_removes_exactly_the_published_outbox_entries():
@@ -283,5 +332,64 @@ def test_the_redis_store_commits_atomically_and_removes_exactly_the_published_ou
 
     outbox, offsets, log, quanta, clusters = asyncio.run(scenario())
     assert outbox == [("events.deadletter", {"topic": "tasks.submitted", "reason": "malformed JSON: x"})]
-    assert offsets == {"s:0": 7} and log == [{"time": 1.0, "events": []}]
+    assert offsets == {"s:0": 7} and log.steps == [{"time": 1.0, "events": []}] and log.base_steps == 0
     assert quanta == {"A": 11.0} and clusters == ["c"]
+
+
+def test_the_redis_and_memory_stores_trim_the_log_to_a_checkpoint_alike():
+    from fairstream.state.store import BatchCommit, MemoryStore, RedisStore, Trim, redis_client
+
+    def step(t):
+        return {"time": float(t), "events": []}
+
+    async def history(store):
+        # Steps 0-3; checkpoints after 2 and 4 steps; then the head is trimmed to step 2 in the
+        # same commit that appends steps 4-5 and takes a third checkpoint.
+        await store.commit(BatchCommit(steps={"c": [step(0), step(1)]}, snapshots={"c": (b"e2", 2)},
+                                       checkpoints={"c": (2, 1.0, b"e2")}))
+        await store.commit(BatchCommit(steps={"c": [step(2), step(3)]}, snapshots={"c": (b"e4", 4)},
+                                       checkpoints={"c": (4, 3.0, b"e4")}))
+        await store.commit(BatchCommit(steps={"c": [step(4), step(5)]}, snapshots={"c": (b"e6", 6)},
+                                       checkpoints={"c": (6, 5.0, b"e6")}, trims={"c": Trim(0, 2, [])}))
+        first = await store.load("c"), await store.full_log("c")
+        await store.commit(BatchCommit(steps={"c": [step(6)]}, trims={"c": Trim(2, 4, [2])}))  # checkpoint 2 goes
+        return first, (await store.load("c"), await store.full_log("c"))
+
+    async def on_redis():
+        client = redis_client(REDIS)
+        try:
+            return await history(RedisStore(client, prefix=f"t{uuid.uuid4().hex[:8]}"))
+        finally:
+            await client.aclose()
+
+    for (record, kept), (later, later_kept) in (asyncio.run(history(MemoryStore())), asyncio.run(on_redis())):
+        assert (record.snapshot, record.snapshot_steps, record.log, record.log_base) == (b"e6", 6, [], 2)
+        assert record.checkpoints == [(2, 1.0), (4, 3.0), (6, 5.0)]
+        assert [s["time"] for s in kept.steps] == [2.0, 3.0, 4.0, 5.0]
+        assert (kept.base_steps, kept.base_snapshot) == (2, b"e2")
+        assert (later.log, later.log_base, later.checkpoints) == ([step(6)], 4, [(4, 3.0), (6, 5.0)])
+        assert [s["time"] for s in later_kept.steps] == [4.0, 5.0, 6.0] and later_kept.base_snapshot == b"e4"
+
+
+def test_export_log_of_a_trimmed_log_needs_and_writes_the_engine_it_starts_from(tmp_path, capsys):
+    from fairstream.cli import main
+    from fairstream.state.store import BatchCommit, RedisStore, Trim, redis_client
+
+    app_id = f"t{uuid.uuid4().hex[:8]}"
+
+    async def trimmed():
+        client = redis_client(REDIS)
+        try:
+            store = RedisStore(client, prefix=app_id)
+            await store.commit(BatchCommit(steps={"c": [{"time": 0.0, "events": []}]}, checkpoints={"c": (1, 0.0, b"engine")}))
+            await store.commit(BatchCommit(steps={"c": [{"time": 1.0, "events": []}]}, trims={"c": Trim(0, 1, [])}))
+        finally:
+            await client.aclose()
+
+    asyncio.run(trimmed())
+    export = ["export-log", "--cluster", "c", "--redis", REDIS, "--app-id", app_id, "--out", str(tmp_path / "log")]
+    assert main(export) == 2
+    assert "starts at step 1" in capsys.readouterr().err
+    assert main([*export, "--snapshot-out", str(tmp_path / "base")]) == 0
+    assert (tmp_path / "base").read_bytes() == b"engine"
+    assert [json.loads(line)["time"] for line in (tmp_path / "log").read_text().splitlines()] == [1.0]

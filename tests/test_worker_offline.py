@@ -140,6 +140,45 @@ def test_a_restarted_worker_resumes_from_the_store_with_the_same_accumulated_usa
     assert len(tasks) == len(set(tasks)) == 10
 
 
+def test_log_retention_keeps_between_r_and_1_25_r_of_log_and_the_kept_log_replays_from_its_base():
+    import pickle
+
+    from fairstream.events import event_from_json
+
+    store, wire, retention = MemoryStore(), Wire(), 20.0
+
+    async def first_life():
+        p = processor(store, wire, snapshot_every=1, log_retention=retention)
+        await p.handle([wire.msg("heartbeat", heartbeat(cpu=2, mem=2))])
+        for t in range(1, 100):  # one step per second of event time
+            await p.handle([wire.msg("submitted", task(f"a{t}", "A", t)), wire.msg("completed", done(f"a{t - 1}", t))]
+                           if t > 1 else [wire.msg("submitted", task("a1", "A", 1))])
+        return p.engines["c1"].accounting.usage_key(0, 99.0)
+
+    usage = run(first_life())
+    kept = run(store.full_log("c1"))
+    record = run(store.load("c1"))
+    first_kept = kept.steps[0]["time"]
+    # Checkpoints every R/4 = 5 s; the base is the newest one at least R old: 99 - 20 = 79 -> 75 or later.
+    assert 99 - 1.25 * retention - 1 <= first_kept <= 99 - retention + 1
+    assert kept.base_steps > 0 and kept.base_snapshot is not None
+    assert len(record.checkpoints) <= 6
+    # Replaying the kept log from its base gives exactly the decisions the worker took since.
+    engine = pickle.loads(kept.base_snapshot)
+    replayed = [d.to_json() for step in kept.steps
+                for d in engine.step(step["time"], [event_from_json(e) for e in step["events"]]).decisions]
+    emitted = [{k: v for k, v in d.items() if k != "cluster"} for d in wire.decisions() if d["time"] >= first_kept]
+    assert replayed == emitted and replayed
+    # And a restarted worker resumes from the trimmed store with the same accumulated usage.
+
+    async def second_life():
+        p = processor(store, wire, snapshot_every=1, log_retention=retention)
+        await p.start()
+        return (await p.engine("c1")).accounting.usage_key(0, 99.0)
+
+    assert run(second_life()) == pytest.approx(usage)
+
+
 def test_a_silent_node_is_lost_its_tasks_requeued_and_nothing_placed_there():
     wire = Wire()
 
