@@ -41,6 +41,29 @@ def _scenario_from_args(args):
     return load_scenario(args.scenario)
 
 
+DEFAULT_KNOBS = [0.0, 0.2, 0.5, 0.8, 1.0]
+
+
+def run_theory(scenario, result) -> dict:
+    """QKnobler's theta (Theorem 1) and sharing-incentive knob (Theorem 2) for this scenario, at
+    the run's rho for qknobler, else at a few knob values; with the run's measured soft fairness."""
+    from fairstream.explain import knob_theory
+
+    rhos = [result.params["rho"]] if result.policy == "qknobler" else DEFAULT_KNOBS
+    theory = knob_theory(scenario, rhos)
+    theory["measured_soft_fairness"] = result.metrics.soft_fairness_summary()
+    return theory
+
+
+def cmd_explain(args) -> int:
+    """Print QKnobler's theory numbers for a scenario (JSON)."""
+    from fairstream.explain import knob_theory
+
+    scenario = _scenario_from_args(args)
+    print(json.dumps(knob_theory(scenario, args.rho or DEFAULT_KNOBS), indent=1))
+    return 0
+
+
 def cmd_simulate(args) -> int:
     from fairstream.output import write_run
     from fairstream.policies.base import parse_param_pairs
@@ -57,7 +80,7 @@ def cmd_simulate(args) -> int:
     if args.policy != "static" and not args.no_baseline:
         baseline = Simulator(scenario, "static", {}, metric_resource=args.metric_resource, progress=progress).run()
     out = Path(args.out)
-    write_run(result, out, baseline, plots=not args.no_plots)
+    write_run(result, out, baseline, plots=not args.no_plots, theory=run_theory(scenario, result))
     summary = result.summary()
     print(json.dumps({
         "policy": summary["policy"], "scenario": scenario.name, "tasks": summary["tasks"],
@@ -274,14 +297,16 @@ def build_parser() -> argparse.ArgumentParser:
                           help="always show a progress bar (default: only on a terminal)")
     progress.add_argument("--no-progress", dest="progress", action="store_false")
 
-    sim = sub.add_parser("simulate", parents=[progress], help="run one policy over a scenario or a trace")
-    sim.add_argument("--scenario", help="scenario JSON (see fairstream/schemas/scenario.schema.json)")
-    sim.add_argument("--trace", help="a real trace file")
-    sim.add_argument("--format", choices=["swim", "google"], help="trace format")
-    sim.add_argument("--limit", type=int, help="trace: first N jobs (swim) or tasks (google)")
-    sim.add_argument("--tenants", type=int, help="swim: number of queues, jobs round robin (default 4)")
-    sim.add_argument("--users", type=int, help="google: keep the first N users")
-    sim.add_argument("--nodes", type=int, help="trace: number of nodes of the default cluster")
+    workload = argparse.ArgumentParser(add_help=False)  # where a run's tasks and cluster come from
+    workload.add_argument("--scenario", help="scenario JSON (see fairstream/schemas/scenario.schema.json)")
+    workload.add_argument("--trace", help="a real trace file")
+    workload.add_argument("--format", choices=["swim", "google"], help="trace format")
+    workload.add_argument("--limit", type=int, help="trace: first N jobs (swim) or tasks (google)")
+    workload.add_argument("--tenants", type=int, help="swim: number of queues, jobs round robin (default 4)")
+    workload.add_argument("--users", type=int, help="google: keep the first N users")
+    workload.add_argument("--nodes", type=int, help="trace: number of nodes of the default cluster")
+
+    sim = sub.add_parser("simulate", parents=[progress, workload], help="run one policy over a scenario or a trace")
     sim.add_argument("--events", help="replay a worker's recorded input (from `fairstream export-log`)")
     sim.add_argument("--resources", default="cpu,mem", help="with --events: resource names (default cpu,mem)")
     sim.add_argument("--tenants-file", dest="tenants_file", help="with --events: the worker's --tenants file")
@@ -302,6 +327,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=1)
     demo.add_argument("--scale", type=float, default=1.0, help="shrink task counts (1.0 = the full benchmark)")
     demo.set_defaults(func=cmd_demo)
+
+    explain = sub.add_parser("explain", parents=[workload],
+                             help="QKnobler's theory for a scenario: phi, DRF shares, theta per knob, sharing-incentive knob")
+    explain.add_argument("--rho", type=float, action="append", help="knob value for theta (repeatable; default 0, 0.2, 0.5, 0.8, 1)")
+    explain.set_defaults(func=cmd_explain)
 
     pol = sub.add_parser("policies", help="list policies and their parameters")
     pol.set_defaults(func=cmd_policies)

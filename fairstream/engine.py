@@ -190,6 +190,7 @@ class Engine:
             waiting_since=np.array([math.nan if l.waiting_since is None else l.waiting_since for l in acc.ledgers]),
             pending={t: q for t, q in self.pending.items() if q.count > 0},
             accounting=acc.config,
+            running=np.array([ledger.running for ledger in acc.ledgers], dtype=float),
         )
 
     # ------------------------------------------------------------------ events

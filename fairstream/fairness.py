@@ -100,3 +100,90 @@ def sharing_benefit(degrees: list[float]) -> float:
 def sharing_loss(degrees: list[float]) -> float:
     """Formula 5: ``Omega = sum min(rho_i - 1, 0)`` (never positive)."""
     return float(sum(min(rho - 1.0, 0.0) for rho in degrees))
+
+
+# --------------------------------------------------------------------------------------------
+# Multi-resource fairness-efficiency (QKnobler, Tang, Yu and Li, section 5). Inputs are one row
+# per user: ``demands`` the per-task demand vector D_i, ``weights`` w_i (share fractions here,
+# summing to 1 over the users considered), ``capacity`` R. Users with an all-zero demand take
+# no part (they cannot run "a task" in the paper's sense).
+
+
+def task_dominant_shares(demands: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """``max_k d_ik / r_k`` per user: the dominant share of one task."""
+    positive = capacity > 0
+    if not len(demands) or not positive.any():
+        return np.zeros(len(demands))
+    return (demands[:, positive] / capacity[positive]).max(axis=1)
+
+
+def drf_phi(demands: np.ndarray, weights: np.ndarray, capacity: np.ndarray) -> float:
+    """phi of formula 11: ``max_k (1/r_k) sum_j w_j d_jk / max_k' (d_jk'/r_k')``.
+
+    DRF's progressive filling stops when the first resource is full; phi is how full the most
+    loaded resource would be if every user had weighted dominant share 1."""
+    dom = task_dominant_shares(demands, capacity)
+    users = dom > 0
+    positive = capacity > 0
+    if not users.any() or not positive.any():
+        return 0.0
+    load = (weights[users, None] * demands[users] / dom[users, None]).sum(axis=0)
+    return float((load[positive] / capacity[positive]).max())
+
+
+def drf_max_shares(demands: np.ndarray, weights: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """``s_i^max = w_i / phi`` (formula 11): each user's dominant share under DRF."""
+    phi = drf_phi(demands, weights, capacity)
+    return weights / phi if phi > 0 else np.zeros(len(weights))
+
+
+def drf_max_tasks(demands: np.ndarray, weights: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """``N_i(U_i^max) = w_i / (phi * max_k d_ik/r_k)``: tasks each user runs under DRF."""
+    dom = task_dominant_shares(demands, capacity)
+    phi = drf_phi(demands, weights, capacity)
+    out = np.zeros(len(weights))
+    ok = dom > 0
+    if phi > 0:
+        out[ok] = weights[ok] / (phi * dom[ok])
+    return out
+
+
+def soft_fairness_theta(demands: np.ndarray, weights: np.ndarray, capacity: np.ndarray, rho: float) -> float:
+    """theta of Theorem 1: QKnobler with knob ``rho`` keeps ``|s_i/w_i - s_j/w_j| <= theta``.
+
+    ``theta = max_i (max_k d_ik/r_k) / max_k (w_i d_ik / r'_k)`` with the resources the fairness
+    stage leaves, ``r'_k = r_k - rho * sum_j N_j^max d_jk``; 0 when rho = 1. The term of user i
+    is the weighted dominant share it would reach by taking all of R' alone (0 if some resource
+    it needs is already exhausted)."""
+    if rho >= 1:
+        return 0.0
+    dom = task_dominant_shares(demands, capacity)
+    remaining = capacity - rho * (drf_max_tasks(demands, weights, capacity)[:, None] * demands).sum(axis=0)
+    theta = 0.0
+    for i in np.flatnonzero((dom > 0) & (weights > 0)):
+        needs = demands[i] > 0
+        if (remaining[needs] <= EPS_RESOURCE).any():
+            continue
+        worst = (weights[i] * demands[i][needs] / remaining[needs]).max()
+        theta = max(theta, float(dom[i] / worst))
+    return theta
+
+
+def sharing_incentive_rho(demands: np.ndarray, weights: np.ndarray, capacity: np.ndarray) -> float:
+    """Theorem 2: QKnobler is sharing-incentive for ``rho >= phi / sum_j w_j``."""
+    total = float(weights[task_dominant_shares(demands, capacity) > 0].sum())
+    return drf_phi(demands, weights, capacity) / total if total > 0 else 0.0
+
+
+def soft_fairness_degree(shares: np.ndarray, weights: np.ndarray) -> float:
+    """Formula 12's degree: ``max_{i,j} |s_i/w_i - s_j/w_j|`` = max - min of ``s_i/w_i`` over
+    users with a weight (0 for fewer than two)."""
+    keep = weights > 0
+    if keep.sum() < 2:
+        return 0.0
+    weighted = shares[keep] / weights[keep]
+    return float(weighted.max() - weighted.min())
+
+
+#: Amounts of a resource below this count as exhausted in the theory functions above.
+EPS_RESOURCE = 1e-9

@@ -9,8 +9,10 @@ capacity of one resource, or the dominant share):
 - ``f_policy``: the accumulated usage the policy orders by (quantum top-up and PAR included);
 - ``rho`` = int g / int min(d, S) (formula 3).
 
-Cluster-wide: sharing benefit Psi(t) and loss Omega(t) (formulas 4-5) and utilisation per
-resource. Integrals are exact (allocations are piecewise constant between events); the time
+Cluster-wide: sharing benefit Psi(t) and loss Omega(t) (formulas 4-5), utilisation per
+resource, and the soft fairness degree of QKnobler's formula 12, ``max_{i,j} |s_i/w_i - s_j/w_j|``
+over the tenants with pending tasks (s: dominant share of the current allocation, w: share
+fraction). Integrals are exact (allocations are piecewise constant between events); the time
 series are sampled on a regular grid for plotting.
 """
 
@@ -24,6 +26,8 @@ import numpy as np
 from fairstream.fairness import (
     counted_allocation,
     fairness_degree,
+    resource_shares,
+    soft_fairness_degree,
     resource_share,
     sharing_benefit,
     sharing_loss,
@@ -57,7 +61,10 @@ class MetricsRecorder:
         self.integral_entitled: dict[str, float] = {}
         self.integral_counted: dict[str, float] = {}
         self.series: dict[str, TenantSeries] = {}
-        self.cluster = {"time": [], "psi": [], "omega": [], **{f"util_{r}": [] for r in names}}
+        self.cluster = {"time": [], "psi": [], "omega": [], "soft_fairness": [], **{f"util_{r}": [] for r in names}}
+        self.soft_fairness_integral = 0.0
+        self.soft_fairness_time = 0.0
+        self.soft_fairness_max = 0.0
         self.busy_integral = np.zeros(len(names))
         self.capacity_integral = np.zeros(len(names))
 
@@ -75,6 +82,18 @@ class MetricsRecorder:
             out.append((ledger.name, g, d, s, resource_share(counted[row], cap, self.resource)))
         return out
 
+    def soft_fairness(self) -> float:
+        """Formula 12's degree now, over the active tenants (QKnobler's C1: those with pending
+        tasks; a tenant that wants nothing more is not wronged by a low share)."""
+        acc = self.engine.accounting
+        if len(acc.ledgers) < 2:
+            return 0.0
+        active = acc.pending_demand.sum(axis=1) > 0
+        if active.sum() < 2:
+            return 0.0
+        shares = resource_shares(acc.allocation[active], acc.capacity, None)
+        return soft_fairness_degree(shares, acc.fractions[active])
+
     def advance(self, now: float) -> None:
         """Account for the interval since the last call (state constant over it)."""
         if self.clock is None:
@@ -91,6 +110,10 @@ class MetricsRecorder:
                 self.integral_entitled[name] = self.integral_entitled.get(name, 0.0) + dt * min(d, s)
                 self.integral_counted[name] = self.integral_counted.get(name, 0.0) + dt * counted
             self.busy_integral += dt * self.engine.used.sum(axis=0) if len(self.engine.used) else 0.0
+            degree = self.soft_fairness()
+            self.soft_fairness_integral += dt * degree
+            self.soft_fairness_time += dt
+            self.soft_fairness_max = max(self.soft_fairness_max, degree)
             self.capacity_integral += dt * self.engine.accounting.capacity
         self.clock = now
 
@@ -116,6 +139,7 @@ class MetricsRecorder:
         self.cluster["time"].append(at)
         self.cluster["psi"].append(sharing_benefit(degrees))
         self.cluster["omega"].append(sharing_loss(degrees))
+        self.cluster["soft_fairness"].append(self.soft_fairness())
         cap = engine.accounting.capacity
         used = engine.used.sum(axis=0) if len(engine.used) else np.zeros(len(cap))
         for i, r in enumerate(engine.resources.names):
@@ -126,6 +150,11 @@ class MetricsRecorder:
             name: fairness_degree(self.integral_g.get(name, 0.0), self.integral_entitled.get(name, 0.0))
             for name in self.integral_g
         }
+
+    def soft_fairness_summary(self) -> dict[str, float]:
+        """Time-weighted mean and maximum of the soft fairness degree over the run."""
+        mean = self.soft_fairness_integral / self.soft_fairness_time if self.soft_fairness_time > 0 else 0.0
+        return {"mean": mean, "max": self.soft_fairness_max}
 
     def utilisation(self) -> dict[str, float]:
         names = self.engine.resources.names

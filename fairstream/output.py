@@ -35,7 +35,7 @@ def speedups(result: SimResult, baseline: SimResult) -> dict:
     return {"tenants": out, "overall_makespan": (total_base / total) if total_base and total else None}
 
 
-def metrics_document(result: SimResult, baseline: SimResult | None = None) -> dict:
+def metrics_document(result: SimResult, baseline: SimResult | None = None, theory: dict | None = None) -> dict:
     m = result.metrics
     jobs, _ = job_statistics(result.tasks)
     doc = {
@@ -51,15 +51,18 @@ def metrics_document(result: SimResult, baseline: SimResult | None = None) -> di
     }
     if baseline is not None:
         doc["speedup_vs_static"] = speedups(result, baseline)
+    if theory is not None:
+        doc["knob_theory"] = theory
     return _clean(doc)
 
 
-def write_run(result: SimResult, out: Path, baseline: SimResult | None = None, plots: bool = True) -> list[Path]:
+def write_run(result: SimResult, out: Path, baseline: SimResult | None = None, plots: bool = True,
+              theory: dict | None = None) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "decisions.jsonl", "w") as handle:
         for decision in result.decisions:
             handle.write(json.dumps(decision.to_json(), separators=(",", ":")) + "\n")
-    (out / "metrics.json").write_text(json.dumps(metrics_document(result, baseline), indent=1))
+    (out / "metrics.json").write_text(json.dumps(metrics_document(result, baseline, theory), indent=1))
     written = [out / "decisions.jsonl", out / "metrics.json"]
     if plots:
         from fairstream.plots import plot_run

@@ -26,9 +26,12 @@ from fairstream.snapshot import Snapshot
 class Cycle:
     """Tentative state of one pass: free capacity, tenant and queue allocations, decisions."""
 
-    def __init__(self, snapshot: Snapshot, policy: str) -> None:
+    def __init__(self, snapshot: Snapshot, policy: str, affinity: bool = False) -> None:
         self.snapshot = snapshot
         self.policy = policy
+        # First fit (lowest-numbered node) unless ``affinity``: then the node whose idle
+        # resources align best with the task (``alignment_scores``; QKnobler C3, Tetris).
+        self.affinity = affinity
         self.free = snapshot.free.copy()
         # Rows of ``free`` as plain floats, made on first use: checking one node is then a few
         # float compares instead of numpy calls on a 2-element array.
@@ -84,6 +87,8 @@ class Cycle:
         return None
 
     def _advance(self, tenant: str, task: Task) -> None:
+        if tenant not in self._heads:  # placed without next_task (Tetris picks tasks itself)
+            self.next_task(tenant)
         shape = task.shape
         group = self.snapshot.pending[tenant].groups[shape]
         taken_key = (tenant, shape)
@@ -91,10 +96,52 @@ class Cycle:
         self._taken[taken_key] = offset + 1
         heads = self._heads[tenant]
         nxt, _ = group.pending_at(offset + 1)
-        if nxt is None:
-            heapq.heappop(heads)
-        else:
-            heapq.heapreplace(heads, (nxt.seq, shape))
+        if heads and heads[0][1] == shape:  # the usual case: the tenant's earliest shape was placed
+            if nxt is None:
+                heapq.heappop(heads)
+            else:
+                heapq.heapreplace(heads, (nxt.seq, shape))
+            return
+        # Another shape was placed (Tetris): update its entry wherever it is.
+        rest = [entry for entry in heads if entry[1] != shape]
+        if nxt is not None:
+            rest.append((nxt.seq, shape))
+        heapq.heapify(rest)
+        self._heads[tenant] = rest
+
+    def shape_heads(self, tenant: str) -> list[Task]:
+        """The next pending task of each of the tenant's shapes still worth trying, in arrival order."""
+        queue = self.snapshot.pending.get(tenant)
+        if queue is None:
+            return []
+        failed_here = self._failed_for.get(tenant, ())
+        heads = []
+        for shape, group in queue.groups.items():
+            if shape in self._failed_shapes or shape in failed_here:
+                continue
+            task, _ = group.pending_at(self._taken.get((tenant, shape), 0))
+            if task is not None:
+                heads.append(task)
+        heads.sort(key=lambda task: task.seq)
+        return heads
+
+    def pending_left(self, tenant: str) -> int:
+        """How many of the tenant's queued tasks this pass has not placed yet."""
+        queue = self.snapshot.pending.get(tenant)
+        if queue is None:
+            return 0
+        return sum(len(g.tasks) - g.head - self._taken.get((tenant, shape), 0) for shape, g in queue.groups.items())
+
+    def rank_in_queue(self, tenant: str, task: Task) -> int:
+        """How many of the tenant's tasks not yet placed arrived before ``task`` (its position
+        in the tenant's queue, counted over all shapes)."""
+        import bisect
+
+        rank = 0
+        for shape, group in self.snapshot.pending[tenant].groups.items():
+            start = group.head + self._taken.get((tenant, shape), 0)
+            rank += bisect.bisect_left(group.tasks, task.seq, lo=start, key=lambda t: t.seq) - start
+        return rank
 
     def skip_for(self, tenant: str, task: Task) -> None:
         """This tenant may not run tasks of this shape in this pass (a quota or cap)."""
@@ -115,7 +162,10 @@ class Cycle:
         return mask
 
     def find_node(self, task: Task) -> int | None:
-        """First fit: the lowest-numbered node with room that the task may use, or None."""
+        """First fit: the lowest-numbered node with room that the task may use, or None
+        (with ``affinity``: the best-aligned such node, lowest number on ties)."""
+        if self.affinity:
+            return self.best_aligned_node(task)
         entry = self._candidates.get(task.shape)
         if entry is None:
             if not len(self.free):
@@ -138,6 +188,18 @@ class Cycle:
             i += 1
         entry[1] = i
         return None
+
+    def best_aligned_node(self, task: Task) -> int | None:
+        if not len(self.free):
+            return None
+        fits = (self.free >= task.demand - EPSILON).all(axis=1)
+        if not task.constraints.empty:
+            fits &= self.eligible(task.constraints)
+        if not fits.any():
+            return None
+        scores = alignment_scores(self.free, task.demand, self.snapshot.capacity)
+        scores[~fits] = -np.inf
+        return int(np.argmax(scores))  # argmax takes the first maximum: the lowest node number
 
     # --------------------------------------------------------------- placement
 
@@ -221,6 +283,7 @@ def serve_in_order(
     charge: ChargeFn | None = None,
     admit: Callable[[Cycle, str, Task], bool] | None = None,
     initial_shares: np.ndarray | None = None,
+    cycle: Cycle | None = None,
 ) -> list[Decision]:
     """The loop of every flat policy: serve the tenant with the smallest key, one task at a time.
 
@@ -230,11 +293,13 @@ def serve_in_order(
     The loop ends when no demanding tenant has a task that fits: work conservation.
     ``initial_shares`` (one weighted share per tenant row, as ``key`` would compute it before
     any placement) lets the first keys be computed in one vectorised step; it is only used when
-    no tenant has a min share, since that changes the priority class.
+    no tenant has a min share, since that changes the priority class. ``cycle`` continues a pass
+    that earlier stages of the policy began (then ``initial_shares`` is not used).
     """
-    cycle = Cycle(snapshot, policy)
+    fresh = cycle is None
+    cycle = cycle or Cycle(snapshot, policy)
     heap = []
-    if initial_shares is not None and not cycle._capped:
+    if initial_shares is not None and fresh and not cycle._capped:
         rows, arrival = snapshot.rows, snapshot.arrival
         shares = initial_shares.tolist()
         for tenant in snapshot.pending:
@@ -258,8 +323,17 @@ def serve_in_order(
     return cycle.decisions
 
 
+def alignment_scores(free: np.ndarray, demand: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """Tetris's alignment score of one task against every node: the dot product of the node's
+    idle resources and the task's demand, both in units of the cluster's total capacity so that
+    no resource outweighs another by its unit (cores vs GB). QKnobler's affinity (C3) is the same
+    product."""
+    scale = np.where(capacity > 0, capacity, 1.0)
+    return (np.maximum(free, 0.0) / scale) @ (demand / scale)
+
+
 def leaf_arrival(snapshot: Snapshot, tenant: str) -> float:
     return float(snapshot.arrival[snapshot.rows[tenant]])
 
 
-__all__ = ["Cycle", "serve_in_order", "leaf_arrival"]
+__all__ = ["Cycle", "serve_in_order", "leaf_arrival", "alignment_scores"]

@@ -60,6 +60,7 @@ class SimResult:
             "utilisation": self.metrics.utilisation(),
             "sharing_benefit": sum(max(r - 1, 0) for r in degrees.values()),
             "sharing_loss": sum(min(r - 1, 0) for r in degrees.values()),
+            "soft_fairness": self.metrics.soft_fairness_summary(),
             "tenants": {
                 name: {
                     "fairness_degree": degrees.get(name, 1.0),

@@ -88,6 +88,7 @@ class Snapshot:
       with the quantum top-up of formula 15), PAR excluded.
     - ``pseudo_accumulated``: PAR ``phi_i`` in normalised units (formula 16).
     - ``waiting_since``: when a demanding tenant last got a task (NaN if not demanding).
+    - ``running``: how many tasks each tenant has running.
     """
 
     time: float
@@ -109,6 +110,7 @@ class Snapshot:
     waiting_since: np.ndarray
     pending: dict[str, PendingQueue]
     accounting: AccountingConfig
+    running: np.ndarray | None = None
 
     def demanding(self) -> list[str]:
         """Tenants with pending tasks, in row order."""

@@ -13,7 +13,7 @@ from fairstream.model import EPSILON, NodeHeartbeat, TaskCompleted, TaskState, T
 from fairstream.scenario import parse_scenario
 from fairstream.simulator import Simulator
 
-WORK_CONSERVING = ["fifo", "fair", "drf", "ltrf", "hltrf"]
+WORK_CONSERVING = ["fifo", "fair", "drf", "ltrf", "hltrf", "qknobler", "tetris"]
 ALL = WORK_CONSERVING + ["static"]
 
 

@@ -190,3 +190,18 @@ def test_demo_prints_the_per_queue_table_and_writes_figures(tmp_path, capsys):
         assert queue in out
     assert "sharing loss" in out and "speedup" in out
     assert (tmp_path / "figure5_fairness.png").exists() and (tmp_path / "figure6_speedup.png").exists()
+
+
+def test_explain_prints_qknobler_theory_and_simulate_records_it_with_the_measured_soft_fairness(tmp_path, capsys):
+    example = Path(__file__).parents[1] / "examples" / "qknobler-example1.json"
+    assert main(["explain", "--scenario", str(example), "--rho", "0", "--rho", "0.5"]) == 0
+    theory = json.loads(capsys.readouterr().out)
+    # Example 1: phi = 11/12, which is also Theorem 2's sharing-incentive knob (weights sum to 1).
+    assert theory["phi"] == pytest.approx(11 / 12) and theory["sharing_incentive_rho"] == pytest.approx(11 / 12)
+    assert theory["theta"] == {"0": pytest.approx(2.0), "0.5": pytest.approx(1.2)}
+    assert main(["simulate", "--scenario", str(example), "--policy", "qknobler", "--param", "rho=0.5",
+                 "--out", str(tmp_path), "--no-plots", "--no-baseline"]) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["knob_theory"]["theta"] == {"0.5": pytest.approx(1.2)}
+    measured = metrics["summary"]["soft_fairness"]
+    assert 0 < measured["max"] <= 1.2 and measured == metrics["knob_theory"]["measured_soft_fairness"]

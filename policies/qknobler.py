@@ -1,0 +1,218 @@
+"""``qknobler``: fairness-efficiency scheduling with a knob rho (Tang, Yu and Li, "Fairness-
+Efficiency Scheduling for Cloud Computing with Soft Fairness Guarantees": section 5.2,
+Algorithm 1, and the practical considerations C1-C3 of section 6.1).
+
+One pass, on a ``Cycle`` (what-if copy):
+
+1. Active users (C1) are the tenants with pending tasks. Each one's current average task demand
+   (C2, First-Fit estimate): its running tasks plus the pending tasks that would just fill the
+   idle space, counted in queue order (shape group by shape group, in the order of each group's
+   first task).
+2. ``phi`` and ``s_i^max = w_i / phi`` (formula 11) from those averages. Fairness-oriented stage
+   (Algorithm 1, lines 8-10): serve the active tenant with the lowest ``s_i / w_i`` while
+   ``s_i < rho * s_i^max``, i.e. ``s_i / w_i < rho / phi``.
+3. Efficiency-oriented stage (lines 11-14): one integer program per pass (formulas 15-17) on the
+   idle resources left: how many more tasks ``n_i`` of each tenant maximise
+   ``sum_i n_i sum_k d_ik / r_k`` within the idle resources. Tenants whose demands point the
+   same way keep equal weighted shares (formula 16): identical demands share one variable,
+   split by weighted water-filling; same direction, different size, are held to within one
+   task of each other unless one runs out of pending tasks (a big-M constraint).
+4. Placement by affinity (C3): each task goes to the fitting node whose idle resources align
+   best with its demand (``placement.alignment_scores``).
+5. Fill: tasks that still fit anywhere (the average-demand estimate can leave room) are placed,
+   lowest weighted dominant share first, so the pass is work-conserving.
+
+If the solver fails, the efficiency stage is skipped and every decision of the fill stage says
+so in its reason: nothing is hidden, and the pass still places what fits.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any, Mapping
+
+import numpy as np
+
+from fairstream.fairness import dominant_share, drf_phi, fair_key, task_dominant_shares
+from fairstream.model import Decision
+from fairstream.placement import Cycle, leaf_arrival, serve_in_order
+from fairstream.snapshot import Snapshot
+from fairstream.solver import SolverError, solve_packing
+from fairstream.policies._common import _fraction, _positive
+from fairstream.policies.base import Param, PolicySpec
+
+PARAMS = (
+    Param("rho", 0.5, _fraction, "the knob: the fairness stage fills each tenant to rho * s_i^max "
+                                 "(1 = DRF, 0 = efficiency only)"),
+    Param("gap", 0.5, _positive, "the integer program stops within gap x (the smallest task's value) of "
+                                 "its optimum; smaller is exact but slower (see solver.py)"),
+)
+
+
+def average_demands(snapshot: Snapshot, tenants: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """C2 for each tenant: (average demand of running + counted pending tasks, average demand of
+    the counted pending tasks, number of pending tasks). Pending tasks are counted in queue order
+    until they would overfill the cluster's idle space."""
+    idle = np.maximum(snapshot.free, 0.0).sum(axis=0)
+    width = len(snapshot.capacity)
+    overall, pending_avg = np.zeros((len(tenants), width)), np.zeros((len(tenants), width))
+    pending_count = np.zeros(len(tenants))
+    running = snapshot.running if snapshot.running is not None else np.zeros(len(snapshot.tenants))
+    for i, tenant in enumerate(tenants):
+        heads = []
+        for group in snapshot.pending[tenant].groups.values():
+            task, _ = group.pending_at(0)
+            if task is not None:
+                heads.append((task.seq, task.demand, len(group.tasks) - group.head))
+        heads.sort(key=lambda head: head[0])
+        room, counted, total = idle.copy(), 0, np.zeros(width)
+        for _, demand, available in heads:
+            pending_count[i] += available
+            need = demand > 0
+            fits = int(np.floor(np.min(room[need] / demand[need]) + 1e-9)) if need.any() else available
+            take = max(0, min(available, fits))
+            total += take * demand
+            room -= take * demand
+            counted += take
+            if take < available:
+                break
+        if counted == 0 and heads:  # not even one fits the idle space: estimate from the first task
+            total, counted = heads[0][1].copy(), 1
+        pending_avg[i] = total / max(counted, 1)
+        row = snapshot.rows[tenant]
+        overall[i] = (snapshot.allocation[row] + total) / max(running[row] + counted, 1)
+    return overall, pending_avg, pending_count
+
+
+def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
+    tenants = snapshot.demanding()
+    if not tenants:
+        return []
+    rho = params["rho"]
+    capacity = snapshot.capacity
+    cycle = Cycle(snapshot, "qknobler", affinity=True)
+    rows = [snapshot.rows[t] for t in tenants]
+    weights = snapshot.share_fraction[rows]
+    overall, pending_avg, pending_count = average_demands(snapshot, tenants)
+    phi = drf_phi(overall, weights, capacity)
+    limit = rho / phi if phi > 0 else 0.0  # the fairness stage's bound on s_i / w_i
+
+    def weighted_share(tenant: str) -> float:
+        row = snapshot.rows[tenant]
+        return dominant_share(cycle.allocation[row], capacity) / snapshot.share_fraction[row]
+
+    def key(c: Cycle, tenant: str):
+        return fair_key(weighted_share(tenant), leaf_arrival(snapshot, tenant), tenant, c.below_min_share(tenant))
+
+    # 1. Fairness-oriented stage: progressive filling up to rho * s_i^max.
+    heap = [(key(cycle, t), t) for t in tenants]
+    heapq.heapify(heap)
+    while heap:
+        tenant_key, tenant = heapq.heappop(heap)
+        if tenant_key.share >= limit - 1e-12:
+            break  # the lowest is at its bound, so every tenant is
+        task = cycle.next_task(tenant)
+        if task is None:
+            continue
+        cycle.try_place(tenant, task, lambda: f"qknobler: fairness stage (s/w {tenant_key.share:.4g} < rho/phi {limit:.4g})")
+        heapq.heappush(heap, (key(cycle, tenant), tenant))
+
+    # 2. Efficiency-oriented stage: one integer program over the idle resources left.
+    note = ""
+    try:
+        quotas, status = efficiency_quotas(cycle, tenants, weights, pending_avg, pending_count, params["gap"])
+    except SolverError as exc:
+        quotas, note = {}, f"; efficiency stage skipped: {exc}"
+    else:
+        planned = dict(quotas)
+        heap = [(key(cycle, t), t) for t in tenants if quotas.get(t, 0) > 0]
+        heapq.heapify(heap)
+        while heap:
+            _, tenant = heapq.heappop(heap)
+            task = cycle.next_task(tenant)
+            if task is None:
+                continue
+            if cycle.try_place(tenant, task, lambda: f"qknobler: efficiency stage ({status} integer program: "
+                                                     f"{int(planned[tenant])} tasks of {tenant})"):
+                quotas[tenant] -= 1
+            if quotas[tenant] > 0:
+                heapq.heappush(heap, (key(cycle, tenant), tenant))
+
+    # 3. Fill: whatever still fits, lowest weighted dominant share first.
+    def reason(c: Cycle, tenant: str, k) -> str:
+        return f"qknobler: fill (lowest dominant share/weight {k.share:.4g}){note}"
+
+    return serve_in_order(snapshot, "qknobler", key, reason, cycle=cycle)
+
+
+def efficiency_quotas(cycle: Cycle, tenants: list[str], weights: np.ndarray, demands: np.ndarray,
+                      pending_count: np.ndarray, gap: float) -> tuple[dict[str, float], str]:
+    """Formulas 15-17 on the pooled idle resources of ``cycle``: tasks per tenant."""
+    snapshot = cycle.snapshot
+    capacity = snapshot.capacity
+    idle = np.maximum(cycle.free, 0.0).sum(axis=0)
+    scale = np.where(capacity > 0, capacity, 1.0)
+    fits = np.array([min((idle[d > 0] / d[d > 0]).min(), 1e12) if (d > 0).any() else 0.0 for d in demands])
+    upper = np.minimum(pending_count, np.floor(fits + 1e-9))
+    live = np.flatnonzero(upper > 0)
+    if not len(live):
+        return {}, "trivial"
+    # Identical demand vectors share one variable (exchanging their tasks changes nothing).
+    items: dict[tuple, list[int]] = {}
+    for i in live:
+        items.setdefault(tuple(np.round(demands[i], 9)), []).append(int(i))
+    members = list(items.values())
+    item_demand = np.array([demands[m[0]] for m in members])
+    item_upper = np.array([upper[m].sum() for m in members])
+    item_weight = np.array([weights[m].sum() for m in members])
+    values = (item_demand / scale).sum(axis=1)  # formula 15: sum_k d_ik / r_k per task
+    dom = task_dominant_shares(item_demand, capacity)
+
+    def same_direction_shares(problem, variables):
+        """Formula 16 for items whose demands point the same way but differ in size."""
+        import pulp
+
+        unit = item_demand / np.linalg.norm(item_demand, axis=1, keepdims=True)
+        classes: dict[tuple, list[int]] = {}
+        for a in range(len(members)):
+            classes.setdefault(tuple(np.round(unit[a], 9)), []).append(a)
+        for group in (g for g in classes.values() if len(g) > 1):
+            saturated = {b: problem.add_variable(f"saturated{b}", cat=pulp.LpBinary) for b in group}
+            for b in group:
+                problem += variables[b] >= item_upper[b] * saturated[b]
+            for a in group:
+                step_a = dom[a] / item_weight[a]  # one task of a, in weighted share
+                for b in group:
+                    if a != b:  # a may lead b by more than one task only once b has run out
+                        problem += (step_a * variables[a] - dom[b] / item_weight[b] * variables[b]
+                                    <= step_a + step_a * item_upper[a] * saturated[b])
+
+    solution = solve_packing(values, item_demand, idle, item_upper, abs_gap=gap * float(values.min()),
+                             extra=same_direction_shares)
+    quotas: dict[str, float] = {}
+    for item, count in zip(members, solution.counts):
+        quotas.update(water_fill(int(count), item, weights, upper, tenants))
+    return quotas, solution.status
+
+
+def water_fill(count: int, members: list[int], weights: np.ndarray, upper: np.ndarray,
+               tenants: list[str]) -> dict[str, float]:
+    """Split ``count`` tasks of identical demand among ``members`` so that tasks per weight stay
+    as equal as their pending tasks allow (formula 16); ties go to the earlier tenant."""
+    given = {i: 0 for i in members}
+    heap = [(0.0, i) for i in members if upper[i] > 0]
+    heapq.heapify(heap)
+    for _ in range(count):
+        if not heap:
+            break
+        _, i = heapq.heappop(heap)
+        given[i] += 1
+        if given[i] < upper[i]:
+            heapq.heappush(heap, (given[i] / weights[i], i))
+    return {tenants[i]: float(n) for i, n in given.items()}
+
+
+SPEC = PolicySpec("qknobler", decide, "fairness stage to rho * DRF share, then an integer program for efficiency",
+                  PARAMS)
+
+__all__ = ["SPEC", "decide", "average_demands", "water_fill"]
