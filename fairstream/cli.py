@@ -42,6 +42,8 @@ def _scenario_from_args(args):
 
 
 DEFAULT_KNOBS = [0.0, 0.2, 0.5, 0.8, 1.0]
+DEFAULT_GOOGLE = (Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "google-clusterdata-2011-2"
+                  / "task_events" / "part-00000-of-00500.csv.gz")
 
 
 def run_theory(scenario, result) -> dict:
@@ -53,6 +55,31 @@ def run_theory(scenario, result) -> dict:
     theory = knob_theory(scenario, rhos)
     theory["measured_soft_fairness"] = result.metrics.soft_fairness_summary()
     return theory
+
+
+def _floats(text: str, option: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ModelError(f"{option} {text}: expected comma-separated numbers") from None
+
+
+def cmd_sweep(args) -> int:
+    """Policies and knob values over the macro-benchmark or the Google sample: table and plots."""
+    from fairstream.sweep import sweep
+
+    knobs = _floats(args.knobs, "--knobs")
+    if any(not 0 <= k <= 1 for k in knobs) or 1.0 not in knobs:
+        raise ModelError(f"--knobs {args.knobs}: values in [0, 1], including 1 (the speedup baseline)")
+    users = [int(u) for u in _floats(args.users, "--users")] if args.workload == "google" else []
+    options = {"scale": args.scale, "seed": args.seed} if args.workload == "macro" else {
+        "trace": args.trace, "nodes": args.nodes, "limit": args.limit}
+    if args.workload == "google" and not Path(args.trace).exists():
+        raise ModelError(f"--trace {args.trace}: not found")
+    document = sweep(args.workload, knobs, users, options, Path(args.out), workers=args.workers, progress=args.progress)
+    print(json.dumps({"workload": args.workload, "runs": len(document["rows"]), "out": args.out,
+                      "figures": document["figures"]}))
+    return 0
 
 
 def cmd_explain(args) -> int:
@@ -283,6 +310,7 @@ def cmd_bench(args) -> int:
     result = bench_engine(
         tenants=args.tenants, nodes=args.nodes, pending=args.pending, policies=args.policies.split(","),
         trace=args.trace, progress=args.progress,
+        knob_policies=[p for p in args.knob_policies.split(",") if p],
     )
     print(json.dumps(result))
     return 0
@@ -332,6 +360,21 @@ def build_parser() -> argparse.ArgumentParser:
                              help="QKnobler's theory for a scenario: phi, DRF shares, theta per knob, sharing-incentive knob")
     explain.add_argument("--rho", type=float, action="append", help="knob value for theta (repeatable; default 0, 0.2, 0.5, 0.8, 1)")
     explain.set_defaults(func=cmd_explain)
+
+    sweep = sub.add_parser("sweep", parents=[progress], help="policies x knob values over a workload: table and plots "
+                                                             "(QKnobler paper Figures 6-9)")
+    sweep.add_argument("workload", choices=["macro", "google"])
+    sweep.add_argument("--out", default="sweep-out")
+    sweep.add_argument("--knobs", default="0,0.2,0.4,0.6,0.8,1", help="rho (QKnobler) and f (Tetris) values; must include 1")
+    sweep.add_argument("--scale", type=float, default=1.0, help="macro: shrink task counts")
+    sweep.add_argument("--seed", type=int, default=1, help="macro: generator seed")
+    sweep.add_argument("--trace", default=str(DEFAULT_GOOGLE), help="google: a task_events part")
+    sweep.add_argument("--nodes", type=int, default=1000, help="google: machines of <0.5, 0.5, 0.5>")
+    sweep.add_argument("--users", default="20,40,60,80,100", help="google: user counts for Figure 9 (the first is "
+                                                                   "Figure 8's)")
+    sweep.add_argument("--limit", type=int, help="google: first N tasks only")
+    sweep.add_argument("--workers", type=int, help="parallel simulations (default: one per core)")
+    sweep.set_defaults(func=cmd_sweep)
 
     pol = sub.add_parser("policies", help="list policies and their parameters")
     pol.set_defaults(func=cmd_policies)
@@ -427,6 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--nodes", type=int, default=10000)
     bench.add_argument("--pending", type=int, default=100000)
     bench.add_argument("--policies", default="ltrf,drf,fair")
+    bench.add_argument("--knob-policies", default="qknobler,tetris",
+                       help="engine: policies measured at 100 tenants x 3 resources x 100 nodes ('' to skip)")
     bench.add_argument("--trace", help="SWIM trace to time a whole simulation of (default: the FB-2009 sample if found)")
     bench.set_defaults(func=cmd_bench)
     return parser

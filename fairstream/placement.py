@@ -284,6 +284,7 @@ def serve_in_order(
     admit: Callable[[Cycle, str, Task], bool] | None = None,
     initial_shares: np.ndarray | None = None,
     cycle: Cycle | None = None,
+    only: list[str] | None = None,
 ) -> list[Decision]:
     """The loop of every flat policy: serve the tenant with the smallest key, one task at a time.
 
@@ -294,19 +295,20 @@ def serve_in_order(
     ``initial_shares`` (one weighted share per tenant row, as ``key`` would compute it before
     any placement) lets the first keys be computed in one vectorised step; it is only used when
     no tenant has a min share, since that changes the priority class. ``cycle`` continues a pass
-    that earlier stages of the policy began (then ``initial_shares`` is not used).
+    that earlier stages of the policy began (``initial_shares`` must then reflect its allocation).
+    ``only`` limits the pass to these demanding tenants (the others are known to have nothing
+    that fits).
     """
-    fresh = cycle is None
     cycle = cycle or Cycle(snapshot, policy)
     heap = []
-    if initial_shares is not None and fresh and not cycle._capped:
+    if initial_shares is not None and not cycle._capped:
         rows, arrival = snapshot.rows, snapshot.arrival
         shares = initial_shares.tolist()
-        for tenant in snapshot.pending:
+        for tenant in (snapshot.pending if only is None else only):
             row = rows[tenant]
             heap.append((fair_key(shares[row], float(arrival[row]), tenant), tenant))
     else:
-        for tenant in snapshot.demanding():
+        for tenant in (snapshot.demanding() if only is None else only):
             heap.append((key(cycle, tenant), tenant))
     heapq.heapify(heap)
     while heap:

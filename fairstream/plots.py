@@ -105,3 +105,69 @@ def plot_comparison(results: dict, speedups: dict, out: Path) -> list[Path]:
     fig.savefig(out / "figure6_speedup.png", dpi=110)
     plt.close(fig)
     return [out / "figure5_fairness.png", out / "figure6_speedup.png"]
+
+
+def sweep_figures(rows: list[dict], out: Path) -> list[Path]:
+    """The QKnobler paper's Figures 6-9 from ``fairstream sweep`` rows (those present)."""
+    written = []
+    for figure, against_rho in (("fig6", True), ("fig8", True)):
+        mine = sorted((r for r in rows if r["figure"] == figure), key=lambda r: r["knob"])
+        if not mine:
+            continue
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        knobs = [r["knob"] for r in mine]
+        left.plot(knobs, [r["speedup"] for r in mine], marker="o")
+        left.set_title(f"{figure}(a): QKnobler makespan speedup over rho = 1")
+        left.set_xlabel("knob rho")
+        left.set_ylabel("speedup")
+        right.plot(knobs, [r["soft_fairness_mean"] for r in mine], marker="o", label="measured (time mean)")
+        right.plot(knobs, [r["soft_fairness_max"] for r in mine], marker=".", linestyle=":", label="measured (max)")
+        right.plot(knobs, [r["theta"] for r in mine], marker="x", linestyle="--", label="theta (Theorem 1)")
+        right.set_title(f"{figure}(b): soft fairness degree")
+        right.set_xlabel("knob rho")
+        right.legend(fontsize=8)
+        for ax in (left, right):
+            ax.grid(alpha=0.3)
+        path = out / f"{figure}-knob.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    seven = [r for r in rows if r["figure"] == "fig7"]
+    if seven:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        knobs = sorted({r["knob"] for r in seven if r["knob"] is not None})
+        for policy in ("static", "drf"):
+            row = next((r for r in seven if r["policy"] == policy), None)
+            if row:
+                ax.plot(knobs, [row["speedup"]] * len(knobs), linestyle="--", label=policy)
+        for policy in ("tetris", "qknobler"):
+            mine = sorted((r for r in seven if r["policy"] == policy), key=lambda r: r["knob"])
+            ax.plot([r["knob"] for r in mine], [r["speedup"] for r in mine], marker="o", label=policy)
+        ax.set_title("fig7: makespan speedup over static partitioning")
+        ax.set_xlabel("knob (rho for QKnobler, f for Tetris)")
+        ax.set_ylabel("speedup")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        path = out / "fig7-policies.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    nine = [r for r in rows if r["figure"] == "fig9"]
+    if nine:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for policy in ("static", "drf", "tetris", "qknobler"):
+            mine = sorted((r for r in nine if r["policy"] == policy), key=lambda r: r["users"])
+            ax.plot([r["users"] for r in mine], [r["speedup"] for r in mine], marker="o", label=policy)
+        ax.set_title("fig9: makespan speedup over static vs users (knob 0.2)")
+        ax.set_xlabel("users")
+        ax.set_ylabel("speedup")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        path = out / "fig9-users.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written

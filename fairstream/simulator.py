@@ -244,10 +244,10 @@ class _NoBar:
         pass
 
 
-def _progress_bar(total: int, enabled: bool | None):
+def _progress_bar(total: int, enabled: bool | None, unit: str = "task", desc: str = "simulating"):
     if enabled is False:
         return _NoBar()
     from tqdm import tqdm
 
     # enabled=None: show it only on a terminal (tqdm's own rule).
-    return tqdm(total=total, unit="task", desc="simulating", disable=None if enabled is None else False, leave=False)
+    return tqdm(total=total, unit=unit, desc=desc, disable=None if enabled is None else False, leave=False)

@@ -16,7 +16,10 @@ One pass, on a ``Cycle`` (what-if copy):
    ``sum_i n_i sum_k d_ik / r_k`` within the idle resources. Tenants whose demands point the
    same way keep equal weighted shares (formula 16): identical demands share one variable,
    split by weighted water-filling; same direction, different size, are held to within one
-   task of each other unless one runs out of pending tasks (a big-M constraint).
+   task of each other unless one runs out of pending tasks (a big-M constraint). Beyond
+   ``exact_items`` distinct demands the program's LP relaxation is rounded instead (within one
+   task per resource of the optimum; the big-M constraints are then left out), because proving
+   optimality of a 100-kind knapsack can take HiGHS tens of milliseconds or more per pass.
 4. Placement by affinity (C3): each task goes to the fitting node whose idle resources align
    best with its demand (``placement.alignment_scores``).
 5. Fill: tasks that still fit anywhere (the average-demand estimate can leave room) are placed,
@@ -33,8 +36,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from fairstream.fairness import dominant_share, drf_phi, fair_key, task_dominant_shares
-from fairstream.model import Decision
+from fairstream.fairness import dominant_share, drf_phi, fair_key, resource_shares, task_dominant_shares
+from fairstream.model import EPSILON, Decision
 from fairstream.placement import Cycle, leaf_arrival, serve_in_order
 from fairstream.snapshot import Snapshot
 from fairstream.solver import SolverError, solve_packing
@@ -46,6 +49,9 @@ PARAMS = (
                                  "(1 = DRF, 0 = efficiency only)"),
     Param("gap", 0.5, _positive, "the integer program stops within gap x (the smallest task's value) of "
                                  "its optimum; smaller is exact but slower (see solver.py)"),
+    Param("exact_items", 16, lambda text: int(_positive(text)),
+          "solve the integer program exactly up to this many distinct demands per pass; beyond, round its LP "
+          "relaxation (within one task per resource of the optimum, about 1 ms; see solver.py)"),
 )
 
 
@@ -104,9 +110,21 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     def key(c: Cycle, tenant: str):
         return fair_key(weighted_share(tenant), leaf_arrival(snapshot, tenant), tenant, c.below_min_share(tenant))
 
+    def weighted_shares() -> np.ndarray:
+        """Every tenant row's s_i / w_i at once (for the start of a stage)."""
+        return resource_shares(cycle.allocation, capacity, None) / snapshot.share_fraction
+
+    def heap_of(names: list[str]) -> list:
+        if cycle._capped:  # min shares change the priority class: key each one
+            heap = [(key(cycle, t), t) for t in names]
+        else:
+            shares = weighted_shares()
+            heap = [(fair_key(float(shares[snapshot.rows[t]]), leaf_arrival(snapshot, t), t), t) for t in names]
+        heapq.heapify(heap)
+        return heap
+
     # 1. Fairness-oriented stage: progressive filling up to rho * s_i^max.
-    heap = [(key(cycle, t), t) for t in tenants]
-    heapq.heapify(heap)
+    heap = heap_of(tenants)
     while heap:
         tenant_key, tenant = heapq.heappop(heap)
         if tenant_key.share >= limit - 1e-12:
@@ -120,13 +138,13 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     # 2. Efficiency-oriented stage: one integer program over the idle resources left.
     note = ""
     try:
-        quotas, status = efficiency_quotas(cycle, tenants, weights, pending_avg, pending_count, params["gap"])
+        quotas, status = efficiency_quotas(cycle, tenants, weights, pending_avg, pending_count, params["gap"],
+                                           params["exact_items"])
     except SolverError as exc:
         quotas, note = {}, f"; efficiency stage skipped: {exc}"
     else:
         planned = dict(quotas)
-        heap = [(key(cycle, t), t) for t in tenants if quotas.get(t, 0) > 0]
-        heapq.heapify(heap)
+        heap = heap_of([t for t in tenants if quotas.get(t, 0) > 0])
         while heap:
             _, tenant = heapq.heappop(heap)
             task = cycle.next_task(tenant)
@@ -142,11 +160,31 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     def reason(c: Cycle, tenant: str, k) -> str:
         return f"qknobler: fill (lowest dominant share/weight {k.share:.4g}){note}"
 
-    return serve_in_order(snapshot, "qknobler", key, reason, cycle=cycle)
+    fill = tenants_with_a_fitting_task(cycle, tenants)
+    if not fill:  # the usual case: skip the per-tenant loop
+        return cycle.decisions
+    return serve_in_order(snapshot, "qknobler", key, reason, cycle=cycle,
+                          initial_shares=weighted_shares(), only=fill)
 
+
+def tenants_with_a_fitting_task(cycle: Cycle, tenants: list[str]) -> list[str]:
+    """Tenants whose next task of some shape fits some node's idle resources now, in one
+    vectorised check (tasks with constraints count as fitting: the loop checks them itself)."""
+    owners, demands, constrained = [], [], set()
+    for tenant in tenants:
+        for task in cycle.shape_heads(tenant):
+            if not task.constraints.empty:
+                constrained.add(tenant)
+            owners.append(tenant)
+            demands.append(task.demand_values)
+    if not owners or not len(cycle.free):
+        return sorted(constrained)
+    fits = (cycle.free[None, :, :] >= np.array(demands)[:, None, :] - EPSILON).all(axis=2).any(axis=1)
+    chosen = constrained | {owner for owner, fit in zip(owners, fits.tolist()) if fit}
+    return [t for t in tenants if t in chosen]
 
 def efficiency_quotas(cycle: Cycle, tenants: list[str], weights: np.ndarray, demands: np.ndarray,
-                      pending_count: np.ndarray, gap: float) -> tuple[dict[str, float], str]:
+                      pending_count: np.ndarray, gap: float, exact_items: int) -> tuple[dict[str, float], str]:
     """Formulas 15-17 on the pooled idle resources of ``cycle``: tasks per tenant."""
     snapshot = cycle.snapshot
     capacity = snapshot.capacity
@@ -188,7 +226,7 @@ def efficiency_quotas(cycle: Cycle, tenants: list[str], weights: np.ndarray, dem
                                     <= step_a + step_a * item_upper[a] * saturated[b])
 
     solution = solve_packing(values, item_demand, idle, item_upper, abs_gap=gap * float(values.min()),
-                             extra=same_direction_shares)
+                             extra=same_direction_shares, integer=len(members) <= exact_items)
     quotas: dict[str, float] = {}
     for item, count in zip(members, solution.counts):
         quotas.update(water_fill(int(count), item, weights, upper, tenants))

@@ -196,3 +196,28 @@ def test_the_soft_fairness_check_can_fail():
     shares = np.array([10, 0]) * task_dominant_shares(demands, capacity)
     assert soft_fairness_degree(shares, w) > soft_fairness_theta(demands, w, capacity, 1.0) + rounding_slack(demands, w, capacity)
 
+
+
+def test_sweep_writes_a_table_and_figures_6_and_7_with_speedups_over_their_baselines(tmp_path):
+    from fairstream.cli import main
+    import json as json_module
+
+    assert main(["sweep", "macro", "--scale", "0.02", "--knobs", "0,1", "--workers", "1", "--out", str(tmp_path),
+                 "--no-progress"]) == 0
+    rows = json_module.loads((tmp_path / "sweep.json").read_text())["rows"]
+    assert {(r["figure"], r["policy"], r["knob"]) for r in rows} == {
+        ("fig6", "qknobler", 0.0), ("fig6", "qknobler", 1.0), ("fig7", "static", None), ("fig7", "drf", None),
+        ("fig7", "tetris", 0.0), ("fig7", "tetris", 1.0), ("fig7", "qknobler", 0.0), ("fig7", "qknobler", 1.0)}
+    # Figure 6's baseline is rho = 1, Figure 7's is static partitioning: both have speedup 1.
+    assert all(r["speedup"] == 1.0 for r in rows if (r["figure"], r["knob"]) == ("fig6", 1.0) or r["policy"] == "static")
+    assert all(r["theta"] is not None for r in rows if r["policy"] == "qknobler")
+    assert (tmp_path / "table.md").read_text().startswith("| figure |")
+    assert (tmp_path / "fig6-knob.png").stat().st_size > 0 and (tmp_path / "fig7-policies.png").stat().st_size > 0
+
+
+def test_a_sweep_without_the_baseline_knob_is_refused_in_one_line(tmp_path, capsys):
+    from fairstream.cli import main
+
+    assert main(["sweep", "macro", "--knobs", "0,0.5", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "including 1" in err and err.count("\n") == 1

@@ -308,3 +308,33 @@ def test_clearing_the_outbox_removes_only_what_this_worker_published():
         return await store.outbox()
 
     assert run(scenario()) == [("allocations.decisions", {"id": "b"})]
+
+
+@pytest.mark.parametrize("policy, params", [
+    pytest.param("qknobler", {"rho": "0"}, id="qknobler decides in the worker, integer program and all"),
+    pytest.param("tetris", {"f": "0"}, id="tetris decides in the worker"),
+])
+def test_the_multi_resource_policies_run_in_the_worker_and_survive_a_restart(policy, params):
+    # Example 1 in small: <20 cpu, 100 GB>, A <1, 6>, B <1, 2>, 30 tasks each.
+    store, wire = MemoryStore(), Wire()
+    config = WorkerConfig(policy=policy, params=params)
+
+    async def life():
+        p = Processor(store, config.make_engine, wire.publish, Topics(), snapshot_every=1)
+        batch = [wire.msg("heartbeat", heartbeat(cpu=20, mem=100))]
+        batch += [wire.msg("submitted", task(f"{t}{i}", t, 0, cpu=1, mem=m)) for t, m in (("A", 6), ("B", 2)) for i in range(30)]
+        await p.handle(batch)
+        return p
+
+    run(life())
+    placed = [d["tenant"] for d in wire.decisions()]
+    used = (sum(6 if t == "A" else 2 for t in placed), len(placed))
+    assert used[0] <= 100 and used[1] <= 20 and len(placed) >= 18
+
+    async def restarted():
+        p = Processor(store, config.make_engine, wire.publish, Topics(), snapshot_every=1)
+        await p.start()
+        return await p.engine("c1")
+
+    engine = run(restarted())  # from the pickled snapshot: the policy is found again by name
+    assert engine.policy == policy

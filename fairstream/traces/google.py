@@ -15,7 +15,8 @@ The sample has no ``machine_events``: the cluster is ``nodes`` machines of
 <``node_cpu`` = 0.5, ``node_mem`` = 0.5>, the most common machine type of that cell, unless a
 scenario file supplies one. Tenants are users (the first 10 characters of the hashed name),
 flat, weight 1; ``users`` keeps the first N users by first submission (QKnobler's setup
-takes 100).
+takes 100). ``disk`` adds the disk request as a third resource (QKnobler's simulation uses CPU,
+memory and disk; nodes then get ``node_disk``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def load_google(
     nodes: int = 1000,
     node_cpu: float = 0.5,
     node_mem: float = 0.5,
+    disk: bool = False,
+    node_disk: float = 0.5,
 ) -> Scenario:
     opener = gzip.open if str(path).endswith(".gz") else open
     submitted: dict[tuple[str, str], dict] = {}
@@ -61,7 +64,8 @@ def load_google(
                 if event == SUBMIT and key not in submitted:
                     if not row[9] or not row[10]:
                         continue  # missing requests (missing-info 2 rows)
-                    submitted[key] = {"submit": time_s, "user": row[6][:10], "cpu": float(row[9]), "mem": float(row[10])}
+                    submitted[key] = {"submit": time_s, "user": row[6][:10], "cpu": float(row[9]), "mem": float(row[10]),
+                                      "disk": float(row[11] or 0.0)}
                     order.append(key)
                 elif event == SCHEDULE and key in submitted and "start" not in submitted[key]:
                     submitted[key]["start"] = time_s
@@ -84,12 +88,14 @@ def load_google(
             kept_users[rec["user"]] = None
         tasks.append(TaskSpec(
             id=f"{key[0]}-{key[1]}", job=key[0], tenant=rec["user"], submit=round(rec["submit"] - origin, 6),
-            duration=max(rec["end"] - rec["start"], 0.0), demand={"cpu": rec["cpu"], "mem": rec["mem"]},
+            duration=max(rec["end"] - rec["start"], 0.0),
+            demand={"cpu": rec["cpu"], "mem": rec["mem"], **({"disk": rec["disk"]} if disk else {})},
         ))
         if limit is not None and len(tasks) >= limit:
             break
     tree = TenantTree.from_specs([TenantSpec(u) for u in kept_users])
+    capacity = {"cpu": node_cpu, "mem": node_mem, **({"disk": node_disk} if disk else {})}
     return Scenario(
-        ResourceSpace(("cpu", "mem")), tree, uniform_nodes(nodes, {"cpu": node_cpu, "mem": node_mem}), tasks,
+        ResourceSpace(tuple(capacity)), tree, uniform_nodes(nodes, capacity), tasks,
         name=f"google:{Path(path).name} ({len(tasks)} tasks, {dropped} left out)",
     )

@@ -1,0 +1,154 @@
+"""``fairstream sweep``: policies and knob values over one workload, as a table and plots.
+
+Two workloads, after the QKnobler paper's evaluation (section 7):
+
+- ``macro``: the four-queue macro-benchmark (``traces/macro.py``) with weights 1:2:3:4 as in
+  section 7.2.1. Figure 6: QKnobler's makespan speedup over rho = 1 and its soft fairness
+  (measured, and Theorem 1's theta) against rho. Figure 7: makespan speedup over static
+  partitioning of DRF, Tetris (f = knob) and QKnobler (rho = knob).
+- ``google``: the real Google 2011 sample (``traces/google.py``) with CPU, memory and disk, the
+  first ``users`` users on ``nodes`` machines of <0.5, 0.5, 0.5>. Figure 8: QKnobler's speedup
+  over rho = 1 and soft fairness against rho. Figure 9: speedup over static against the number
+  of users, Tetris and QKnobler at knob 0.2.
+
+Every run is an ordinary simulation (the engine, no Kafka, no Redis); runs go to worker
+processes, one per core. Writes ``sweep.json``, ``table.md``, ``table.csv`` and PNG figures.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+FIELDS = ("figure", "workload", "users", "policy", "knob", "makespan", "mean_jct", "speedup", "soft_fairness_mean",
+          "soft_fairness_max", "theta", "util_cpu", "util_mem")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One simulation: a workload, a policy and its knob."""
+
+    workload: str  # "macro" or "google"
+    policy: str
+    knob: float | None
+    users: int | None = None
+    options: tuple = ()  # workload options as (name, value) pairs
+
+    def params(self) -> dict[str, str]:
+        if self.knob is None:
+            return {}
+        return {"rho" if self.policy == "qknobler" else "f": str(self.knob)}
+
+
+def build_scenario(run: Run):
+    options = dict(run.options)
+    if run.workload == "macro":
+        from fairstream.traces.macro import macro_benchmark
+
+        return macro_benchmark(seed=options.get("seed", 1), weights=(1, 2, 3, 4), scale=options.get("scale", 1.0))
+    from fairstream.traces.google import load_google
+
+    return load_google(options["trace"], users=run.users, nodes=options.get("nodes", 1000), disk=True,
+                       limit=options.get("limit"))
+
+
+def simulate(run: Run) -> dict:
+    """Run one simulation and return its row (without speedup, which needs the others)."""
+    import numpy as np
+
+    from fairstream.explain import knob_theory
+    from fairstream.simulator import Simulator
+
+    scenario = build_scenario(run)
+    result = Simulator(scenario, run.policy, run.params()).run()
+    summary = result.summary()
+    jcts = [t["mean_jct"] for t in summary["tenants"].values() if t.get("mean_jct") is not None]
+    theta = None
+    if run.policy == "qknobler":
+        theta = knob_theory(scenario, [run.knob])["theta"][f"{run.knob:g}"]
+    return {
+        "workload": run.workload, "users": run.users or len(scenario.tree.effective_share), "policy": run.policy,
+        "knob": run.knob, "makespan": summary["makespan"], "mean_jct": float(np.mean(jcts)) if jcts else None,
+        "soft_fairness_mean": summary["soft_fairness"]["mean"], "soft_fairness_max": summary["soft_fairness"]["max"],
+        "theta": theta, "util_cpu": summary["utilisation"].get("cpu"), "util_mem": summary["utilisation"].get("mem"),
+    }
+
+
+def plan(workload: str, knobs: list[float], users: list[int], options: dict) -> list[tuple[str, Run]]:
+    """(figure, run) pairs; a run shared by two figures is listed once per figure."""
+    opts = tuple(sorted(options.items()))
+    first = users[0] if users else None
+    fig_knob, fig_policies = ("fig6", "fig7") if workload == "macro" else ("fig8", "fig9")
+    runs = [(fig_knob, Run(workload, "qknobler", k, first, opts)) for k in knobs]
+    if workload == "macro":
+        runs += [(fig_policies, Run(workload, "static", None, None, opts)), (fig_policies, Run(workload, "drf", None, None, opts))]
+        runs += [(fig_policies, Run(workload, "tetris", k, None, opts)) for k in knobs]
+        runs += [(fig_policies, Run(workload, "qknobler", k, None, opts)) for k in knobs]
+    else:
+        for count in users:
+            runs += [(fig_policies, Run(workload, policy, knob, count, opts))
+                     for policy, knob in (("static", None), ("drf", None), ("tetris", 0.2), ("qknobler", 0.2))]
+    return runs
+
+
+def sweep(workload: str, knobs: list[float], users: list[int], options: dict, out: Path,
+          workers: int | None = None, progress: bool | None = None) -> dict:
+    from fairstream.simulator import _progress_bar
+
+    out.mkdir(parents=True, exist_ok=True)
+    planned = plan(workload, knobs, users, options)
+    unique = list(dict.fromkeys(run for _, run in planned))
+    results: dict[Run, dict] = {}
+    bar = _progress_bar(len(unique), progress, unit="run", desc="sweeping")
+    with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        futures = {pool.submit(simulate, run): run for run in unique}
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            bar.update(1)
+    bar.close()
+    rows = [{"figure": figure, **results[run]} for figure, run in planned]
+    add_speedups(rows)
+    document = {"workload": workload, "options": {k: v for k, v in options.items()}, "knobs": knobs,
+                "users": users, "rows": rows}
+    (out / "sweep.json").write_text(json.dumps(document, indent=1))
+    write_tables(rows, out)
+    from fairstream.plots import sweep_figures
+
+    document["figures"] = [str(p) for p in sweep_figures(rows, out)]
+    return document
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """Figures 6 and 8: makespan over QKnobler's at rho = 1; Figures 7 and 9: over static's
+    (same workload and number of users)."""
+    for row in rows:
+        if row["figure"] in ("fig6", "fig8"):
+            base = next((r for r in rows if r["figure"] == row["figure"] and r["knob"] == 1.0), None)
+        else:
+            base = next((r for r in rows if r["figure"] == row["figure"] and r["policy"] == "static"
+                         and r["users"] == row["users"]), None)
+        row["speedup"] = base["makespan"] / row["makespan"] if base and base["makespan"] and row["makespan"] else None
+
+
+def write_tables(rows: list[dict], out: Path) -> None:
+    with open(out / "table.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=FIELDS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: row.get(k) for k in FIELDS})
+
+    def cell(value):
+        if value is None:
+            return "-"
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(FIELDS) + " |", "|" + "---|" * len(FIELDS)]
+    lines += ["| " + " | ".join(cell(row.get(k)) for k in FIELDS) + " |" for row in rows]
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+
+
+__all__ = ["Run", "plan", "sweep", "simulate", "add_speedups"]
