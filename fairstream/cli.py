@@ -369,9 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--scale", type=float, default=1.0, help="macro: shrink task counts")
     sweep.add_argument("--seed", type=int, default=1, help="macro: generator seed")
     sweep.add_argument("--trace", default=str(DEFAULT_GOOGLE), help="google: a task_events part")
-    sweep.add_argument("--nodes", type=int, default=1000, help="google: machines of <0.5, 0.5, 0.5>")
-    sweep.add_argument("--users", default="20,40,60,80,100", help="google: user counts for Figure 9 (the first is "
-                                                                   "Figure 8's)")
+    sweep.add_argument("--nodes", type=int, default=500, help="google: machines of <0.5, 0.5, 0.5> (500: the sample "
+                                                               "contends; see docs/workloads.md)")
+    sweep.add_argument("--users", default="20,60,100,137", help="google: user counts for Figure 9 (Figure 8 uses 100, "
+                                                                 "or the largest)")
     sweep.add_argument("--limit", type=int, help="google: first N tasks only")
     sweep.add_argument("--workers", type=int, help="parallel simulations (default: one per core)")
     sweep.set_defaults(func=cmd_sweep)

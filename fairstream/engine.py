@@ -113,6 +113,11 @@ class Engine:
         self.pending: dict[str, PendingQueue] = {}
         self._seq = 0
         self._shapes: dict[tuple, int] = {}
+        # Tasks no live node could ever hold (reported once), tasks to check, and whether the
+        # set of nodes changed (then every pending task is checked again).
+        self._unschedulable: set[str] = set()
+        self._to_check: list[Task] = []
+        self._nodes_changed = False
         for leaf in tree.leaves:
             self.accounting.add_tenant(leaf, tree.path(leaf))
         self._refresh_shares()
@@ -150,8 +155,50 @@ class Engine:
                 result.rejected.append((event, str(exc)))
         if self._shares_stale:
             self._refresh_shares()
+        result.decisions.extend(self._report_unschedulable())
         result.decisions.extend(self.schedule())
         return result
+
+    def _report_unschedulable(self) -> list[Decision]:
+        """An ``UNSCHEDULABLE`` decision for each pending task that fits no live node its
+        constraints allow even when idle: new tasks, or all pending ones when nodes changed."""
+        if not self._to_check and not self._nodes_changed:
+            return []
+        live = np.flatnonzero(self.alive)
+        if not len(live):  # no cluster yet: judge when the first node arrives
+            self._to_check.clear()
+            return []
+        if self._nodes_changed:
+            candidates = [t for t in self.tasks.values() if t.state is TaskState.PENDING]
+        else:
+            candidates = [t for t in self._to_check if t.state is TaskState.PENDING]
+        self._to_check.clear()
+        self._nodes_changed = False
+        capacity = self.capacity[live]
+        verdicts: dict[int, str | None] = {}
+        decisions = []
+        for task in sorted(candidates, key=lambda t: t.seq):
+            if task.shape not in verdicts:
+                verdicts[task.shape] = self._why_unschedulable(task, live, capacity)
+            why = verdicts[task.shape]
+            if why is None:
+                self._unschedulable.discard(task.id)
+            elif task.id not in self._unschedulable:
+                self._unschedulable.add(task.id)
+                decisions.append(Decision(self.time, task.id, task.job, task.tenant, "", task.demand_map,
+                                          self.policy, why, DecisionKind.UNSCHEDULABLE))
+        return decisions
+
+    def _why_unschedulable(self, task: Task, live: np.ndarray, capacity: np.ndarray) -> str | None:
+        eligible = np.array([task.constraints.allows(self._node_ids[r], self._node_labels[r]) for r in live])
+        if not eligible.any():
+            return f"unschedulable: no live node matches its constraints {task.constraints.to_json()}"
+        large = (capacity[eligible] >= task.demand - EPSILON).all(axis=1)
+        if large.any():
+            return None
+        biggest = self.resources.as_dict(capacity[eligible].max(axis=0))
+        return (f"unschedulable: none of the {int(eligible.sum())} live nodes it may use is large enough "
+                f"(needs {task.demand_map}; largest per resource {biggest})")
 
     def schedule(self) -> list[Decision]:
         """One scheduling pass at the current time."""
@@ -191,6 +238,7 @@ class Engine:
             pending={t: q for t, q in self.pending.items() if q.count > 0},
             accounting=acc.config,
             running=np.array([ledger.running for ledger in acc.ledgers], dtype=float),
+            node_capacity=self.capacity,
         )
 
     # ------------------------------------------------------------------ events
@@ -237,6 +285,7 @@ class Engine:
             demand_values=tuple(demand.tolist()),
         )
         self.tasks[task.id] = task
+        self._to_check.append(task)
         self.pending.setdefault(task.tenant, PendingQueue()).add(task)
         self.accounting.on_submit(self.accounting.row[task.tenant], demand, event.time)
         return task
@@ -250,6 +299,7 @@ class Engine:
         row = self.accounting.row[task.tenant]
         self.finished_ids[task.id] = event.time
         del self.tasks[task.id]
+        self._unschedulable.discard(task.id)
         if task.state is TaskState.PENDING:
             # Killed (or failed) before it ever ran: it leaves the queue.
             task.state = TaskState.DONE
@@ -278,11 +328,13 @@ class Engine:
             node = self.nodes[row]
             changed = node.alive is False or not np.array_equal(node.capacity, capacity)
             node.capacity, node.alive, node.last_heartbeat = capacity, True, event.time
-            if event.labels is not None:
+            if event.labels is not None and labels != node.labels:
                 node.labels = labels
                 self._node_labels[row] = labels
+                self._nodes_changed = True  # constraints may now match elsewhere
             if not changed:
                 return
+        self._nodes_changed = True
         self.capacity[row] = capacity
         self.alive[row] = True
         self._shares_stale = True
@@ -320,6 +372,7 @@ class Engine:
             return []
         node.alive = False
         self.alive[row] = False
+        self._nodes_changed = True
         requeued = []
         for task in self.tasks.values():
             if task.state is TaskState.RUNNING and task.node == event.node:
@@ -354,6 +407,7 @@ class Engine:
         if ((self._used[row] + task.demand) > self._capacity[row] + EPSILON).any():
             raise PolicyViolation(f"{decision.policy} over-commits node {node.id} with {task.id}")
         self._used[row] += task.demand
+        self._unschedulable.discard(task.id)
         task.state, task.node, task.start = TaskState.RUNNING, node.id, decision.time
         self.pending[task.tenant].removed(task)
         task.running_entry = self.accounting.on_start(self.accounting.row[task.tenant], task.demand, decision.time)

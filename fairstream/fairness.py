@@ -187,3 +187,23 @@ def soft_fairness_degree(shares: np.ndarray, weights: np.ndarray) -> float:
 
 #: Amounts of a resource below this count as exhausted in the theory functions above.
 EPS_RESOURCE = 1e-9
+
+
+# --------------------------------------------------------------------------------------------
+# Task share (TSF, Wang, Li, Liang and Li, SIGMETRICS'16 poster / "Multi-resource fair sharing
+# for datacenter jobs with placement constraints").
+
+
+def monopoly_tasks(demand: np.ndarray, node_capacities: np.ndarray) -> int:
+    """``h_i``: how many tasks of ``demand`` the whole cluster could run for one job alone with
+    its constraints removed: ``sum over nodes of floor(min_k capacity_nk / d_k)``."""
+    need = demand > 0
+    if not need.any() or not len(node_capacities):
+        return 0
+    per_node = np.floor(np.min(node_capacities[:, need] / demand[need], axis=1) + 1e-9)
+    return int(np.maximum(per_node, 0).sum())
+
+
+def task_share(tasks: float, monopoly: int) -> float:
+    """Tasks allocated over ``h_i``; a job that could run nothing anywhere has share 0."""
+    return tasks / monopoly if monopoly > 0 else 0.0

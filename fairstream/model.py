@@ -222,12 +222,16 @@ Event = TaskSubmitted | TaskCompleted | NodeHeartbeat | NodeLost
 class DecisionKind(str, Enum):
     PLACE = "place"
     REQUEUE = "requeue"
+    UNSCHEDULABLE = "unschedulable"
 
 
 class Decision(NamedTuple):
     """One scheduling decision, plain data with the reason it was taken.
 
     ``PLACE``: run ``task`` on ``node``. ``REQUEUE``: the task's node was lost; it is pending again.
+    ``UNSCHEDULABLE``: no live node its constraints allow is large enough for it, however idle
+    (``node`` is empty); it stays pending, in case such a node joins, and is reported again only
+    after it became schedulable in between.
     """
 
     time: float

@@ -32,6 +32,8 @@ class Cycle:
         # First fit (lowest-numbered node) unless ``affinity``: then the node whose idle
         # resources align best with the task (``alignment_scores``; QKnobler C3, Tetris).
         self.affinity = affinity
+        # First fit walks nodes in this order if a policy sets it (TSF: least contended first).
+        self.node_order: np.ndarray | None = None
         self.free = snapshot.free.copy()
         # Rows of ``free`` as plain floats, made on first use: checking one node is then a few
         # float compares instead of numpy calls on a 2-element array.
@@ -174,7 +176,12 @@ class Cycle:
             fits = (self.free >= need).all(axis=1)
             if not task.constraints.empty:
                 fits &= self.eligible(task.constraints)
-            entry = self._candidates[task.shape] = [np.flatnonzero(fits).tolist(), 0, need.tolist()]
+            nodes = np.flatnonzero(fits)
+            if self.node_order is not None:
+                rank = np.empty(len(self.node_order), dtype=np.int64)
+                rank[self.node_order] = np.arange(len(self.node_order))
+                nodes = nodes[np.argsort(rank[nodes], kind="stable")]
+            entry = self._candidates[task.shape] = [nodes.tolist(), 0, need.tolist()]
         candidates, i, need = entry
         rows = self._free_rows
         while i < len(candidates):

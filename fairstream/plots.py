@@ -135,39 +135,39 @@ def sweep_figures(rows: list[dict], out: Path) -> list[Path]:
         written.append(path)
     seven = [r for r in rows if r["figure"] == "fig7"]
     if seven:
-        fig, ax = plt.subplots(figsize=(7, 4))
         knobs = sorted({r["knob"] for r in seven if r["knob"] is not None})
-        for policy in ("static", "drf"):
+        lines = []
+        for policy in ("static", "drf"):  # no knob: flat lines
             row = next((r for r in seven if r["policy"] == policy), None)
             if row:
-                ax.plot(knobs, [row["speedup"]] * len(knobs), linestyle="--", label=policy)
+                lines.append((policy, knobs, [row["speedup"]] * len(knobs), "--"))
         for policy in ("tetris", "qknobler"):
             mine = sorted((r for r in seven if r["policy"] == policy), key=lambda r: r["knob"])
-            ax.plot([r["knob"] for r in mine], [r["speedup"] for r in mine], marker="o", label=policy)
-        ax.set_title("fig7: makespan speedup over static partitioning")
-        ax.set_xlabel("knob (rho for QKnobler, f for Tetris)")
-        ax.set_ylabel("speedup")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        path = out / "fig7-policies.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+            lines.append((policy, [r["knob"] for r in mine], [r["speedup"] for r in mine], "-"))
+        written.append(_line_figure(out / "fig7-policies.png", "fig7: makespan speedup over static partitioning",
+                                    "knob (rho for QKnobler, f for Tetris)", lines))
     nine = [r for r in rows if r["figure"] == "fig9"]
     if nine:
-        fig, ax = plt.subplots(figsize=(7, 4))
+        lines = []
         for policy in ("static", "drf", "tetris", "qknobler"):
             mine = sorted((r for r in nine if r["policy"] == policy), key=lambda r: r["users"])
-            ax.plot([r["users"] for r in mine], [r["speedup"] for r in mine], marker="o", label=policy)
-        ax.set_title("fig9: makespan speedup over static vs users (knob 0.2)")
-        ax.set_xlabel("users")
-        ax.set_ylabel("speedup")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        path = out / "fig9-users.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+            lines.append((policy, [r["users"] for r in mine], [r["speedup"] for r in mine], "-"))
+        written.append(_line_figure(out / "fig9-users.png", "fig9: makespan speedup over static vs users (knob 0.2)",
+                                    "users", lines))
     return written
+
+
+def _line_figure(path: Path, title: str, xlabel: str, lines: list[tuple[str, list, list, str]]) -> Path:
+    """One plot of (label, xs, ys, line style) speedup lines."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, xs, ys, style in lines:
+        ax.plot(xs, ys, marker="o" if style == "-" else None, linestyle=style, label=label)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("speedup")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -157,6 +157,8 @@ class Simulator:
                     attempts[decision.task] = attempts.get(decision.task, 0) + 1
                     records[decision.task]["start"] = None
                     continue
+                if decision.kind is not DecisionKind.PLACE:
+                    continue  # unschedulable: reported, still pending
                 attempts[decision.task] = attempts.get(decision.task, 0) + 1
                 records[decision.task]["start"] = now
                 push(now + specs[decision.task].duration, _COMPLETE, (decision.task, attempts[decision.task]))

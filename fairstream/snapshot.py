@@ -89,6 +89,7 @@ class Snapshot:
     - ``pseudo_accumulated``: PAR ``phi_i`` in normalised units (formula 16).
     - ``waiting_since``: when a demanding tenant last got a task (NaN if not demanding).
     - ``running``: how many tasks each tenant has running.
+    - ``node_capacity``: node x resource total capacity (lost nodes included; see ``free``).
     """
 
     time: float
@@ -111,6 +112,7 @@ class Snapshot:
     pending: dict[str, PendingQueue]
     accounting: AccountingConfig
     running: np.ndarray | None = None
+    node_capacity: np.ndarray | None = None
 
     def demanding(self) -> list[str]:
         """Tenants with pending tasks, in row order."""

@@ -58,9 +58,9 @@ PARAMS = (
 def average_demands(snapshot: Snapshot, tenants: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """C2 for each tenant: (average demand of running + counted pending tasks, average demand of
     the counted pending tasks, number of pending tasks). Pending tasks are counted in queue order
-    until they would overfill the cluster's idle space."""
-    idle = np.maximum(snapshot.free, 0.0).sum(axis=0)
-    width = len(snapshot.capacity)
+    until they would overfill the cluster's idle space. Plain floats: a few shapes per tenant."""
+    idle = np.maximum(snapshot.free, 0.0).sum(axis=0).tolist()
+    width = len(idle)
     overall, pending_avg = np.zeros((len(tenants), width)), np.zeros((len(tenants), width))
     pending_count = np.zeros(len(tenants))
     running = snapshot.running if snapshot.running is not None else np.zeros(len(snapshot.tenants))
@@ -69,24 +69,25 @@ def average_demands(snapshot: Snapshot, tenants: list[str]) -> tuple[np.ndarray,
         for group in snapshot.pending[tenant].groups.values():
             task, _ = group.pending_at(0)
             if task is not None:
-                heads.append((task.seq, task.demand, len(group.tasks) - group.head))
+                heads.append((task.seq, task.demand_values, len(group.tasks) - group.head))
         heads.sort(key=lambda head: head[0])
-        room, counted, total = idle.copy(), 0, np.zeros(width)
+        pending_count[i] = sum(available for _, _, available in heads)
+        room, counted, total = list(idle), 0, [0.0] * width
         for _, demand, available in heads:
-            pending_count[i] += available
-            need = demand > 0
-            fits = int(np.floor(np.min(room[need] / demand[need]) + 1e-9)) if need.any() else available
-            take = max(0, min(available, fits))
-            total += take * demand
-            room -= take * demand
-            counted += take
+            fits = min((have / need for have, need in zip(room, demand) if need > 0), default=float(available))
+            take = max(0, min(available, int(fits + 1e-9)))
+            if take:
+                total = [t + take * d for t, d in zip(total, demand)]
+                room = [r - take * d for r, d in zip(room, demand)]
+                counted += take
             if take < available:
                 break
         if counted == 0 and heads:  # not even one fits the idle space: estimate from the first task
-            total, counted = heads[0][1].copy(), 1
-        pending_avg[i] = total / max(counted, 1)
+            total, counted = list(heads[0][1]), 1
+        pending_avg[i] = total
+        pending_avg[i] /= counted or 1
         row = snapshot.rows[tenant]
-        overall[i] = (snapshot.allocation[row] + total) / max(running[row] + counted, 1)
+        overall[i] = (snapshot.allocation[row] + np.array(total)) / max(running[row] + counted, 1)
     return overall, pending_avg, pending_count
 
 
@@ -135,11 +136,16 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
         cycle.try_place(tenant, task, lambda: f"qknobler: fairness stage (s/w {tenant_key.share:.4g} < rho/phi {limit:.4g})")
         heapq.heappush(heap, (key(cycle, tenant), tenant))
 
-    # 2. Efficiency-oriented stage: one integer program over the idle resources left.
+    # 2. Efficiency-oriented stage: one integer program over the idle resources left, for the
+    # tenants that can place a task now at all (none: the pass is over, nothing fits).
+    placeable = set(tenants_with_a_fitting_task(cycle, tenants))
+    if not placeable:
+        return cycle.decisions
     note = ""
     try:
-        quotas, status = efficiency_quotas(cycle, tenants, weights, pending_avg, pending_count, params["gap"],
-                                           params["exact_items"])
+        candidates = np.array([t in placeable for t in tenants])
+        quotas, status = efficiency_quotas(cycle, tenants, weights, pending_avg, np.where(candidates, pending_count, 0),
+                                           params["gap"], params["exact_items"])
     except SolverError as exc:
         quotas, note = {}, f"; efficiency stage skipped: {exc}"
     else:

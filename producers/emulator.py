@@ -155,6 +155,8 @@ async def run_emulator(
                             use[node] = [u - d for u, d in zip(use[node], demand)]
                         report.requeued += 1
                         continue
+                    if decision["kind"] != "place":
+                        continue  # unschedulable: nothing to run
                     spec = specs.get(task_id)
                     if spec is None:
                         continue

@@ -334,7 +334,7 @@ def _cluster_of(message: dict) -> str:
 
 
 def touched_nodes(steps: list[dict], decisions) -> set[str]:
-    nodes = {d.node for d in decisions}
+    nodes = {d.node for d in decisions if d.node}
     for step in steps:
         nodes.update(e["node"] for e in step["events"] if "node" in e)
     return nodes

@@ -20,8 +20,8 @@ def engine(tenants: TenantTree, policy: str, resources=("mem",), **params) -> En
     return Engine(ResourceSpace(tuple(resources)), tenants, policy, {k: str(v) for k, v in params.items()})
 
 
-def node(name: str, time: float = 0.0, **capacity: float) -> NodeHeartbeat:
-    return NodeHeartbeat(time, name, capacity)
+def node(name: str, time: float = 0.0, labels: dict | None = None, **capacity: float) -> NodeHeartbeat:
+    return NodeHeartbeat(time, name, capacity, labels)
 
 
 def submit(task: str, tenant: str, time: float = 0.0, job: str | None = None, constraints=None, **demand) -> TaskSubmitted:

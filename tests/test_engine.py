@@ -136,3 +136,20 @@ def test_finished_tasks_are_forgotten_after_the_retention_window_but_duplicates_
     assert "already completed" in e.step(60, [TaskCompleted(60, "t")]).rejected[0][1]
     assert not e.step(111, [submit("t", "A", 111)]).rejected  # 101 s after it finished: a new task
     assert "t" in e.tasks and len(e.finished_ids) == 0
+
+
+def test_a_task_no_node_could_ever_hold_is_reported_once_and_placed_when_a_large_enough_node_joins():
+    from fairstream.model import DecisionKind
+
+    e = engine(tree("A"), "drf", ("cpu", "mem"))
+    first = e.step(0.0, [node("small", cpu=4, mem=4), submit("big", "A", cpu=8, mem=1), submit("ok", "A", cpu=1, mem=1),
+                         submit("gpu", "A", constraints={"labels": {"gpu": "yes"}}, cpu=1, mem=1)])
+    kinds = {(d.task, d.kind) for d in first.decisions}
+    assert kinds == {("big", DecisionKind.UNSCHEDULABLE), ("gpu", DecisionKind.UNSCHEDULABLE), ("ok", DecisionKind.PLACE)}
+    reasons = {d.task: d.reason for d in first.decisions}
+    assert "largest per resource {'cpu': 4.0, 'mem': 4.0}" in reasons["big"]
+    assert "no live node matches its constraints {'labels': {'gpu': 'yes'}}" in reasons["gpu"]
+    assert e.step(1.0, [submit("more", "A", cpu=1, mem=1)]).decisions[0].kind is DecisionKind.PLACE  # not reported again
+    joined = e.step(2.0, [node("large", cpu=16, mem=16, labels={"gpu": "yes"})])
+    assert {(d.task, d.kind, d.node) for d in joined.decisions} == {("big", DecisionKind.PLACE, "large"),
+                                                                    ("gpu", DecisionKind.PLACE, "large")}

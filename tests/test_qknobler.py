@@ -17,7 +17,7 @@ from fairstream.fairness import (
     soft_fairness_theta,
     task_dominant_shares,
 )
-from fairstream.model import TenantSpec
+from fairstream.model import DecisionKind, TenantSpec
 from fairstream.solver import SolverError, solve_packing
 from tests.builders import engine, node, submit, tree
 
@@ -35,7 +35,8 @@ def one_pass(policy, users=(A, B), tasks=1000, weights=None, machines=(MACHINE,)
         events += [submit(f"{name}{i}", name, cpu=cpu, mem=mem) for i in range(tasks)]
     result = e.step(0.0, events)
     assert not result.rejected
-    return Counter(d.tenant for d in result.decisions), result.decisions
+    placed = [d for d in result.decisions if d.kind is DecisionKind.PLACE]
+    return Counter(d.tenant for d in placed), result.decisions
 
 
 def memory_used(placed, users):
@@ -127,7 +128,8 @@ def test_drf_places_on_real_machines_not_on_a_pooled_super_machine():
     placed, decisions = one_pass("drf", (("A", 6, 1), ("B", 1, 1)), tasks=3,
                                  machines=({"cpu": 4, "mem": 4}, {"cpu": 4, "mem": 4}))
     assert placed["A"] == 0 and placed["B"] == 3
-    assert {d.node for d in decisions} == {"m0"}  # first fit: B's three tasks share m0
+    assert {d.node for d in decisions if d.kind is DecisionKind.PLACE} == {"m0"}  # first fit: B's three share m0
+    assert {d.task for d in decisions if d.kind is DecisionKind.UNSCHEDULABLE} == {"A0", "A1", "A2"}  # said, not silent
 
 
 def test_the_solver_helper_returns_an_optimal_typed_result_or_raises():

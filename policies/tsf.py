@@ -1,0 +1,74 @@
+"""``tsf``: Task Share Fairness under placement constraints (Wang, Li, Liang and Li,
+SIGMETRICS'16: "task share", weighted TSF, Theorem 1).
+
+A tenant's *task share* is the tasks it runs divided by ``h_i``, the tasks it could run if it had
+the whole cluster with its constraints removed (``fairness.monopoly_tasks``, from the demand of
+its next pending task, over the live nodes). TSF is max-min over task shares divided by weights:
+the tenant with the lowest weighted task share gets its next task, one at a time, until nothing
+fits (progressive filling; the last tie-breaks are arrival and id, as everywhere).
+
+Where a task goes matters under constraints: a task placed on a node that other tenants can use
+while a node only it can use is free takes room they cannot get back. So each task goes to the
+fitting node that the fewest other demanding tenants may use (their constraints allow it),
+first fit among equals. On the paper's toy example this gives its allocation (6, 1, 3 tasks,
+task shares 3/7, 1/7, 3/7); in general it is a heuristic for the max-min allocation, which is a
+packing problem.
+
+Weights are the tenants' effective shares; Theorem 1's ``w_i = k_i / h_i`` (``k_i``: tasks the
+tenant could run in a dedicated pool) is given by setting tenant weights to those values.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from fairstream.fairness import fair_key, monopoly_tasks, task_share
+from fairstream.model import Decision, Task
+from fairstream.placement import Cycle, leaf_arrival, serve_in_order
+from fairstream.snapshot import Snapshot
+from fairstream.policies.base import PolicySpec
+
+
+def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
+    live = snapshot.free[:, 0] >= 0  # lost nodes carry -1 everywhere
+    capacities = snapshot.node_capacity[live]
+    tenants = snapshot.demanding()
+    cycle = Cycle(snapshot, "tsf")
+    running = snapshot.running if snapshot.running is not None else np.zeros(len(snapshot.tenants))
+    placed: dict[str, int] = {}
+    monopoly: dict[str, int] = {}
+
+    # How many demanding tenants may use each node: the contention a placement there causes.
+    contention = np.zeros(len(snapshot.node_ids))
+    for tenant in tenants:
+        allowed = np.zeros(len(snapshot.node_ids), dtype=bool)
+        for task in cycle.shape_heads(tenant):
+            allowed |= cycle.eligible(task.constraints)
+        contention += allowed & live
+
+    def h(tenant: str) -> int:
+        if tenant not in monopoly:
+            task = cycle.next_task(tenant)
+            monopoly[tenant] = monopoly_tasks(task.demand, capacities) if task is not None else 0
+        return monopoly[tenant]
+
+    def key(c: Cycle, tenant: str):
+        row = snapshot.rows[tenant]
+        share = task_share(running[row] + placed.get(tenant, 0), h(tenant)) / snapshot.share_fraction[row]
+        return fair_key(share, leaf_arrival(snapshot, tenant), tenant, c.below_min_share(tenant))
+
+    def charge(c: Cycle, tenant: str, task: Task) -> None:
+        placed[tenant] = placed.get(tenant, 0) + 1
+
+    def reason(c: Cycle, tenant: str, k) -> str:
+        return f"tsf: lowest task share/weight ({k.share:.4g}; h={h(tenant)} tasks with the whole cluster)"
+
+    cycle.node_order = np.lexsort((np.arange(len(contention)), contention))  # least contended first
+    return serve_in_order(snapshot, "tsf", key, reason, charge=charge, cycle=cycle)
+
+
+SPEC = PolicySpec("tsf", decide, "max-min over task shares: tasks run / tasks it could run alone without constraints")
+
+__all__ = ["SPEC", "decide"]
