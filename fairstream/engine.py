@@ -239,7 +239,16 @@ class Engine:
             accounting=acc.config,
             running=np.array([ledger.running for ledger in acc.ledgers], dtype=float),
             node_capacity=self.capacity,
+            node_allocation=self._node_allocation() if self.spec.needs_node_allocation else None,
         )
+
+    def _node_allocation(self) -> dict[tuple[int, str], np.ndarray]:
+        out: dict[tuple[int, str], np.ndarray] = {}
+        for task in self.tasks.values():
+            if task.state is TaskState.RUNNING:
+                key = (self.node_row[task.node], task.tenant)
+                out[key] = out[key] + task.demand if key in out else task.demand.copy()
+        return out
 
     # ------------------------------------------------------------------ events
 

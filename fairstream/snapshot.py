@@ -90,6 +90,8 @@ class Snapshot:
     - ``waiting_since``: when a demanding tenant last got a task (NaN if not demanding).
     - ``running``: how many tasks each tenant has running.
     - ``node_capacity``: node x resource total capacity (lost nodes included; see ``free``).
+    - ``node_allocation``: (node row, tenant) -> what the tenant's running tasks use there; only
+      for policies that ask for it (``PolicySpec.needs_node_allocation``), else None.
     """
 
     time: float
@@ -113,6 +115,7 @@ class Snapshot:
     accounting: AccountingConfig
     running: np.ndarray | None = None
     node_capacity: np.ndarray | None = None
+    node_allocation: dict | None = None
 
     def demanding(self) -> list[str]:
         """Tenants with pending tasks, in row order."""

@@ -6,12 +6,12 @@
 from __future__ import annotations
 
 from fairstream.model import ModelError
-from fairstream.policies import drf, fair, fifo, hltrf, ltrf, qknobler, static, tetris, tsf
+from fairstream.policies import cdrf, drf, drfh, fair, fifo, hltrf, ltrf, pmdrf, qknobler, static, tetris, tsf
 from fairstream.policies.base import PolicySpec
 
 REGISTRY: dict[str, PolicySpec] = {
     spec.name: spec for spec in (fifo.SPEC, fair.SPEC, drf.SPEC, static.SPEC, ltrf.SPEC, hltrf.SPEC,
-                                  qknobler.SPEC, tetris.SPEC, tsf.SPEC)
+                                  qknobler.SPEC, tetris.SPEC, tsf.SPEC, pmdrf.SPEC, drfh.SPEC, cdrf.SPEC)
 }
 
 

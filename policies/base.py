@@ -54,6 +54,9 @@ class PolicySpec:
     decide: Callable[[Snapshot, Mapping[str, Any]], list[Decision]]
     summary: str
     params: tuple[Param, ...] = field(default_factory=tuple)
+    # The policy reads what each tenant runs on each node (``Snapshot.node_allocation``), which
+    # the engine then builds for every pass; the others skip that cost.
+    needs_node_allocation: bool = False
 
     def parse_params(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         """Typed parameters from ``{"quantum": "600"}``; unknown names or bad values raise

@@ -16,16 +16,22 @@ from fairstream.policies.base import PolicySpec
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
+    return dominant_share_pass(snapshot, "drf")
+
+
+def dominant_share_pass(snapshot: Snapshot, policy: str) -> list[Decision]:
+    """Lowest weighted dominant share of the whole cluster first, first fit on real nodes."""
+
     def key(cycle: Cycle, tenant: str):
         row = snapshot.rows[tenant]
         share = dominant_share(cycle.allocation[row], snapshot.capacity) / snapshot.share_fraction[row]
         return fair_key(share, leaf_arrival(snapshot, tenant), tenant, cycle.below_min_share(tenant))
 
     def reason(cycle: Cycle, tenant: str, k) -> str:
-        return f"drf: lowest dominant share/weight ({k.share:.4g})"
+        return f"{policy}: lowest dominant share/weight ({k.share:.4g})"
 
     initial = resource_shares(snapshot.allocation, snapshot.capacity, None) / snapshot.share_fraction
-    return serve_in_order(snapshot, "drf", key, reason, initial_shares=initial)
+    return serve_in_order(snapshot, policy, key, reason, initial_shares=initial)
 
 
 SPEC = PolicySpec("drf", decide, "memoryless weighted dominant resource fairness")

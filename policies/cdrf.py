@@ -1,0 +1,48 @@
+"""``cdrf``: constrained DRF, one of the TSF paper's baselines (its Table 1, after Friedman,
+Ghodsi and Psomas, EC'14: sharing-incentive and Pareto optimal, neither strategy-proof nor
+envy-free under constraints).
+
+Our reading (the TSF paper names CDRF without defining it): a job's dominant share is measured
+against the capacity of the servers its constraints allow, ``max_r allocation_r / (sum over
+allowed servers of capacity_r)``, and the lowest (per weight) gets the next task, first fit.
+A job confined to a small pool thus counts as "rich" early, which is what lets a job gain by
+declaring narrower constraints than it needs (no strategy-proofness).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from fairstream.fairness import dominant_share, fair_key
+from fairstream.model import Decision
+from fairstream.placement import Cycle, leaf_arrival, serve_in_order
+from fairstream.snapshot import Snapshot
+from fairstream.policies.base import PolicySpec
+
+
+def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
+    cycle = Cycle(snapshot, "cdrf")
+    live = snapshot.free[:, 0] >= 0
+    pools: dict[str, np.ndarray] = {}
+    for tenant in snapshot.demanding():
+        allowed = np.zeros(len(snapshot.node_ids), dtype=bool)
+        for task in cycle.shape_heads(tenant):
+            allowed |= cycle.eligible(task.constraints)
+        pools[tenant] = snapshot.node_capacity[allowed & live].sum(axis=0)
+
+    def key(c: Cycle, tenant: str):
+        row = snapshot.rows[tenant]
+        share = dominant_share(c.allocation[row], pools[tenant]) / snapshot.share_fraction[row]
+        return fair_key(share, leaf_arrival(snapshot, tenant), tenant, c.below_min_share(tenant))
+
+    def reason(c: Cycle, tenant: str, k) -> str:
+        return f"cdrf: lowest dominant share of its allowed servers/weight ({k.share:.4g})"
+
+    return serve_in_order(snapshot, "cdrf", key, reason, cycle=cycle)
+
+
+SPEC = PolicySpec("cdrf", decide, "constrained DRF: dominant share of the servers a job may use")
+
+__all__ = ["SPEC", "decide"]

@@ -1,0 +1,63 @@
+"""``pmdrf``: per-machine DRF, one of the TSF paper's baselines (its Table 1, after Friedman,
+Ghodsi and Psomas, EC'14, and Wang, Liang and Li: strategy-proof and envy-free, neither
+sharing-incentive nor Pareto optimal under constraints).
+
+Every machine is shared by DRF on its own: on each node, in node order, the tenant whose tasks
+may run there with the lowest dominant share *of that node* (what it runs there over the node's
+capacity, per weight) gets its earliest task that fits there, until nothing more fits the node.
+A tenant's allocation elsewhere does not count, which is what costs Pareto optimality: a job
+that can use many machines takes its DRF share on each of them.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any, Mapping
+
+import numpy as np
+
+from fairstream.fairness import dominant_share, fair_key
+from fairstream.model import EPSILON, Decision
+from fairstream.placement import Cycle, leaf_arrival
+from fairstream.snapshot import Snapshot
+from fairstream.policies.base import PolicySpec
+
+
+def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
+    cycle = Cycle(snapshot, "pmdrf")
+    tenants = snapshot.demanding()
+    for node in range(len(snapshot.node_ids)):
+        if snapshot.free[node, 0] < 0:  # lost
+            continue
+        capacity = snapshot.node_capacity[node]
+        here = {t: (snapshot.node_allocation or {}).get((node, t), np.zeros(len(capacity))).copy() for t in tenants}
+
+        def key(tenant: str):
+            share = dominant_share(here[tenant], capacity) / snapshot.share_fraction[snapshot.rows[tenant]]
+            return fair_key(share, leaf_arrival(snapshot, tenant), tenant, cycle.below_min_share(tenant))
+
+        heap = [(key(t), t) for t in tenants]
+        heapq.heapify(heap)
+        while heap:
+            tenant_key, tenant = heapq.heappop(heap)
+            task = next((t for t in cycle.shape_heads(tenant) if fits(cycle, t, node)), None)
+            if task is None:
+                continue  # nothing of this tenant fits this node any more
+            if not cycle.within_caps(tenant, task):
+                cycle.skip_for(tenant, task)
+            else:
+                cycle.commit(tenant, task, node, f"pmdrf: lowest dominant share/weight on {snapshot.node_ids[node]} "
+                                                 f"({tenant_key.share:.4g})")
+                here[tenant] += task.demand
+            heapq.heappush(heap, (key(tenant), tenant))
+    return cycle.decisions
+
+
+def fits(cycle: Cycle, task, node: int) -> bool:
+    return bool(cycle.eligible(task.constraints)[node]) and bool((cycle.free[node] >= task.demand - EPSILON).all())
+
+
+SPEC = PolicySpec("pmdrf", decide, "per-machine DRF: each node shared by DRF on its own (TSF baseline)",
+                  needs_node_allocation=True)
+
+__all__ = ["SPEC", "decide"]
