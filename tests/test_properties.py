@@ -13,7 +13,7 @@ from fairstream.model import EPSILON, NodeHeartbeat, TaskCompleted, TaskState, T
 from fairstream.scenario import parse_scenario
 from fairstream.simulator import Simulator
 
-WORK_CONSERVING = ["fifo", "fair", "drf", "ltrf", "hltrf", "qknobler", "tetris"]
+WORK_CONSERVING = ["fifo", "fair", "drf", "ltrf", "hltrf", "qknobler", "tetris", "tsf", "pmdrf", "drfh", "cdrf"]
 ALL = WORK_CONSERVING + ["static"]
 
 
@@ -90,7 +90,7 @@ def nothing_pending_fits(engine):
                     assert not (task.demand <= free[node.id] + EPSILON).all(), f"{task.id} fits idle {node.id} but waits"
 
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS
