@@ -23,36 +23,9 @@ import itertools
 
 import numpy as np
 
+from fairstream.solver import SolverError, solve_placement_lp
+
 TOLERANCE = 1e-7
-
-
-class LPError(RuntimeError):
-    """The LP solver did not return an optimal solution."""
-
-
-def _solve(objective, capacity, demands, allowed, rows):
-    """Maximise ``objective(variables)`` over allocations within machine capacities, subject to
-    ``rows(problem, x)``; returns (value, x as a jobs x machines array). Raises ``LPError``."""
-    import pulp
-
-    jobs, machines = allowed.shape
-    problem = pulp.LpProblem("divisible", pulp.LpMaximize)
-    x = {(i, m): problem.add_variable(f"x_{i}_{m}", 0) for i in range(jobs) for m in range(machines) if allowed[i, m]}
-    level = problem.add_variable("level", None)
-    problem += objective(x, level)
-    for m in range(machines):
-        for r in range(capacity.shape[1]):
-            used = [(x[i, m], float(demands[i, r])) for i in range(jobs) if (i, m) in x and demands[i, r] > 0]
-            if used:
-                problem += pulp.LpAffineExpression(used) <= float(capacity[m, r])
-    rows(problem, x, level)
-    status = problem.solve(pulp.HiGHS(msg=False, threads=1))
-    if status != pulp.LpStatusOptimal:
-        raise LPError(f"HiGHS status {pulp.LpStatus.get(status, status)}")
-    out = np.zeros((jobs, machines))
-    for (i, m), variable in x.items():
-        out[i, m] = variable.varValue or 0.0
-    return pulp.value(problem.objective), out
 
 
 def progressive_filling(capacity: np.ndarray, demands: np.ndarray, allowed: np.ndarray,
@@ -72,7 +45,7 @@ def progressive_filling(capacity: np.ndarray, demands: np.ndarray, allowed: np.n
                     problem += share(x_vars, i) == frozen[i]
                 elif raise_all:
                     problem += share(x_vars, i) >= level
-        top, x = _solve(lambda x_vars, level: level, capacity, demands, allowed, keep)
+        top, x = solve_placement_lp(lambda x_vars, level: level, capacity, demands, allowed, keep)
         grew = False
         for j in [i for i in range(jobs) if i not in frozen]:
             def others_at_top(problem, x_vars, level, j=j):
@@ -82,7 +55,7 @@ def progressive_filling(capacity: np.ndarray, demands: np.ndarray, allowed: np.n
                         problem += share(x_vars, i) == frozen[i]
                     elif i != j:
                         problem += share(x_vars, i) >= top
-            best, _ = _solve(lambda x_vars, level, j=j: share(x_vars, j), capacity, demands, allowed, others_at_top)
+            best, _ = solve_placement_lp(lambda x_vars, level, j=j: share(x_vars, j), capacity, demands, allowed, others_at_top)
             if best <= top + TOLERANCE:
                 frozen[j] = top
             else:
@@ -94,7 +67,7 @@ def progressive_filling(capacity: np.ndarray, demands: np.ndarray, allowed: np.n
         for i in range(jobs):
             problem += share(x_vars, i) == frozen[i]
 
-    _, x = _solve(lambda x_vars, level: pulp.lpSum(x_vars.values()), capacity, demands, allowed, at_levels)
+    _, x = solve_placement_lp(lambda x_vars, level: pulp.lpSum(x_vars.values()), capacity, demands, allowed, at_levels)
     return x
 
 
@@ -180,7 +153,7 @@ def pareto_optimal(capacity, demands, allowed, x, pools, w) -> str | None:
         for i in range(len(demands)):
             problem += pulp.lpSum(v for (j, _), v in x_vars.items() if j == i) >= float(totals[i]) - TOLERANCE
 
-    best, _ = _solve(lambda x_vars, level: pulp.lpSum(x_vars.values()), capacity, demands, allowed, at_least)
+    best, _ = solve_placement_lp(lambda x_vars, level: pulp.lpSum(x_vars.values()), capacity, demands, allowed, at_least)
     if best > totals.sum() + 1e-5:
         return f"{best:.4g} tasks possible with nobody worse off, {totals.sum():.4g} allocated"
     return None
@@ -229,4 +202,4 @@ def violations(rule: str, capacity: np.ndarray, demands: np.ndarray, allowed: np
     return found
 
 
-__all__ = ["allocate", "violations", "progressive_filling", "monopoly", "pool_tasks", "weights", "LPError"]
+__all__ = ["allocate", "violations", "progressive_filling", "monopoly", "pool_tasks", "weights", "SolverError"]

@@ -94,6 +94,33 @@ def solve_packing(
     return PackingSolution(counts, float(values @ counts), "optimal")
 
 
+def solve_placement_lp(objective, capacity: np.ndarray, demands: np.ndarray, allowed: np.ndarray, rows):
+    """A linear program over fractional placements ``x[i, m]`` (job i's tasks on machine m, only
+    where ``allowed``) within every machine's capacity, plus a free variable ``level``: maximise
+    ``objective(x, level)`` subject to ``rows(problem, x, level)``. Returns (optimum, x as a jobs x
+    machines array); raises ``SolverError`` unless optimal. For ``fairstream.divisible``."""
+    import pulp
+
+    jobs, machines = allowed.shape
+    problem = pulp.LpProblem("placement", pulp.LpMaximize)
+    x = {(i, m): problem.add_variable(f"x_{i}_{m}", 0) for i in range(jobs) for m in range(machines) if allowed[i, m]}
+    level = problem.add_variable("level", None)
+    problem += objective(x, level)
+    for m in range(machines):
+        for r in range(capacity.shape[1]):
+            used = [(x[i, m], float(demands[i, r])) for i in range(jobs) if (i, m) in x and demands[i, r] > 0]
+            if used:
+                problem += pulp.LpAffineExpression(used) <= float(capacity[m, r])
+    rows(problem, x, level)
+    status = problem.solve(pulp.HiGHS(msg=False, threads=1))
+    if status != pulp.LpStatusOptimal:
+        raise SolverError(f"HiGHS status {pulp.LpStatus.get(status, status)}")
+    out = np.zeros((jobs, machines))
+    for (i, m), variable in x.items():
+        out[i, m] = variable.varValue or 0.0
+    return pulp.value(problem.objective), out
+
+
 def _rounded(raw: np.ndarray, values: np.ndarray, demands: np.ndarray, capacity: np.ndarray,
              upper: np.ndarray) -> PackingSolution:
     counts = np.minimum(np.floor(raw + TOLERANCE), upper)
@@ -109,4 +136,4 @@ def _rounded(raw: np.ndarray, values: np.ndarray, demands: np.ndarray, capacity:
     return PackingSolution(counts, float(values @ counts), "rounded", float(values @ raw))
 
 
-__all__ = ["PackingSolution", "SolverError", "solve_packing"]
+__all__ = ["PackingSolution", "SolverError", "solve_packing", "solve_placement_lp"]

@@ -113,3 +113,18 @@ def test_the_divisible_rules_reproduce_the_toy_example():
     # The toy example is unweighted TSF (all weights 1).
     x = allocate("tsf", capacity, demands, allowed, fixed_weights=np.ones(3))
     assert x.sum(axis=1) == pytest.approx([6, 1, 3])
+
+
+def test_tsf_follows_nodes_that_join_leave_and_change_labels():
+    e = engine(tree("A", "B"), "tsf", ("cpu", "mem"))
+    gpu = {"labels": {"gpu": "yes"}}
+    first = e.step(0.0, [node("m1", cpu=2, mem=2, labels={"gpu": "yes"}), node("m2", cpu=2, mem=2, labels={}),
+                         submit("a1", "A", constraints=gpu, cpu=1, mem=1), submit("b1", "B", cpu=1, mem=1)])
+    # B goes where A cannot: m2 is the least contended node it may use.
+    assert {(d.task, d.node) for d in first.decisions} == {("a1", "m1"), ("b1", "m2")}
+    # m1 loses its label: A's next task fits no node it may use, and says so.
+    second = e.step(1.0, [node("m1", 1.0, cpu=2, mem=2, labels={}), submit("a2", "A", constraints=gpu, cpu=1, mem=1)])
+    assert [(d.task, d.kind) for d in second.decisions] == [("a2", DecisionKind.UNSCHEDULABLE)]
+    # m2 gains the label: a2 runs there; B's new task goes to m1, which A may no longer use.
+    third = e.step(2.0, [node("m2", 2.0, cpu=2, mem=2, labels={"gpu": "yes"}), submit("b2", "B", cpu=1, mem=1)])
+    assert {(d.task, d.node) for d in third.decisions} == {("a2", "m2"), ("b2", "m1")}
