@@ -32,6 +32,7 @@ so in its reason: nothing is hidden, and the pass still places what fits.
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
@@ -49,20 +50,34 @@ PARAMS = (
                                  "(1 = DRF, 0 = efficiency only)"),
     Param("gap", 0.5, _positive, "the integer program stops within gap x (the smallest task's value) of "
                                  "its optimum; smaller is exact but slower (see solver.py)"),
-    Param("exact_items", 16, lambda text: int(_positive(text)),
+    Param("exact_items", 8, lambda text: int(_positive(text)),
           "solve the integer program exactly up to this many distinct demands per pass; beyond, round its LP "
           "relaxation (within one task per resource of the optimum, about 1 ms; see solver.py)"),
 )
 
 
-def average_demands(snapshot: Snapshot, tenants: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """C2 for each tenant: (average demand of running + counted pending tasks, average demand of
-    the counted pending tasks, number of pending tasks). Pending tasks are counted in queue order
-    until they would overfill the cluster's idle space. Plain floats: a few shapes per tenant."""
+@dataclass
+class Demands:
+    """Per active tenant: C2's average demand (running + counted pending), the counted pending
+    tasks' average demand and the number of pending tasks; and every (tenant, shape) group's
+    demand, for the vectorised "can anything still be placed" checks of the later stages."""
+
+    overall: np.ndarray
+    pending_avg: np.ndarray
+    pending_count: np.ndarray
+    shape_owner: np.ndarray  # index into the tenant list, one per shape group
+    shape_demand: np.ndarray  # shape groups x resources
+    shape_constrained: np.ndarray  # True: the group has constraints (checked by the loops)
+
+
+def average_demands(snapshot: Snapshot, tenants: list[str]) -> Demands:
+    """C2 for each tenant: pending tasks are counted in queue order until they would overfill
+    the cluster's idle space. Plain floats: a tenant has a few shapes."""
     idle = np.maximum(snapshot.free, 0.0).sum(axis=0).tolist()
     width = len(idle)
     overall, pending_avg = np.zeros((len(tenants), width)), np.zeros((len(tenants), width))
     pending_count = np.zeros(len(tenants))
+    owners, shapes, constrained = [], [], []
     running = snapshot.running if snapshot.running is not None else np.zeros(len(snapshot.tenants))
     for i, tenant in enumerate(tenants):
         heads = []
@@ -70,6 +85,9 @@ def average_demands(snapshot: Snapshot, tenants: list[str]) -> tuple[np.ndarray,
             task, _ = group.pending_at(0)
             if task is not None:
                 heads.append((task.seq, task.demand_values, len(group.tasks) - group.head))
+                owners.append(i)
+                shapes.append(task.demand_values)
+                constrained.append(not task.constraints.empty)
         heads.sort(key=lambda head: head[0])
         pending_count[i] = sum(available for _, _, available in heads)
         room, counted, total = list(idle), 0, [0.0] * width
@@ -88,7 +106,8 @@ def average_demands(snapshot: Snapshot, tenants: list[str]) -> tuple[np.ndarray,
         pending_avg[i] /= counted or 1
         row = snapshot.rows[tenant]
         overall[i] = (snapshot.allocation[row] + np.array(total)) / max(running[row] + counted, 1)
-    return overall, pending_avg, pending_count
+    return Demands(overall, pending_avg, pending_count, np.array(owners, dtype=int),
+                   np.array(shapes).reshape(len(shapes), width), np.array(constrained, dtype=bool))
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
@@ -100,8 +119,8 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     cycle = Cycle(snapshot, "qknobler", affinity=True)
     rows = [snapshot.rows[t] for t in tenants]
     weights = snapshot.share_fraction[rows]
-    overall, pending_avg, pending_count = average_demands(snapshot, tenants)
-    phi = drf_phi(overall, weights, capacity)
+    demands = average_demands(snapshot, tenants)
+    phi = drf_phi(demands.overall, weights, capacity)
     limit = rho / phi if phi > 0 else 0.0  # the fairness stage's bound on s_i / w_i
 
     def weighted_share(tenant: str) -> float:
@@ -138,13 +157,14 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
 
     # 2. Efficiency-oriented stage: one integer program over the idle resources left, for the
     # tenants that can place a task now at all (none: the pass is over, nothing fits).
-    placeable = set(tenants_with_a_fitting_task(cycle, tenants))
+    placeable = set(tenants_with_a_fitting_task(cycle, tenants, demands))
     if not placeable:
         return cycle.decisions
     note = ""
     try:
         candidates = np.array([t in placeable for t in tenants])
-        quotas, status = efficiency_quotas(cycle, tenants, weights, pending_avg, np.where(candidates, pending_count, 0),
+        quotas, status = efficiency_quotas(cycle, tenants, weights, demands.pending_avg,
+                                           np.where(candidates, demands.pending_count, 0),
                                            params["gap"], params["exact_items"])
     except SolverError as exc:
         quotas, note = {}, f"; efficiency stage skipped: {exc}"
@@ -166,28 +186,26 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     def reason(c: Cycle, tenant: str, k) -> str:
         return f"qknobler: fill (lowest dominant share/weight {k.share:.4g}){note}"
 
-    fill = tenants_with_a_fitting_task(cycle, tenants)
+    fill = tenants_with_a_fitting_task(cycle, tenants, demands)
     if not fill:  # the usual case: skip the per-tenant loop
         return cycle.decisions
     return serve_in_order(snapshot, "qknobler", key, reason, cycle=cycle,
                           initial_shares=weighted_shares(), only=fill)
 
 
-def tenants_with_a_fitting_task(cycle: Cycle, tenants: list[str]) -> list[str]:
-    """Tenants whose next task of some shape fits some node's idle resources now, in one
-    vectorised check (tasks with constraints count as fitting: the loop checks them itself)."""
-    owners, demands, constrained = [], [], set()
-    for tenant in tenants:
-        for task in cycle.shape_heads(tenant):
-            if not task.constraints.empty:
-                constrained.add(tenant)
-            owners.append(tenant)
-            demands.append(task.demand_values)
-    if not owners or not len(cycle.free):
-        return sorted(constrained)
-    fits = (cycle.free[None, :, :] >= np.array(demands)[:, None, :] - EPSILON).all(axis=2).any(axis=1)
-    chosen = constrained | {owner for owner, fit in zip(owners, fits.tolist()) if fit}
-    return [t for t in tenants if t in chosen]
+def tenants_with_a_fitting_task(cycle: Cycle, tenants: list[str], demands: Demands) -> list[str]:
+    """Tenants with a shape group whose demand fits some node's idle resources now, in one
+    vectorised check (groups with constraints count as fitting: the loops check those; a group
+    this pass already emptied may count too, and the loops find it empty)."""
+    if not len(demands.shape_owner) or not len(cycle.free):
+        return []
+    # Only nodes with room for the smallest demand in every resource can take anything.
+    smallest = demands.shape_demand.min(axis=0)
+    free = cycle.free[(cycle.free >= smallest - EPSILON).all(axis=1)]
+    fits = (free[None, :, :] >= demands.shape_demand[:, None, :] - EPSILON).all(axis=2).any(axis=1)
+    chosen = set(demands.shape_owner[fits | demands.shape_constrained].tolist())
+    return [t for i, t in enumerate(tenants) if i in chosen]
+
 
 def efficiency_quotas(cycle: Cycle, tenants: list[str], weights: np.ndarray, demands: np.ndarray,
                       pending_count: np.ndarray, gap: float, exact_items: int) -> tuple[dict[str, float], str]:
@@ -196,15 +214,17 @@ def efficiency_quotas(cycle: Cycle, tenants: list[str], weights: np.ndarray, dem
     capacity = snapshot.capacity
     idle = np.maximum(cycle.free, 0.0).sum(axis=0)
     scale = np.where(capacity > 0, capacity, 1.0)
-    fits = np.array([min((idle[d > 0] / d[d > 0]).min(), 1e12) if (d > 0).any() else 0.0 for d in demands])
-    upper = np.minimum(pending_count, np.floor(fits + 1e-9))
+    with np.errstate(divide="ignore"):
+        fits = np.where(demands > 0, idle / np.where(demands > 0, demands, 1.0), np.inf).min(axis=1)
+    fits[~(demands > 0).any(axis=1)] = 0.0
+    upper = np.minimum(pending_count, np.floor(np.minimum(fits, 1e12) + 1e-9))
     live = np.flatnonzero(upper > 0)
     if not len(live):
         return {}, "trivial"
     # Identical demand vectors share one variable (exchanging their tasks changes nothing).
     items: dict[tuple, list[int]] = {}
-    for i in live:
-        items.setdefault(tuple(np.round(demands[i], 9)), []).append(int(i))
+    for i, key in zip(live.tolist(), map(tuple, np.round(demands[live], 9).tolist())):
+        items.setdefault(key, []).append(i)
     members = list(items.values())
     item_demand = np.array([demands[m[0]] for m in members])
     item_upper = np.array([upper[m].sum() for m in members])
