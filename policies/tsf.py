@@ -14,8 +14,12 @@ first fit among equals. On the paper's toy example this gives its allocation (6,
 task shares 3/7, 1/7, 3/7); in general it is a heuristic for the max-min allocation, which is a
 packing problem.
 
-Weights are the tenants' effective shares; Theorem 1's ``w_i = k_i / h_i`` (``k_i``: tasks the
-tenant could run in a dedicated pool) is given by setting tenant weights to those values.
+Weights are the tenants' effective shares, unless dedicated pools are given
+(``--param pools=A:0.5,B:0.25``: each listed tenant was promised that fraction of every machine):
+then Theorem 1's ``w_i = k_i / h_i``, with ``k_i`` the tasks the tenant could run in its pool on
+the nodes it may use, so its weighted task share is simply ``tasks / k_i`` and sharing never
+leaves it below what its pool would run (in the paper's divisible model; one task per machine of
+rounding here).
 """
 
 from __future__ import annotations
@@ -28,7 +32,29 @@ from fairstream.fairness import fair_key, monopoly_tasks, task_share
 from fairstream.model import Decision, Task
 from fairstream.placement import Cycle, leaf_arrival, serve_in_order
 from fairstream.snapshot import Snapshot
-from fairstream.policies.base import PolicySpec
+from fairstream.policies.base import Param, PolicySpec
+
+
+def parse_pools(text: str) -> dict[str, float]:
+    """``"A:0.5,B:0.25"`` -> ``{"A": 0.5, "B": 0.25}``; fractions in (0, 1], at most 1 in all."""
+    pools: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        tenant, sep, fraction = part.rpartition(":")
+        if not sep or not tenant:
+            raise ValueError(f"expected tenant:fraction, got {part!r}")
+        value = float(fraction)
+        if not 0 < value <= 1:
+            raise ValueError(f"{tenant}: a pool is a fraction in (0, 1], got {fraction}")
+        pools[tenant] = value
+    if sum(pools.values()) > 1 + 1e-9:
+        raise ValueError("pools add up to more than the cluster")
+    return pools
+
+
+PARAMS = (
+    Param("pools", {}, parse_pools, "dedicated pools as tenant:fraction of every machine; those tenants' "
+                                    "weights become k_i / h_i (Theorem 1)"),
+)
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
@@ -54,9 +80,27 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
             monopoly[tenant] = monopoly_tasks(task.demand, capacities) if task is not None else 0
         return monopoly[tenant]
 
+    pools = params["pools"]
+    pool_tasks: dict[str, int] = {}
+
+    def k(tenant: str) -> int:
+        """Tasks the tenant's dedicated pool would run, on the nodes it may use."""
+        if tenant not in pool_tasks:
+            task = cycle.next_task(tenant)
+            if task is None:
+                pool_tasks[tenant] = 0
+            else:
+                usable = cycle.eligible(task.constraints) & live
+                pool_tasks[tenant] = monopoly_tasks(task.demand, snapshot.node_capacity[usable] * pools[tenant])
+        return pool_tasks[tenant]
+
     def key(c: Cycle, tenant: str):
         row = snapshot.rows[tenant]
-        share = task_share(running[row] + placed.get(tenant, 0), h(tenant)) / snapshot.share_fraction[row]
+        tasks = running[row] + placed.get(tenant, 0)
+        if tenant in pools:  # Theorem 1: task share / (k_i / h_i) = tasks / k_i
+            share = tasks / k(tenant) if k(tenant) > 0 else float("inf")
+        else:
+            share = task_share(tasks, h(tenant)) / snapshot.share_fraction[row]
         return fair_key(share, leaf_arrival(snapshot, tenant), tenant, c.below_min_share(tenant))
 
     def charge(c: Cycle, tenant: str, task: Task) -> None:
@@ -69,6 +113,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     return serve_in_order(snapshot, "tsf", key, reason, charge=charge, cycle=cycle)
 
 
-SPEC = PolicySpec("tsf", decide, "max-min over task shares: tasks run / tasks it could run alone without constraints")
+SPEC = PolicySpec("tsf", decide, "max-min over task shares: tasks run / tasks it could run alone without constraints",
+                  PARAMS)
 
 __all__ = ["SPEC", "decide"]

@@ -128,3 +128,32 @@ def test_tsf_follows_nodes_that_join_leave_and_change_labels():
     # m2 gains the label: a2 runs there; B's new task goes to m1, which A may no longer use.
     third = e.step(2.0, [node("m2", 2.0, cpu=2, mem=2, labels={"gpu": "yes"}), submit("b2", "B", cpu=1, mem=1)])
     assert {(d.task, d.node) for d in third.decisions} == {("a2", "m2"), ("b2", "m1")}
+
+
+def test_with_dedicated_pools_every_tenant_runs_at_least_what_its_pool_would():
+    # One machine <10, 10>; A <1, 1> was promised 20 % of it (k_A = 2), B <2, 2> 80 % (k_B = 4).
+    # Plain TSF equalises x/h (h_A = 10, h_B = 5): A 4, B 3, below B's pool. With Theorem 1's
+    # weights the key is x/k: A 2, B 4, exactly the pools, and nothing is left.
+    def run(**params):
+        e = engine(tree("A", "B"), "tsf", ("cpu", "mem"), **params)
+        events = [node("m", cpu=10, mem=10)]
+        events += [submit(f"a{i}", "A", cpu=1, mem=1) for i in range(20)]
+        events += [submit(f"b{i}", "B", cpu=2, mem=2) for i in range(20)]
+        return Counter(d.tenant for d in e.step(0.0, events).decisions)
+
+    assert run()["B"] < 4
+    assert dict(run(pools="A:0.2,B:0.8")) == {"A": 2, "B": 4}
+
+
+@pytest.mark.parametrize("pools, message", [
+    ("A:0.7,B:0.7", "more than the cluster"),
+    ("A", "expected tenant:fraction"),
+    ("A:0", "a pool is a fraction in (0, 1]"),
+])
+def test_bad_pools_are_named_in_one_line(pools, message):
+    from fairstream.model import ModelError
+
+    import re
+
+    with pytest.raises(ModelError, match=re.escape(message)):
+        engine(tree("A", "B"), "tsf", ("cpu", "mem"), pools=pools)
