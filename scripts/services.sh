@@ -95,6 +95,8 @@ start_kafka() {
   fi
   mkdir -p "$kafka_dir/data"
   make_tls
+  # Where this broker's test CA lives, for tests of another checkout that find it running.
+  echo "$tls_dir" >"${TMPDIR:-/tmp}/fairstream-kafka-tls-dir"
   cat >"$kafka_dir/server.properties" <<EOF
 process.roles=broker,controller
 node.id=1

@@ -23,9 +23,18 @@ MULTI/EXEC pipeline): either the batch's events, offsets and outputs are all dur
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from fairstream.jsoncodec import dumps, loads
+
+
+def outbox_key(topic: str, message: dict) -> str:
+    """The outbox entry's field: decisions by cluster and id (their idempotency key), dead
+    letters by the input position they came from."""
+    if "id" in message:
+        return f"{topic}|{message.get('cluster', '')}|{message['id']}"
+    return f"{topic}|{message.get('topic')}|{message.get('partition')}|{message.get('offset')}"
 
 
 @dataclass
@@ -133,7 +142,7 @@ class MemoryStore:
                 self._outbox.remove(item)
 
     async def view(self, cluster: str, name: str) -> dict[str, Any]:
-        return {k: json.loads(v) for k, v in self._views.get(cluster, {}).get(name, {}).items()}
+        return {k: loads(v) for k, v in self._views.get(cluster, {}).get(name, {}).items()}
 
     async def full_log(self, cluster: str) -> RetainedLog:
         base = self._log_base.get(cluster, 0)
@@ -147,7 +156,8 @@ class RedisStore:
     ``{p}:clusters`` set; per cluster ``{p}:c:{cluster}:log`` list of JSON steps,
     ``:log_base`` int (steps trimmed from its head), ``:snapshot`` bytes, ``:snapshot_steps`` int,
     ``:checkpoints`` hash steps -> event time, ``:checkpoint:{steps}`` bytes, ``:view:{name}`` hashes;
-    ``{p}:offsets`` hash; ``{p}:outbox`` list of JSON ``[topic, message]``.
+    ``{p}:offsets`` hash; ``{p}:outbox`` hash ``outbox_key -> JSON [topic, message]`` (one HDEL
+    clears what a batch published, whoever else shares the hash).
     """
 
     def __init__(self, client, prefix: str = "fairstream") -> None:
@@ -170,7 +180,7 @@ class RedisStore:
         steps, base = int(steps or 0), int(base or 0)
         log = await self.redis.lrange(self._key("c", cluster, "log"), steps - base, -1)
         checkpoints = sorted((int(s), float(t)) for s, t in points.items())
-        return ClusterRecord(snapshot, steps, [json.loads(s) for s in log], base, checkpoints)
+        return ClusterRecord(snapshot, steps, [loads(s) for s in log], base, checkpoints)
 
     async def offsets(self) -> dict[str, int]:
         raw = await self.redis.hgetall(self._key("offsets"))
@@ -181,14 +191,14 @@ class RedisStore:
         for cluster, steps in batch.steps.items():
             pipe.sadd(self._key("clusters"), cluster)
             if steps:
-                pipe.rpush(self._key("c", cluster, "log"), *[json.dumps(s, separators=(",", ":")) for s in steps])
+                pipe.rpush(self._key("c", cluster, "log"), *[dumps(s) for s in steps])
         for cluster, (blob, steps) in batch.snapshots.items():
             pipe.set(self._key("c", cluster, "snapshot"), blob)
             pipe.set(self._key("c", cluster, "snapshot_steps"), steps)
         if batch.offsets:
             pipe.hset(self._key("offsets"), mapping=batch.offsets)
         if batch.outbox:
-            pipe.rpush(self._key("outbox"), *[json.dumps(list(item), separators=(",", ":")) for item in batch.outbox])
+            pipe.hset(self._key("outbox"), mapping={outbox_key(t, m): dumps([t, m]) for t, m in batch.outbox})
         for cluster, views in batch.views.items():
             for name, fields in views.items():
                 if fields:
@@ -206,21 +216,19 @@ class RedisStore:
         await pipe.execute()
 
     async def outbox(self) -> list[tuple[str, dict]]:
-        return [tuple(json.loads(item)) for item in await self.redis.lrange(self._key("outbox"), 0, -1)]
+        """What was committed but not yet published, in event-time order."""
+        entries = [tuple(loads(item)) for item in (await self.redis.hgetall(self._key("outbox"))).values()]
+        return sorted(entries, key=lambda e: (e[1].get("time", 0.0), outbox_key(*e)))
 
     async def clear_outbox(self, published: list[tuple[str, dict]]) -> None:
-        """Remove exactly these entries (several workers of one group share the outbox list,
-        so trimming by count could drop another worker's unpublished entries)."""
-        if not published:
-            return
-        pipe = self.redis.pipeline(transaction=False)
-        for item in published:
-            pipe.lrem(self._key("outbox"), 1, json.dumps(list(item), separators=(",", ":")))
-        await pipe.execute()
+        """Remove exactly these entries (several workers of one group share the outbox, so
+        clearing it whole could drop another worker's unpublished entries)."""
+        if published:
+            await self.redis.hdel(self._key("outbox"), *{outbox_key(t, m) for t, m in published})
 
     async def view(self, cluster: str, name: str) -> dict[str, Any]:
         raw = await self.redis.hgetall(self._key("c", cluster, "view", name))
-        return {k.decode(): json.loads(v) for k, v in raw.items()}
+        return {k.decode(): loads(v) for k, v in raw.items()}
 
     async def full_log(self, cluster: str) -> RetainedLog:
         while True:
@@ -230,13 +238,13 @@ class RedisStore:
             base, steps = await pipe.execute()
             base = int(base or 0)
             if not base:
-                return RetainedLog([json.loads(s) for s in steps])
+                return RetainedLog([loads(s) for s in steps])
             pipe = self.redis.pipeline(transaction=True)
             pipe.get(self._key("c", cluster, "log_base"))
             pipe.get(self._key("c", cluster, "checkpoint", str(base)))
             base_now, blob = await pipe.execute()
             if int(base_now or 0) == base and blob is not None:  # else a worker trimmed in between: read again
-                return RetainedLog([json.loads(s) for s in steps], base, blob)
+                return RetainedLog([loads(s) for s in steps], base, blob)
 
 
 def redis_client(url: str, **options):

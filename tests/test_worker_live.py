@@ -211,7 +211,20 @@ def test_a_fb2009_sample_through_kafka_with_the_emulator_matches_the_simulator(t
 
 
 KAFKA_SECRET = "fairstream-test-secret"  # the SASL user of scripts/services.sh
-TLS_DIR = ROOT / ".services" / "kafka" / "tls"  # the test CA and client certificate it makes
+def _tls_dir() -> Path:
+    """The test CA and client certificate of the running broker: this checkout's, or those of
+    the checkout whose services.sh started the broker (it leaves their path in the temp dir)."""
+    import os
+    import tempfile
+
+    own = ROOT / ".services" / "kafka" / "tls"
+    marker = Path(os.environ.get("TMPDIR", tempfile.gettempdir())) / "fairstream-kafka-tls-dir"
+    if not (own / "ca.pem").exists() and marker.exists():
+        return Path(marker.read_text().strip())
+    return own
+
+
+TLS_DIR = _tls_dir()
 
 
 def run_secured_worker(tmp_path, monkeypatch, broker, env, redis_url=REDIS):
