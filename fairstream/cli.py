@@ -82,6 +82,18 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def cmd_train_flex(args) -> int:
+    """Simulate labelled workloads, train FLEX's decision trees, write the model and a report."""
+    from fairstream.flex_train import train
+
+    report = train(Path(args.out), workloads=args.workloads, seed=args.seed, grid=args.grid, workers=args.workers,
+                   progress=args.progress)
+    f1 = {kind: round(r["cross_validation"]["macro avg"]["f1-score"], 3) for kind, r in report["per_sla"].items()}
+    print(json.dumps({"model": str(Path(args.out) / "flex-model.json"), "workloads": report["workloads"],
+                      "cross_validated_macro_f1": f1, "out": args.out}))
+    return 0
+
+
 def cmd_explain(args) -> int:
     """Print QKnobler's theory numbers for a scenario (JSON)."""
     from fairstream.explain import knob_theory
@@ -376,6 +388,15 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--limit", type=int, help="google: first N tasks only")
     sweep.add_argument("--workers", type=int, help="parallel simulations (default: one per core)")
     sweep.set_defaults(func=cmd_sweep)
+
+    train = sub.add_parser("train-flex", parents=[progress],
+                           help="train FLEX's decision trees from simulated workloads (model, report, confusion matrices)")
+    train.add_argument("--out", default="flex-model")
+    train.add_argument("--workloads", type=int, default=48, help="simulated workloads (half Facebook-like, half Google-like)")
+    train.add_argument("--seed", type=int, default=1)
+    train.add_argument("--grid", action="store_true", help="grid-search the tree's parameters (default: the paper's Table 4)")
+    train.add_argument("--workers", type=int, help="parallel simulations (default: one per core)")
+    train.set_defaults(func=cmd_train_flex)
 
     pol = sub.add_parser("policies", help="list policies and their parameters")
     pol.set_defaults(func=cmd_policies)

@@ -6,12 +6,13 @@
 from __future__ import annotations
 
 from fairstream.model import ModelError
-from fairstream.policies import cdrf, drf, drfh, fair, fifo, hltrf, ltrf, pmdrf, qknobler, static, tetris, tsf
+from fairstream.policies import cdrf, drf, drfh, fair, fifo, flex, hltrf, ltrf, perf, pmdrf, qknobler, static, tetris, tsf
 from fairstream.policies.base import PolicySpec
 
 REGISTRY: dict[str, PolicySpec] = {
     spec.name: spec for spec in (fifo.SPEC, fair.SPEC, drf.SPEC, static.SPEC, ltrf.SPEC, hltrf.SPEC,
-                                  qknobler.SPEC, tetris.SPEC, tsf.SPEC, pmdrf.SPEC, drfh.SPEC, cdrf.SPEC)
+                                  qknobler.SPEC, tetris.SPEC, tsf.SPEC, pmdrf.SPEC, drfh.SPEC, cdrf.SPEC,
+                                  perf.SPEC, flex.SPEC)
 }
 
 

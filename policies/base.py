@@ -57,6 +57,8 @@ class PolicySpec:
     # The policy reads what each tenant runs on each node (``Snapshot.node_allocation``), which
     # the engine then builds for every pass; the others skip that cost.
     needs_node_allocation: bool = False
+    # Checks the parameters together (one may exclude another); raises ModelError.
+    check: Callable[[Mapping[str, Any]], Any] | None = None
 
     def parse_params(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         """Typed parameters from ``{"quantum": "600"}``; unknown names or bad values raise
@@ -71,6 +73,8 @@ class PolicySpec:
                 out[name] = known[name].parse(str(value)) if isinstance(value, str) else known[name].parse(str(value))
             except ValueError as exc:
                 raise ModelError(f"--param {name}={value}: {exc}") from None
+        if self.check is not None:
+            self.check(out)
         return out
 
 

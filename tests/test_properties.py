@@ -13,7 +13,8 @@ from fairstream.model import EPSILON, NodeHeartbeat, TaskCompleted, TaskState, T
 from fairstream.scenario import parse_scenario
 from fairstream.simulator import Simulator
 
-WORK_CONSERVING = ["fifo", "fair", "drf", "ltrf", "hltrf", "qknobler", "tetris", "tsf", "pmdrf", "drfh", "cdrf"]
+WORK_CONSERVING = ["fifo", "fair", "drf", "ltrf", "hltrf", "qknobler", "tetris", "tsf", "pmdrf", "drfh", "cdrf",
+                   "perf", "flex"]
 ALL = WORK_CONSERVING + ["static"]
 
 

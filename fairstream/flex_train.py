@@ -1,0 +1,193 @@
+"""``fairstream train-flex``: labelled data from simulations, a decision tree, a report.
+
+Workloads (seeded): ``tenants`` tenants on ``nodes`` nodes of <16 cpu, 32 GB>; each tenant is
+CPU-heavy (tasks <4, 2>) or memory-heavy (<1, 8>), the share of CPU-heavy tenants sweeping the
+complementary degree from 0 to 1; job sizes and arrivals follow one of two mixes:
+
+- ``facebook``: many small jobs and a few large ones (1-100 tasks, after the FB-2009 bins of the
+  QKnobler paper's Table 1), arrivals in the first 20 s, tasks 5-30 s;
+- ``google``: jobs of 5-40 tasks with demands jittered ±50 % around the two shapes, arrivals in
+  the first minute, tasks 10-120 s.
+
+Four nodes for about 8 × 3-6 jobs keep the cluster contended, so that makespan depends on the
+scheduler rather than on the last arrival.
+
+Every workload is simulated under each candidate (FIFO, Fair, DRF, Perf). Against DRF each
+candidate has a makespan reduction E and a fairness loss F (formulas 6-8; per-tenant completion
+time = the tenant's makespan). For every SLA threshold on a grid, the label is the candidate
+that meets it best: for ``max_fairness_loss=F`` the largest E among candidates with loss at most
+F (DRF, loss 0, always qualifies); for ``min_makespan_reduction=E`` the smallest F among those
+reaching E (none: the largest E). Ties go to DRF, then Fair, FIFO, Perf. Features are
+(complementary degree, threshold), as in the paper's records (d, s, Y).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from fairstream.flex import (CANDIDATES, SLA_KINDS, complementary_degree, fairness_loss, from_sklearn,
+                             long_term_fairness_loss, makespan_reduction)
+
+#: The FLEX paper's Table 4 (best grid-search setting); random-state fixed for repeatable models.
+TABLE_4 = {"criterion": "entropy", "splitter": "best", "max_features": 2, "max_depth": 3,
+           "min_samples_split": 10, "min_samples_leaf": 5, "max_leaf_nodes": 20, "random_state": 0}
+THRESHOLDS = {"max_fairness_loss": [0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0],
+              "min_makespan_reduction": [0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3]}
+PREFERENCE = ("drf", "fair", "fifo", "perf")  # tie-breaks
+
+
+def workload(seed: int, cpu_share: float, mix: str, tenants: int = 8, nodes: int = 4):
+    """A seeded scenario: ``cpu_share`` of the tenants CPU-heavy, the rest memory-heavy."""
+    from fairstream.model import ResourceSpace, TenantSpec
+    from fairstream.scenario import Scenario, TaskSpec
+    from fairstream.tenants import TenantTree
+    from fairstream.traces import uniform_nodes
+
+    rng = np.random.default_rng(seed)
+    cpu_heavy = int(round(cpu_share * tenants))
+    tasks = []
+    for t in range(tenants):
+        base = np.array([4.0, 2.0]) if t < cpu_heavy else np.array([1.0, 8.0])
+        jobs = int(rng.integers(3, 7))
+        for j in range(jobs):
+            if mix == "facebook":
+                size = int(rng.choice([1, 2, 10, 50, 100], p=[0.35, 0.25, 0.2, 0.15, 0.05]))
+                submit = float(rng.uniform(0, 20))
+                duration = lambda: float(rng.uniform(5, 30))  # noqa: E731
+                demand = base
+            else:
+                size = int(rng.integers(5, 41))
+                submit = float(rng.uniform(0, 60))
+                duration = lambda: float(rng.uniform(10, 120))  # noqa: E731
+                demand = np.round(base * rng.uniform(0.5, 1.5, size=2), 2)
+            for k in range(size):
+                tasks.append(TaskSpec(f"u{t}-j{j}-{k}", f"u{t}-j{j}", f"u{t}", round(submit, 3), round(duration(), 3),
+                                      {"cpu": float(demand[0]), "mem": float(demand[1])}))
+    tree = TenantTree.from_specs([TenantSpec(f"u{t}") for t in range(tenants)])
+    return Scenario(ResourceSpace(("cpu", "mem")), tree, uniform_nodes(nodes, {"cpu": 16.0, "mem": 32.0}), tasks,
+                    name=f"flex-{mix}-{seed}-{cpu_share:.2f}")
+
+
+def evaluate(args: tuple[int, float, str]) -> dict:
+    """Simulate one workload under every candidate: degree, E, F and long-term F per candidate."""
+    from fairstream.simulator import Simulator
+
+    seed, cpu_share, mix = args
+    scenario = workload(seed, cpu_share, mix)
+    demands = {}
+    for task in scenario.tasks:
+        demands[task.tenant] = demands.get(task.tenant, 0) + np.array([task.demand["cpu"], task.demand["mem"]])
+    capacity = np.array([16.0, 32.0])
+    degree = complementary_degree(np.array(list(demands.values())), capacity)
+    runs = {}
+    for policy in CANDIDATES:
+        summary = Simulator(scenario, policy, {}).run().summary()
+        runs[policy] = {"makespan": summary["makespan"],
+                        "tenant_times": {t: v["makespan"] for t, v in summary["tenants"].items() if v.get("makespan")},
+                        "degrees": {t: v["fairness_degree"] for t, v in summary["tenants"].items()}}
+    base = runs["drf"]
+    out = {"seed": seed, "mix": mix, "cpu_share": cpu_share, "degree": degree, "candidates": {}}
+    for policy, run in runs.items():
+        out["candidates"][policy] = {
+            "E": makespan_reduction(base["makespan"], run["makespan"]),
+            "F": fairness_loss(base["tenant_times"], run["tenant_times"]),
+            "F_long_term": long_term_fairness_loss(base["degrees"], run["degrees"]),
+        }
+    return out
+
+
+def label(candidates: dict[str, dict], kind: str, threshold: float) -> str:
+    rank = {p: i for i, p in enumerate(PREFERENCE)}
+    if kind == "max_fairness_loss":
+        ok = [p for p, m in candidates.items() if m["F"] <= threshold + 1e-12]
+        return min(ok, key=lambda p: (-round(candidates[p]["E"], 9), rank[p]))
+    ok = [p for p, m in candidates.items() if m["E"] >= threshold - 1e-12]
+    if not ok:
+        return min(candidates, key=lambda p: (-round(candidates[p]["E"], 9), rank[p]))
+    return min(ok, key=lambda p: (round(candidates[p]["F"], 9), rank[p]))
+
+
+def dataset(results: list[dict], kind: str) -> tuple[np.ndarray, list[str]]:
+    rows, labels = [], []
+    for result in results:
+        for threshold in THRESHOLDS[kind]:
+            rows.append([result["degree"], threshold])
+            labels.append(label(result["candidates"], kind, threshold))
+    return np.array(rows), labels
+
+
+def train(out: Path, workloads: int = 48, seed: int = 1, grid: bool = False, workers: int | None = None,
+          progress: bool | None = None) -> dict:
+    """Simulate, label, fit one tree per SLA kind, cross-validate, write the model and a report."""
+    from sklearn.metrics import classification_report, confusion_matrix
+    from sklearn.model_selection import GridSearchCV, StratifiedKFold, cross_val_predict
+    from sklearn.tree import DecisionTreeClassifier
+
+    from fairstream.simulator import _progress_bar
+
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    plan = [(int(rng.integers(1, 2**31)), float(share), mix)
+            for i, (share, mix) in enumerate((s, m) for s in np.linspace(0, 1, max(workloads // 2, 2))
+                                             for m in ("facebook", "google"))]
+    bar = _progress_bar(len(plan), progress, unit="workload", desc="simulating")
+    results = []
+    with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        for result in pool.map(evaluate, plan):
+            results.append(result)
+            bar.update(1)
+    bar.close()
+    (out / "training-data.json").write_text(json.dumps(results, indent=1))
+    classifiers, report = {}, {"workloads": len(results), "parameters": {}, "per_sla": {}}
+    for kind in SLA_KINDS:
+        x, y = dataset(results, kind)
+        params = dict(TABLE_4)
+        if grid:
+            search = GridSearchCV(DecisionTreeClassifier(random_state=0), {
+                "criterion": ["gini", "entropy"], "max_depth": [2, 3, 4, 6], "min_samples_leaf": [1, 5, 10],
+                "min_samples_split": [2, 10, 20], "max_leaf_nodes": [8, 20, None]}, cv=5, scoring="f1_macro")
+            search.fit(x, y)
+            params = {**TABLE_4, **search.best_params_}
+        folds = min(5, min(y.count(c) for c in set(y)))
+        predicted = cross_val_predict(DecisionTreeClassifier(**params), x, y,
+                                      cv=StratifiedKFold(folds, shuffle=True, random_state=0)) if folds >= 2 else y
+        classes = sorted(set(y))
+        report["parameters"][kind] = params
+        report["per_sla"][kind] = {
+            "samples": len(y), "classes": classes,
+            "cross_validation": classification_report(y, predicted, labels=classes, output_dict=True, zero_division=0),
+            "confusion_matrix": confusion_matrix(y, predicted, labels=classes).tolist(),
+        }
+        classifiers[kind] = DecisionTreeClassifier(**params).fit(x, y)
+        _confusion_png(report["per_sla"][kind]["confusion_matrix"], classes, out / f"confusion-{kind}.png", kind)
+    model = from_sklearn(classifiers, list(CANDIDATES), {"workloads": len(results), "seed": seed, "grid": grid,
+                                                           "parameters": report["parameters"]})
+    model.save(out / "flex-model.json")
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+def _confusion_png(matrix: list[list[int]], classes: list[str], path: Path, title: str) -> None:
+    from fairstream.plots import plt
+
+    fig, ax = plt.subplots(figsize=(4.5, 4))
+    ax.imshow(np.array(matrix), cmap="Blues")
+    ax.set_xticks(range(len(classes)), classes)
+    ax.set_yticks(range(len(classes)), classes)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("labelled")
+    ax.set_title(f"FLEX tree, {title}")
+    for i, row in enumerate(matrix):
+        for j, value in enumerate(row):
+            ax.text(j, i, str(value), ha="center", va="center", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+__all__ = ["train", "workload", "evaluate", "label", "dataset", "TABLE_4"]

@@ -1,0 +1,22 @@
+"""``perf``: FLEX's efficiency-oriented candidate (the FLEX paper, section 4.2: "Perf", a
+Tetris-style packer): every pass places the best-aligned (task, node) pair among all pending
+tasks, fairness ignored. It is ``tetris`` with ``f = 0``."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from fairstream.model import Decision
+from fairstream.snapshot import Snapshot
+from fairstream.policies import tetris
+from fairstream.policies.base import PolicySpec
+
+
+def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
+    return [d._replace(policy="perf", reason=d.reason.replace("tetris:", "perf:", 1))
+            for d in tetris.decide(snapshot, {"f": 0.0})]
+
+
+SPEC = PolicySpec("perf", decide, "pure packing: best-aligned task and node among all pending (Tetris, f = 0)")
+
+__all__ = ["SPEC", "decide"]
