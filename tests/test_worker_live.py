@@ -438,3 +438,33 @@ def test_constraints_and_labels_flow_through_kafka_to_tsf_decisions(tmp_path):
     # Topics are not ordered against each other: a j2 task the worker saw before m2's heartbeat
     # fitted no node then and was reported too; nothing else may be.
     assert all(task == "needs-gpu" or task.startswith("j2-") for task in unschedulable)
+
+
+def test_flex_switches_policies_at_run_time_without_losing_or_duplicating_a_decision(tmp_path):
+    # The shipped model, max_fairness_loss=0.5: a workload of CPU-heavy tenants only (degree 0)
+    # runs FIFO; once a memory-heavy tenant joins (degree 1) it runs Perf.
+    app_id = f"t{uuid.uuid4().hex[:8]}"
+    topics = Topics().with_prefix(app_id)
+    worker = Worker(app_id, tmp_path, "--policy", "flex", "--param", "max_fairness_loss=0.5").start()
+    try:
+        async def scenario():
+            async with Publisher(BROKER, topics) as pub:
+                await pub.heartbeat("flex", "n1", 0, {"cpu": 16, "mem": 32})
+                for i in range(3):
+                    await pub.submit("flex", f"cpu-{i}", "A", {"cpu": 4, "mem": 2}, 1)
+                first = await collect(topics.decisions, lambda ms: len(ms) >= 3)
+                for i in range(3):
+                    await pub.submit("flex", f"mem-{i}", "B", {"cpu": 1, "mem": 8}, 2)
+            everything = await collect(topics.decisions, lambda ms: len(ms) >= 6)
+            await asyncio.sleep(2)  # anything published twice would arrive by now
+            return first, [m async for m in read_topic(BROKER, topics.decisions, idle_timeout=1.0)] or everything
+
+        first, decisions = asyncio.run(scenario())
+    finally:
+        worker.stop()
+    assert {d["policy"] for d in first} == {"fifo"}
+    by_task = {d["task"]: d for d in decisions}
+    assert len(decisions) == len(by_task) == 6  # every task decided once, none twice
+    assert {by_task[f"cpu-{i}"]["policy"] for i in range(3)} == {"fifo"}
+    assert {by_task[f"mem-{i}"]["policy"] for i in range(3)} == {"perf"}
+    assert all(d["reason"].startswith("flex: degree") for d in decisions)
