@@ -122,7 +122,7 @@ def dataset(results: list[dict], kind: str) -> tuple[np.ndarray, list[str]]:
 
 
 def train(out: Path, workloads: int = 48, seed: int = 1, grid: bool = False, workers: int | None = None,
-          progress: bool | None = None) -> dict:
+          progress: bool | None = None, held_out: int = 0) -> dict:
     """Simulate, label, fit one tree per SLA kind, cross-validate, write the model and a report."""
     from sklearn.metrics import classification_report, confusion_matrix
     from sklearn.model_selection import GridSearchCV, StratifiedKFold, cross_val_predict
@@ -168,8 +168,71 @@ def train(out: Path, workloads: int = 48, seed: int = 1, grid: bool = False, wor
     model = from_sklearn(classifiers, list(CANDIDATES), {"workloads": len(results), "seed": seed, "grid": grid,
                                                            "parameters": report["parameters"]})
     model.save(out / "flex-model.json")
+    if held_out:
+        report["against_tetris"] = evaluate_model(out / "flex-model.json", held_out, seed, workers, progress)
     (out / "report.json").write_text(json.dumps(report, indent=1))
     return report
+
+
+EVAL_LOSS = (0.1, 0.2, 0.5)
+EVAL_REDUCTION = (0.02, 0.05, 0.1)
+
+
+def evaluate_against_tetris(args: tuple[int, float, str, str]) -> dict:
+    """One held-out workload: ``flex`` (with the model at ``model_path``) under each SLA
+    threshold against ``tetris`` (f = 0.2), both measured against DRF (the paper's section 5.2:
+    makespan reduction of FLEX over Tetris for fairness-loss thresholds, fairness-loss reduction
+    for makespan-reduction thresholds)."""
+    from fairstream.simulator import Simulator
+
+    seed, cpu_share, mix, model_path = args
+    scenario = workload(seed, cpu_share, mix)
+
+    def run(policy: str, **params) -> dict:
+        summary = Simulator(scenario, policy, {k: str(v) for k, v in params.items()}).run().summary()
+        return {"makespan": summary["makespan"],
+                "times": {t: v["makespan"] for t, v in summary["tenants"].items() if v.get("makespan")}}
+
+    drf, tetris = run("drf"), run("tetris", f=0.2)
+    tetris_loss = fairness_loss(drf["times"], tetris["times"])
+    out = {"seed": seed, "mix": mix, "cpu_share": cpu_share, "tetris_makespan": tetris["makespan"],
+           "tetris_fairness_loss": tetris_loss, "makespan_reduction_vs_tetris": {}, "fairness_loss_reduction_vs_tetris": {}}
+    for threshold in EVAL_LOSS:
+        flex = run("flex", max_fairness_loss=threshold, model=model_path)
+        out["makespan_reduction_vs_tetris"][str(threshold)] = (tetris["makespan"] - flex["makespan"]) / tetris["makespan"]
+    for threshold in EVAL_REDUCTION:
+        flex = run("flex", min_makespan_reduction=threshold, model=model_path)
+        loss = fairness_loss(drf["times"], flex["times"])
+        out["fairness_loss_reduction_vs_tetris"][str(threshold)] = (
+            (tetris_loss - loss) / tetris_loss if tetris_loss > 0 else None)
+    return out
+
+
+def evaluate_model(model_path: Path, workloads: int, seed: int, workers: int | None = None,
+                   progress: bool | None = None) -> dict:
+    """Held-out workloads (their own seed): FLEX against Tetris, averaged per threshold."""
+    from fairstream.simulator import _progress_bar
+
+    rng = np.random.default_rng(seed + 1000)
+    plan = [(int(rng.integers(1, 2**31)), float(share), mix, str(model_path))
+            for share in np.linspace(0, 1, max(workloads // 2, 1)) for mix in ("facebook", "google")]
+    bar = _progress_bar(len(plan), progress, unit="workload", desc="evaluating")
+    results = []
+    with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        for result in pool.map(evaluate_against_tetris, plan):
+            results.append(result)
+            bar.update(1)
+    bar.close()
+
+    def mean(key: str, threshold: str) -> float | None:
+        values = [r[key][threshold] for r in results if r[key][threshold] is not None]
+        return float(np.mean(values)) if values else None
+
+    return {"workloads": len(results),
+            "makespan_reduction_vs_tetris": {str(t): mean("makespan_reduction_vs_tetris", str(t)) for t in EVAL_LOSS},
+            "fairness_loss_reduction_vs_tetris": {str(t): mean("fairness_loss_reduction_vs_tetris", str(t))
+                                                  for t in EVAL_REDUCTION},
+            "per_workload": results}
 
 
 def _confusion_png(matrix: list[list[int]], classes: list[str], path: Path, title: str) -> None:
