@@ -87,7 +87,8 @@ def cmd_train_flex(args) -> int:
     from fairstream.flex_train import train
 
     report = train(Path(args.out), workloads=args.workloads, seed=args.seed, grid=args.grid, workers=args.workers,
-                   progress=args.progress, held_out=args.evaluate)
+                   progress=args.progress, held_out=args.evaluate,
+                   long_term=args.long_term_fairness)
     f1 = {kind: round(r["cross_validation"]["macro avg"]["f1-score"], 3) for kind, r in report["per_sla"].items()}
     against = report.get("against_tetris", {})
     print(json.dumps({"model": str(Path(args.out) / "flex-model.json"), "workloads": report["workloads"],
@@ -398,6 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=1)
     train.add_argument("--grid", action="store_true", help="grid-search the tree's parameters (default: the paper's Table 4)")
     train.add_argument("--workers", type=int, help="parallel simulations (default: one per core)")
+    train.add_argument("--long-term-fairness", action="store_true",
+                       help="label with the long-term fairness loss (section 5.2.4) instead of formula 8's")
     train.add_argument("--evaluate", type=int, default=0, metavar="N",
                        help="also run the model on N held-out workloads against Tetris (the paper's section 5.2)")
     train.set_defaults(func=cmd_train_flex)

@@ -14,7 +14,8 @@ scheduler rather than on the last arrival.
 
 Every workload is simulated under each candidate (FIFO, Fair, DRF, Perf). Against DRF each
 candidate has a makespan reduction E and a fairness loss F (formulas 6-8; per-tenant completion
-time = the tenant's makespan). For every SLA threshold on a grid, the label is the candidate
+time = the tenant's makespan), and a long-term F (section 5.2.4, from the LTRF fairness
+degrees), which ``long_term=True`` (``--long-term-fairness``) uses for the labels instead. For every SLA threshold on a grid, the label is the candidate
 that meets it best: for ``max_fairness_loss=F`` the largest E among candidates with loss at most
 F (DRF, loss 0, always qualifies); for ``min_makespan_reduction=E`` the smallest F among those
 reaching E (none: the largest E). Ties go to DRF, then Fair, FIFO, Perf. Features are
@@ -101,28 +102,29 @@ def evaluate(args: tuple[int, float, str]) -> dict:
     return out
 
 
-def label(candidates: dict[str, dict], kind: str, threshold: float) -> str:
+def label(candidates: dict[str, dict], kind: str, threshold: float, loss: str = "F") -> str:
+    """The best candidate for the SLA; ``loss`` is ``F`` (formula 8) or ``F_long_term`` (5.2.4)."""
     rank = {p: i for i, p in enumerate(PREFERENCE)}
     if kind == "max_fairness_loss":
-        ok = [p for p, m in candidates.items() if m["F"] <= threshold + 1e-12]
+        ok = [p for p, m in candidates.items() if m[loss] <= threshold + 1e-12]
         return min(ok, key=lambda p: (-round(candidates[p]["E"], 9), rank[p]))
     ok = [p for p, m in candidates.items() if m["E"] >= threshold - 1e-12]
     if not ok:
         return min(candidates, key=lambda p: (-round(candidates[p]["E"], 9), rank[p]))
-    return min(ok, key=lambda p: (round(candidates[p]["F"], 9), rank[p]))
+    return min(ok, key=lambda p: (round(candidates[p][loss], 9), rank[p]))
 
 
-def dataset(results: list[dict], kind: str) -> tuple[np.ndarray, list[str]]:
+def dataset(results: list[dict], kind: str, loss: str = "F") -> tuple[np.ndarray, list[str]]:
     rows, labels = [], []
     for result in results:
         for threshold in THRESHOLDS[kind]:
             rows.append([result["degree"], threshold])
-            labels.append(label(result["candidates"], kind, threshold))
+            labels.append(label(result["candidates"], kind, threshold, loss))
     return np.array(rows), labels
 
 
 def train(out: Path, workloads: int = 48, seed: int = 1, grid: bool = False, workers: int | None = None,
-          progress: bool | None = None, held_out: int = 0) -> dict:
+          progress: bool | None = None, held_out: int = 0, long_term: bool = False) -> dict:
     """Simulate, label, fit one tree per SLA kind, cross-validate, write the model and a report."""
     from sklearn.metrics import classification_report, confusion_matrix
     from sklearn.model_selection import GridSearchCV, StratifiedKFold, cross_val_predict
@@ -143,9 +145,10 @@ def train(out: Path, workloads: int = 48, seed: int = 1, grid: bool = False, wor
             bar.update(1)
     bar.close()
     (out / "training-data.json").write_text(json.dumps(results, indent=1))
-    classifiers, report = {}, {"workloads": len(results), "parameters": {}, "per_sla": {}}
+    loss = "F_long_term" if long_term else "F"
+    classifiers, report = {}, {"workloads": len(results), "fairness_loss": loss, "parameters": {}, "per_sla": {}}
     for kind in SLA_KINDS:
-        x, y = dataset(results, kind)
+        x, y = dataset(results, kind, loss)
         params = dict(TABLE_4)
         if grid:
             search = GridSearchCV(DecisionTreeClassifier(random_state=0), {
@@ -166,7 +169,7 @@ def train(out: Path, workloads: int = 48, seed: int = 1, grid: bool = False, wor
         classifiers[kind] = DecisionTreeClassifier(**params).fit(x, y)
         _confusion_png(report["per_sla"][kind]["confusion_matrix"], classes, out / f"confusion-{kind}.png", kind)
     model = from_sklearn(classifiers, list(CANDIDATES), {"workloads": len(results), "seed": seed, "grid": grid,
-                                                           "parameters": report["parameters"]})
+                                                           "fairness_loss": loss, "parameters": report["parameters"]})
     model.save(out / "flex-model.json")
     if held_out:
         report["against_tetris"] = evaluate_model(out / "flex-model.json", held_out, seed, workers, progress)

@@ -100,3 +100,21 @@ def test_a_complementary_workload_with_a_generous_threshold_runs_perf_and_finish
     flex, drf = run("flex", max_fairness_loss=1.0), run("drf")
     assert "perf" in {d.policy for d in flex.decisions}
     assert flex.summary()["makespan"] < drf.summary()["makespan"]
+
+
+@pytest.mark.parametrize("kind, threshold, expected", [
+    # E and F against DRF per candidate: perf is fastest but loses fairness, fair is in between.
+    pytest.param("max_fairness_loss", 0.0, "drf", id="no loss allowed: DRF"),
+    pytest.param("max_fairness_loss", 0.1, "fair", id="a little loss allowed: the fastest within it"),
+    pytest.param("max_fairness_loss", 0.5, "perf", id="much loss allowed: the fastest"),
+    pytest.param("min_makespan_reduction", 0.05, "fair", id="a small reduction asked: the fairest reaching it"),
+    pytest.param("min_makespan_reduction", 0.5, "perf", id="an unreachable reduction: the fastest"),
+])
+def test_training_labels_pick_the_candidate_that_best_meets_the_sla(kind, threshold, expected):
+    from fairstream.flex_train import label
+
+    candidates = {"drf": {"E": 0.0, "F": 0.0, "F_long_term": 0.0}, "fair": {"E": 0.05, "F": 0.08, "F_long_term": 0.3},
+                  "fifo": {"E": 0.02, "F": 0.9, "F_long_term": 0.5}, "perf": {"E": 0.2, "F": 0.4, "F_long_term": 0.1}}
+    assert label(candidates, kind, threshold) == expected
+    # The long-term measure changes the answer where the two losses disagree.
+    assert label(candidates, "max_fairness_loss", 0.1, loss="F_long_term") == "perf"
