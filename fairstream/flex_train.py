@@ -231,7 +231,7 @@ def evaluate_model(model_path: Path, workloads: int, seed: int, workers: int | N
         values = [r[key][threshold] for r in results if r[key][threshold] is not None]
         return float(np.mean(values)) if values else None
 
-    return {"workloads": len(results),
+    return {"held_out_workloads": len(results),
             "makespan_reduction_vs_tetris": {str(t): mean("makespan_reduction_vs_tetris", str(t)) for t in EVAL_LOSS},
             "fairness_loss_reduction_vs_tetris": {str(t): mean("fairness_loss_reduction_vs_tetris", str(t))
                                                   for t in EVAL_REDUCTION},
