@@ -57,7 +57,8 @@ class PolicySpec:
     # The policy reads what each tenant runs on each node (``Snapshot.node_allocation``), which
     # the engine then builds for every pass; the others skip that cost.
     needs_node_allocation: bool = False
-    # Checks the parameters together (one may exclude another); raises ModelError.
+    # Checks the parameters together (one may exclude another) and may complete them in place
+    # (FLEX loads its default model file here); raises ModelError.
     check: Callable[[Mapping[str, Any]], Any] | None = None
 
     def parse_params(self, raw: Mapping[str, Any]) -> dict[str, Any]:

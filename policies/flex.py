@@ -54,6 +54,13 @@ def sla(params: Mapping[str, Any]) -> tuple[str, float]:
     return "max_fairness_loss", 0.1 if loss is None else loss
 
 
+def prepare(params: dict) -> None:
+    """Check the SLA and load the default model (given models were loaded when parsed)."""
+    sla(params)
+    if isinstance(params["model"], str):
+        params["model"] = load_model(params["model"])
+
+
 def workload_degree(snapshot: Snapshot) -> float:
     """Complementary degree of the tenants with running or pending tasks."""
     demand = snapshot.allocation.copy()
@@ -67,9 +74,7 @@ def workload_degree(snapshot: Snapshot) -> float:
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
-    model = params["model"]
-    if isinstance(model, str):  # parameters not yet parsed (direct calls)
-        model = load_model(model)
+    model = params["model"]  # loaded when the parameters were parsed: no file I/O here
     kind, threshold = sla(params)
     degree = workload_degree(snapshot)
     chosen = "drf" if kind == "max_fairness_loss" and threshold <= 0 else model.choose(kind, degree, threshold)
@@ -79,6 +84,6 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
 
 
 SPEC = PolicySpec("flex", decide, "meta-scheduler: a decision tree picks FIFO, Fair, DRF or Perf for the workload "
-                                  "and SLA", PARAMS, check=sla)
+                                  "and SLA", PARAMS, check=prepare)
 
 __all__ = ["SPEC", "decide", "workload_degree", "sla"]
