@@ -114,6 +114,17 @@ class _Running:
     recent: bool = True  # inside the top-up suffix (still within its quantum)
     values: tuple[float, ...] = ()  # the demand as plain floats
 
+    # Pickled by the thousand in engine snapshots: a tuple, the demand as floats (as Task).
+    def __getstate__(self) -> tuple:
+        return self.start, self.values, self.done, self.recent
+
+    def __setstate__(self, state) -> None:
+        if isinstance(state, dict):  # pickled before the tuple form
+            self.__dict__.update(state)
+            return
+        self.start, self.values, self.done, self.recent = state
+        self.demand = np.array(self.values, dtype=float)
+
 
 class RecentTasks:
     """A tenant's running tasks in start order, for the quantum top-up (formula 15).

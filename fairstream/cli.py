@@ -318,7 +318,7 @@ def cmd_bench(args) -> int:
 
         print(json.dumps(bench_stream(rate=args.rate, duration=args.duration, nodes=args.stream_nodes,
                                       tenants=args.stream_tenants, retention=args.retention,
-                                      batch_window=args.batch_window)))
+                                      batch_window=args.batch_window, per_message=args.events_per_message)))
         return 0
     from fairstream.bench import bench_engine
 
@@ -434,6 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--topic-prefix", default="", help="prefix every topic name with PREFIX.")
     worker.add_argument("--step-window", type=float, default=0.1,
                         help="events within this many seconds of event time make one scheduling step (0: exact times)")
+    worker.add_argument("--fetch-max-wait", type=float, default=0.01,
+                        help="seconds the broker may hold a fetch for more data (Faust's own 1.5 s delays "
+                             "busy partitions under load; docs/architecture.md)")
     worker.add_argument("--batch-window", type=float, default=0.02,
                         help="seconds an agent waits to fill a batch (up to 500 messages) before processing it")
     worker.add_argument("--finished-retention", type=float, default=3600.0,
@@ -495,6 +498,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--stream-tenants", type=int, default=100)
     bench.add_argument("--retention", type=float, default=3600.0, help="stream: the worker's --finished-retention")
     bench.add_argument("--batch-window", type=float, default=0.02, help="stream: the worker's --batch-window")
+    bench.add_argument("--events-per-message", type=int, default=1,
+                       help="stream: up to this many events of one topic per Kafka message (a JSON array); 1: one event each")
     bench.add_argument("--tenants", type=int, default=1000)
     bench.add_argument("--nodes", type=int, default=10000)
     bench.add_argument("--pending", type=int, default=100000)

@@ -118,6 +118,9 @@ class Engine:
         self._unschedulable: set[str] = set()
         self._to_check: list[Task] = []
         self._nodes_changed = False
+        # Verdict per task shape (demand, constraints), valid until the set of nodes changes:
+        # most tasks share a few shapes, so checking a new task is usually a lookup.
+        self._verdicts: dict[int, str | None] = {}
         for leaf in tree.leaves:
             self.accounting.add_tenant(leaf, tree.path(leaf))
         self._refresh_shares()
@@ -130,6 +133,7 @@ class Engine:
 
     def __setstate__(self, state: dict) -> None:
         state["spec"] = get_policy(state["spec"])
+        state.setdefault("_verdicts", {})  # snapshots taken before the verdict cache
         self.__dict__.update(state)
 
     # ------------------------------------------------------------------ public
@@ -173,9 +177,11 @@ class Engine:
         else:
             candidates = [t for t in self._to_check if t.state is TaskState.PENDING]
         self._to_check.clear()
+        if self._nodes_changed:
+            self._verdicts.clear()
         self._nodes_changed = False
         capacity = self.capacity[live]
-        verdicts: dict[int, str | None] = {}
+        verdicts = self._verdicts
         decisions = []
         for task in sorted(candidates, key=lambda t: t.seq):
             if task.shape not in verdicts:

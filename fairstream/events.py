@@ -6,8 +6,15 @@ Input topics carry JSON objects (schemas in ``fairstream/schemas/*.schema.json``
 - ``tasks.completed``: ``{"cluster", "task", "time", "status"}``
 - ``nodes.heartbeats``: ``{"cluster", "node", "time", "capacity", "labels"?}``
 
+A message may also carry several events of its topic's kind as a JSON array of such objects
+(a job's tasks submitted together, a batch of completions from one agent), applied in order as
+if sent one by one. The worker's cost is mostly per Kafka message (docs/benchmarks.md), so
+agents that produce bursts should send them this way.
+
 ``decode(kind, raw)`` returns ``(cluster, event)`` or raises ``BadInput`` with a one-line reason;
-the worker sends such input to the dead-letter topic with the original bytes. The engine may
+``decode_message(kind, raw)`` does the same for a message of one event or an array, returning
+an outcome per event. The worker sends bad input to the dead-letter topic with the original
+bytes (for a bad element of an array, that element's JSON). The engine may
 still reject a well-formed event (unknown task, duplicate, unknown resource): that reason goes
 the same way.
 """
@@ -23,6 +30,7 @@ from importlib import resources as package_files
 from typing import Any
 
 import jsonschema
+import orjson
 
 from fairstream.model import (
     CompletionStatus,
@@ -92,14 +100,68 @@ def _looks_valid(kind: str, doc) -> bool:
     return _vector(doc["demand"]) if kind == SUBMITTED else (_vector(doc["capacity"]) if kind == HEARTBEAT else True)
 
 
-def decode(kind: str, raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str, Event]:
-    """Bytes of one message on the ``kind`` topic to ``(cluster, engine event)``."""
+def _parse(raw: bytes, max_bytes: int):
     if len(raw) > max_bytes:
         raise BadInput(f"oversize message: {len(raw)} bytes > {max_bytes}")
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadInput(f"malformed JSON: {exc}") from None
+        return orjson.loads(raw)  # fast path; it refuses a few things the standard parser takes
+    except orjson.JSONDecodeError:
+        try:  # (NaN, huge integers): the standard parser decides, so behaviour and messages stay its own
+            return json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise BadInput(f"malformed JSON: {exc}") from None
+
+
+def decode(kind: str, raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str, Event]:
+    """Bytes of one message on the ``kind`` topic to ``(cluster, engine event)``."""
+    return _event(kind, _parse(raw, max_bytes))
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One event of a message; ``index`` is its position in a batch (None: a single event)."""
+
+    cluster: str
+    event: Event
+    index: int | None = None
+
+
+@dataclass(frozen=True)
+class BadElement:
+    """One event of a batch message that cannot be applied: the reason, with its position."""
+
+    reason: str
+    index: int
+
+
+def decode_message(kind: str, raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> list[Decoded | BadElement]:
+    """One message on the ``kind`` topic, a JSON object (one event) or an array of them, to a
+    ``Decoded`` or ``BadElement`` per event, in order. Raises ``BadInput`` when the message is
+    unusable as a whole (oversize, malformed JSON, an empty array, a bad single event)."""
+    doc = _parse(raw, max_bytes)
+    if doc.__class__ is not list:
+        return [Decoded(*_event(kind, doc))]
+    if not doc:
+        raise BadInput("empty batch: a JSON array of events needs at least one")
+    out: list[Decoded | BadElement] = []
+    for index, element in enumerate(doc):
+        try:
+            out.append(Decoded(*_event(kind, element), index))
+        except BadInput as exc:
+            out.append(BadElement(f"[{index}] {exc}", index))
+    return out
+
+
+def element_bytes(raw: bytes, index: int | None) -> bytes:
+    """The original bytes of a message's event: the whole message for a single event, the
+    element's own JSON for one in a batch (what its dead letter carries)."""
+    if index is None:
+        return raw
+    doc = json.loads(raw)  # only on the dead-letter path: the standard parser, exact round trip
+    return json.dumps(doc[index], separators=(",", ":")).encode()
+
+
+def _event(kind: str, doc: Any) -> tuple[str, Event]:
     if not _looks_valid(kind, doc):  # the common case skips the (slow) full validation
         error = jsonschema.exceptions.best_match(_validator(kind).iter_errors(doc))
         if error is not None:
@@ -165,6 +227,7 @@ class DeadLetter:
     offset: int | None
     reason: str
     raw: bytes
+    index: int | None = None  # position in a batch message; its ``raw`` is then that element's JSON
 
     def to_json(self) -> dict[str, Any]:
         try:
@@ -172,5 +235,6 @@ class DeadLetter:
             original = {"original": text}
         except UnicodeDecodeError:
             original = {"original_base64": base64.b64encode(self.raw).decode("ascii")}
-        return {"topic": self.topic, "partition": self.partition, "offset": self.offset,
+        where = {} if self.index is None else {"index": self.index}
+        return {"topic": self.topic, "partition": self.partition, "offset": self.offset, **where,
                 "reason": self.reason, **original}

@@ -8,6 +8,9 @@ The Python API a cluster agent uses::
         await pub.heartbeat("prod", "node-1", time=0, capacity={"cpu": 32, "mem": 128})
         await pub.submit("prod", "task-1", tenant="analytics", demand={"cpu": 1, "mem": 4}, time=0)
         await pub.complete("prod", "task-1", time=42.0)
+        # A burst (a job's tasks, an agent's completions) as one message, applied in order:
+        await pub.send_many(pub.topics.submitted, [{"cluster": "prod", "task": f"t{i}", "tenant": "analytics",
+                                                    "demand": {"cpu": 1, "mem": 2}, "time": 43.0} for i in range(50)])
 
 Each message is keyed by its cluster id, so one cluster's events stay in one partition, in order.
 """
@@ -102,8 +105,21 @@ class Publisher:
     async def send_raw(self, topic: str, key: str, value: bytes) -> None:
         await self.producer.send_and_wait(topic, value=value, key=key.encode())
 
-    async def send(self, topic: str, message: dict[str, Any]) -> None:
+    async def send(self, topic: str, message: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """One message: an event (a JSON object) or several of one cluster (a JSON array), keyed by
+        the cluster id."""
+        if isinstance(message, list):
+            return await self.send_many(topic, message)
         await self.send_raw(topic, str(message.get("cluster", "")), json.dumps(message, separators=(",", ":")).encode())
+
+    async def send_many(self, topic: str, messages: list[dict[str, Any]]) -> None:
+        """Several events of one cluster in one message (a JSON array), applied in order: far
+        cheaper for the worker than as many messages (its cost is mostly per message)."""
+        clusters = {str(m.get("cluster", "")) if isinstance(m, dict) else "" for m in messages}
+        if len(clusters) > 1:
+            raise ValueError(f"one message carries one cluster's events, not {sorted(clusters)}")
+        key = clusters.pop() if clusters else ""
+        await self.send_raw(topic, key, json.dumps(messages, separators=(",", ":")).encode())
 
     async def submit(self, cluster: str, task: str, tenant: str, demand: dict[str, float], time: float,
                      job: str | None = None, constraints: dict | None = None) -> None:
@@ -150,7 +166,8 @@ async def read_topic(broker: str, topic: str, from_beginning: bool = True, idle_
 
 
 def publish_stdin(broker: str, topic: str) -> int:
-    """``fairstream publish``: one JSON object per line of stdin to ``topic``; returns the count."""
+    """``fairstream publish``: one message per line of stdin to ``topic`` (a JSON object, or an
+    array of one cluster's events); returns the count of messages."""
 
     async def run() -> int:
         count = 0
@@ -164,7 +181,12 @@ def publish_stdin(broker: str, topic: str) -> int:
                     from fairstream.model import ModelError
 
                     raise ModelError(f"stdin line {number}: not JSON ({exc})") from None
-                await pub.send(topic, message)
+                try:
+                    await pub.send(topic, message)
+                except ValueError as exc:
+                    from fairstream.model import ModelError
+
+                    raise ModelError(f"stdin line {number}: {exc}") from None
                 count += 1
         return count
 

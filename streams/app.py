@@ -21,6 +21,7 @@ from fairstream.jsoncodec import dumps
 from fairstream.model import ResourceSpace
 from fairstream.tenants import TenantTree
 from fairstream.streams.processor import Incoming, Processor, Topics
+from fairstream.streams.transport import kafka_transport
 
 
 @dataclass
@@ -37,9 +38,11 @@ class WorkerConfig:
     partitions: int = 4
     batch_size: int = 500
     batch_window: float = 0.02
+    fetch_max_wait: float = 0.01  # longest the broker may hold a fetch (streams/transport.py)
     max_lateness: float = 60.0
     node_timeout: float = math.inf
     snapshot_every: int = 500
+    snapshot_ratio: float = 2.0  # see Processor._snapshot_due
     max_bytes: int = 64 * 1024
     step_window: float = 0.1  # seconds of event time gathered into one scheduling step
     finished_retention: float = 3600.0  # seconds of event time finished task ids are remembered
@@ -82,20 +85,23 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         **config.kafka_options,
         **app_options,
     )
+    app.transport = kafka_transport(app, config.fetch_max_wait)
     out = {
         config.topics.decisions: app.topic(config.topics.decisions, value_serializer="raw", key_serializer="raw"),
         config.topics.deadletter: app.topic(config.topics.deadletter, value_serializer="raw", key_serializer="raw"),
     }
 
     async def publish(topic: str, key: str, message: dict):
-        payload = dumps(message)
-        # The returned future resolves when the broker has the message; the processor waits
-        # for all of a batch's before it clears them from the outbox.
-        return await out[topic].send(key=key.encode(), value=payload)
+        # Straight to Faust's producer (one aiokafka send), not through ``Topic.send``, whose
+        # channel and codec machinery cost more per message than the engine step that made it
+        # (docs/benchmarks.md). The returned future resolves when the broker has the message;
+        # the processor waits for all of a batch's before it clears them from the outbox.
+        return await app.producer.send(topic, key.encode(), dumps(message), None, None, None)
 
     processor = Processor(
         store, config.make_engine, publish, config.topics, max_lateness=config.max_lateness,
-        node_timeout=config.node_timeout, snapshot_every=config.snapshot_every, max_bytes=config.max_bytes,
+        node_timeout=config.node_timeout, snapshot_every=config.snapshot_every, snapshot_ratio=config.snapshot_ratio,
+        max_bytes=config.max_bytes,
         log_retention=config.log_retention,
         step_window=config.step_window,
     )

@@ -9,8 +9,9 @@
    cluster's clock is applied at the clock, one further behind is a dead letter; before each
    step, nodes silent for more than ``node_timeout`` seconds (event time) are declared lost;
 4. commit the new log steps, offsets, outputs (outbox) and views to the store in one
-   transaction, snapshotting an engine every ``snapshot_every`` steps;
-5. publish the outbox, then clear it.
+   transaction, snapshotting an engine when it is due (``_snapshot_due``);
+5. enqueue the outbox for publishing; then, with the next batch free to start, wait for the
+   broker's acknowledgements and clear the outbox.
 
 A cluster seen for the first time since start is loaded from the store: its last snapshot,
 then the log steps after it replayed through a fresh engine (decisions are deterministic, so
@@ -31,7 +32,16 @@ import structlog
 
 from fairstream.engine import Engine
 from fairstream.jsoncodec import dumps_text
-from fairstream.events import BadInput, DeadLetter, decision_message, decode, event_from_json, event_to_json
+from fairstream.events import (
+    BadElement,
+    BadInput,
+    DeadLetter,
+    decision_message,
+    decode_message,
+    element_bytes,
+    event_from_json,
+    event_to_json,
+)
 from fairstream.model import Event, NodeLost, TaskSubmitted
 from fairstream.state.store import BatchCommit, StateStore, Trim
 
@@ -92,6 +102,7 @@ class Processor:
         max_lateness: float = 60.0,
         node_timeout: float = math.inf,
         snapshot_every: int = 500,
+        snapshot_ratio: float = 2.0,
         max_bytes: int = 64 * 1024,
         metrics=None,
         step_window: float = 0.0,
@@ -107,6 +118,7 @@ class Processor:
         self.max_lateness = max_lateness
         self.node_timeout = node_timeout
         self.snapshot_every = snapshot_every
+        self.snapshot_ratio = snapshot_ratio
         self.max_bytes = max_bytes
         self.step_window = step_window
         self.log_retention = log_retention
@@ -115,6 +127,8 @@ class Processor:
         self.checkpoints: dict[str, list[tuple[int, float]]] = {}
         self.steps_taken: dict[str, int] = {}
         self.steps_at_snapshot: dict[str, int] = {}
+        self.events_since_snapshot: dict[str, int] = {}  # replay cost of the log after the snapshot
+        self.time_at_snapshot: dict[str, float] = {}
         self.applied: dict[str, int] = {}
         self._lock = asyncio.Lock()
         self._started = False
@@ -126,7 +140,7 @@ class Processor:
                 return
             self.applied = await self.store.offsets()
             pending = await self.store.outbox()
-            await self._publish_all(pending)
+            await _acknowledged(await self._enqueue(pending))
             await self.store.clear_outbox(pending)
             if pending:
                 log.info("worker.outbox_republished", messages=len(pending))
@@ -141,7 +155,8 @@ class Processor:
             self._started = False
 
     def _drop(self, cluster: str) -> None:
-        for cache in (self.engines, self.steps_taken, self.steps_at_snapshot, self.log_base, self.checkpoints):
+        for cache in (self.engines, self.steps_taken, self.steps_at_snapshot, self.log_base, self.checkpoints,
+                      self.events_since_snapshot, self.time_at_snapshot):
             cache.pop(cluster, None)
 
     def _retain(self, cluster: str, now: float, blob: bytes, commit: BatchCommit) -> None:
@@ -173,6 +188,8 @@ class Processor:
                 engine.step(step["time"], [event_from_json(e) for e in step["events"]])
             self.engines[cluster] = engine
             self.steps_taken[cluster] = self.steps_at_snapshot[cluster] = record.snapshot_steps + len(record.log)
+            self.events_since_snapshot[cluster] = sum(len(step["events"]) for step in record.log)
+            self.time_at_snapshot[cluster] = engine.time or 0.0
             self.log_base[cluster] = record.log_base
             self.checkpoints[cluster] = list(record.checkpoints)
             if record.snapshot or record.log:
@@ -180,12 +197,35 @@ class Processor:
                          replayed_steps=len(record.log))
         return engine
 
+    def _snapshot_due(self, cluster: str, engine: Engine) -> bool:
+        """At least ``snapshot_every`` steps since the last snapshot, and a log after it that
+        holds ``snapshot_ratio`` times as many events as the engine holds tasks and remembered
+        finished ids (or, with a bounded log, a quarter of its retention of event time).
+
+        Pickling costs time in proportion to that state (about 1 µs per task or id, during
+        which the worker answers nothing), replaying the log in proportion to its events: so
+        the pause is rare when the state is large, the snapshot's amortised cost per event is
+        bounded, and a recovery replays at most about ``snapshot_ratio`` times the state."""
+        if self.steps_taken[cluster] - self.steps_at_snapshot[cluster] < self.snapshot_every:
+            return False
+        if self.events_since_snapshot[cluster] >= self.snapshot_ratio * (len(engine.tasks) + len(engine.finished_ids)):
+            return True
+        return (engine.time or 0.0) - self.time_at_snapshot[cluster] >= self.log_retention / 4
+
     async def handle(self, messages: list[Incoming]) -> BatchOutcome:
         if not self._started:
             await self.start()
         received = time.perf_counter()  # the metric's clock; the engine never reads one
         async with self._lock:
-            outcome = await self._handle(messages)
+            outcome, outbox, acks = await self._handle(messages)
+        # The broker's acknowledgements are awaited outside the lock: the next batch (another
+        # agent's) is applied meanwhile. Its messages are enqueued after these, so the order
+        # on each partition is kept; the outbox entries go once the broker has them.
+        await _acknowledged(acks)
+        for topic, message in outbox:
+            if topic == self.topics.decisions:
+                self.metrics.decisions.labels(message["kind"]).inc()
+        await self.store.clear_outbox(outbox)
         metrics = self.metrics
         for message in messages:
             metrics.events.labels(message.topic).inc()
@@ -193,22 +233,28 @@ class Processor:
         metrics.steps.inc(outcome.steps)
         return outcome
 
-    async def _handle(self, messages: list[Incoming]) -> BatchOutcome:
+    async def _handle(self, messages: list[Incoming]) -> tuple[BatchOutcome, list[tuple[str, dict]], list]:
+        """Apply a batch, commit it, and enqueue its outbox for publishing; returns the outcome,
+        the outbox and the acknowledgements to wait for."""
         outcome = BatchOutcome()
         commit = BatchCommit()
         dead: list[DeadLetter] = []
-        by_cluster: dict[str, list[tuple[Event, Incoming]]] = {}
+        by_cluster: dict[str, list[tuple[Event, Incoming, int | None]]] = {}
         for message in messages:
             if message.offset < self.applied.get(message.position, 0):
                 outcome.skipped += 1
                 continue
             commit.offsets[message.position] = max(commit.offsets.get(message.position, 0), message.offset + 1)
             try:
-                cluster, event = decode(message.kind, message.raw, self.max_bytes)
+                decoded = decode_message(message.kind, message.raw, self.max_bytes)
             except BadInput as exc:
                 dead.append(DeadLetter(message.topic, message.partition, message.offset, str(exc), message.raw))
                 continue
-            by_cluster.setdefault(cluster, []).append((event, message))
+            for item in decoded:
+                if item.__class__ is BadElement:
+                    dead.append(_dead_letter(message, item.index, item.reason))
+                else:
+                    by_cluster.setdefault(item.cluster, []).append((item.event, message, item.index))
 
         for cluster, items in by_cluster.items():
             engine = await self.engine(cluster)
@@ -219,10 +265,13 @@ class Processor:
             commit.outbox.extend((self.topics.decisions, decision_message(cluster, d)) for d in decisions)
             commit.views[cluster] = views(engine, touched, touched_nodes(steps, decisions))
             self.steps_taken[cluster] += len(steps)
-            if self.steps_taken[cluster] - self.steps_at_snapshot[cluster] >= self.snapshot_every:
-                blob = pickle.dumps(engine)
+            self.events_since_snapshot[cluster] += sum(len(step["events"]) for step in steps)
+            if self._snapshot_due(cluster, engine):
+                blob = _pickle(engine)
                 commit.snapshots[cluster] = (blob, self.steps_taken[cluster])
                 self.steps_at_snapshot[cluster] = self.steps_taken[cluster]
+                self.events_since_snapshot[cluster] = 0
+                self.time_at_snapshot[cluster] = engine.time or 0.0
                 if math.isfinite(self.log_retention):
                     self._retain(cluster, engine.time or 0.0, blob, commit)
 
@@ -243,22 +292,16 @@ class Processor:
                 self._drop(cluster)
             raise
         self.applied.update(commit.offsets)
-        await self._publish_all(commit.outbox)
-        for topic, message in commit.outbox:
-            if topic == self.topics.decisions:
-                self.metrics.decisions.labels(message["kind"]).inc()
-        await self.store.clear_outbox(commit.outbox)
-        return outcome
+        return outcome, commit.outbox, await self._enqueue(commit.outbox)
 
-    async def _publish_all(self, outbox: list[tuple[str, dict]]) -> None:
-        """Enqueue every message in order, then wait for all acknowledgements at once."""
+    async def _enqueue(self, outbox: list[tuple[str, dict]]) -> list:
+        """Enqueue every message in order; returns the acknowledgements to wait for."""
         acks = []
         for topic, message in outbox:
             ack = await self.publish(topic, message.get("cluster") or _cluster_of(message), message)
             if ack is not None:
                 acks.append(ack)
-        if acks:
-            await asyncio.gather(*acks)
+        return acks
 
     def _run(self, cluster: str, engine: Engine, items: list[tuple[Event, Incoming]], dead: list[DeadLetter]):
         """Events in arrival order to engine steps; returns (log steps, decisions, tenants whose
@@ -266,14 +309,14 @@ class Processor:
         steps: list[dict] = []
         decisions = []
         touched: set[str] = set()
-        group: list[tuple[Event, Incoming]] = []
+        group: list[tuple[Event, Incoming, int | None]] = []
         group_time: float | None = None  # the step's time: the latest event time in the group
         group_start: float | None = None
 
         def flush() -> None:
             if not group:
                 return
-            events = [e for e, _ in group]
+            events = [e for e, _, _ in group]
             lost = self._silent_nodes(engine, group_time)
             step_events = lost + events
             result = engine.step(group_time, step_events)
@@ -282,21 +325,21 @@ class Processor:
             touched.update(d.tenant for d in result.decisions)
             touched.update(t.tenant for t in result.finished)
             touched.update(e.tenant for e in events if isinstance(e, TaskSubmitted))
-            origin = {id(e): m for e, m in group}
+            origin = {id(e): (m, index) for e, m, index in group}
             for event, reason in result.rejected:
-                message = origin.get(id(event))
-                if message is not None:
-                    dead.append(DeadLetter(message.topic, message.partition, message.offset, reason, message.raw))
+                if id(event) in origin:
+                    message, index = origin[id(event)]
+                    dead.append(_dead_letter(message, index, reason))
             group.clear()
 
-        for event, message in items:
+        for event, message, index in items:
             clock = engine.time if group_time is None else group_time
             time = event.time
             if clock is not None and time < clock:
                 if clock - time > self.max_lateness:
-                    dead.append(DeadLetter(message.topic, message.partition, message.offset,
-                                           f"time {time} is {clock - time:.3f} s behind the cluster clock {clock} "
-                                           f"(more than max_lateness {self.max_lateness} s)", message.raw))
+                    dead.append(_dead_letter(message, index,
+                                             f"time {time} is {clock - time:.3f} s behind the cluster clock {clock} "
+                                             f"(more than max_lateness {self.max_lateness} s)"))
                     continue
                 event = _at(event, clock)  # a little late: applied now, recorded as applied
                 time = clock
@@ -306,7 +349,7 @@ class Processor:
             if group_start is None:
                 group_start = time
             group_time = time if group_time is None else max(group_time, time)
-            group.append((event, message))
+            group.append((event, message, index))
         flush()
         return steps, decisions, touched
 
@@ -314,6 +357,33 @@ class Processor:
         if math.isinf(self.node_timeout):
             return []
         return [NodeLost(now, n.id) for n in engine.nodes if n.alive and now - n.last_heartbeat > self.node_timeout]
+
+
+async def _acknowledged(acks: list) -> None:
+    if acks:
+        await asyncio.gather(*acks)
+
+
+def _pickle(engine: Engine) -> bytes:
+    # The collector would walk the whole heap several times while pickle allocates its
+    # tuples; nothing it could free is made here, so it waits until the snapshot is taken.
+    import gc
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return pickle.dumps(engine, protocol=pickle.HIGHEST_PROTOCOL)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _dead_letter(message: Incoming, index: int | None, reason: str) -> DeadLetter:
+    """A dead letter for one event of ``message`` (element ``index`` of a batch message, whose
+    position the reason then starts with)."""
+    if index is not None and not reason.startswith(f"[{index}]"):
+        reason = f"[{index}] {reason}"
+    return DeadLetter(message.topic, message.partition, message.offset, reason, element_bytes(message.raw, index), index)
 
 
 def _at(event: Event, time: float) -> Event:
@@ -351,17 +421,20 @@ def views(engine: Engine, tenants: set[str] | None = None, nodes: set[str] | Non
     names = engine.resources.names
     usage = {}
     quanta = {}
-    for row, ledger in enumerate(acc.ledgers):
-        if tenants is not None and ledger.name not in tenants:
-            continue
-        usage[ledger.name] = dumps_text({
+    rows = [row for row, ledger in enumerate(acc.ledgers) if tenants is None or ledger.name in tenants]
+    keys = acc.usage_keys(rows, now)  # one vectorised call for all of them
+    raw, counted, allocation = (acc.raw_usage[rows].tolist(), acc.counted_usage[rows].tolist(),
+                                acc.allocation[rows].tolist())
+    for i, row in enumerate(rows):
+        name = acc.ledgers[row].name
+        usage[name] = dumps_text({
             "round_start": acc.round_start,
-            "raw": dict(zip(names, acc.raw_usage[row].tolist())),
-            "counted": dict(zip(names, acc.counted_usage[row].tolist())),
-            "allocation": dict(zip(names, acc.allocation[row].tolist())),
-            "usage_key": acc.usage_key(row, now),
+            "raw": dict(zip(names, raw[i])),
+            "counted": dict(zip(names, counted[i])),
+            "allocation": dict(zip(names, allocation[i])),
+            "usage_key": keys[i],
         })
-        quanta[ledger.name] = dumps_text(acc.quantum(row))
+        quanta[name] = dumps_text(acc.quantum(row))
     node_view = {
         n.id: dumps_text({"capacity": dict(zip(names, n.capacity.tolist())), "alive": n.alive,
                           "last_heartbeat": n.last_heartbeat, "labels": n.labels})

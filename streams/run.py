@@ -56,6 +56,7 @@ def config_from_args(args) -> WorkerConfig:
         step_window=args.step_window,
         finished_retention=args.finished_retention,
         batch_window=args.batch_window,
+        fetch_max_wait=args.fetch_max_wait,
         data_dir=args.data_dir,
         log_retention=math.inf if args.log_retention is None else args.log_retention,
     )

@@ -101,6 +101,61 @@ def test_bad_input_goes_to_the_dead_letter_topic_and_the_worker_keeps_going(kind
     assert "after" in [d["task"] for d in wire.decisions()]  # still deciding afterwards
 
 
+def test_a_batch_message_is_applied_as_its_events_one_by_one():
+    # The same input as single messages and as JSON arrays (a job's tasks, an agent's
+    # completions) gives the same decisions, in the same order.
+    singles, batched = Wire(), Wire()
+    tasks = [task(f"t{k}", "AB"[k % 2], time=1, cpu=1, mem=3) for k in range(5)]
+    completions = [done("t0", 2), done("t1", 2)]
+
+    async def scenario():
+        one = processor(wire=singles)
+        await one.handle([singles.msg("heartbeat", heartbeat())] + [singles.msg("submitted", t) for t in tasks])
+        await one.handle([singles.msg("completed", c) for c in completions])
+        many = processor(wire=batched)
+        await many.handle([batched.msg("heartbeat", [heartbeat()]), batched.msg("submitted", tasks)])
+        await many.handle([batched.msg("completed", completions)])
+
+    run(scenario())
+    assert batched.decisions() == singles.decisions()
+    assert [d["task"] for d in batched.decisions()] == ["t0", "t1", "t2", "t3"]  # n1 holds 8 mem: two wait, then two more start
+    assert batched.dead() == singles.dead() == []
+
+
+BAD_ELEMENTS = [
+    pytest.param([task("ok1", time=2), task("neg", time=2, mem=-1), task("ok2", time=2)], 1, "demand.mem", id="an element the schema refuses"),
+    pytest.param([task("ok1", time=2), task("t1", time=2), task("ok2", time=2)], 1, "duplicate submission", id="an element the engine refuses"),
+    pytest.param([task("ok1", time=2), task("ok2", time=2), task("old", time=0)], 2, "behind the cluster clock", id="an element too far in the past"),
+    pytest.param([task("ok1", time=2), 7, task("ok2", time=2)], 1, "is not of type 'object'", id="an element that is not an object"),
+]
+
+
+@pytest.mark.parametrize("elements, index, reason", BAD_ELEMENTS)
+def test_a_bad_element_of_a_batch_is_a_dead_letter_of_its_own_and_the_others_are_applied(elements, index, reason):
+    wire = Wire()
+
+    async def scenario():
+        p = processor(wire=wire, max_lateness=0.5)
+        await p.handle([wire.msg("heartbeat", heartbeat()), wire.msg("submitted", task("t1"))])
+        await p.handle([wire.msg("heartbeat", heartbeat(time=2)), wire.msg("submitted", elements)])
+
+    run(scenario())
+    dead = wire.dead()
+    assert len(dead) == 1 and reason in dead[0]["reason"] and dead[0]["reason"].startswith(f"[{index}]")
+    assert dead[0]["index"] == index and json.loads(dead[0]["original"]) == elements[index]  # the element, not the batch
+    assert {"ok1", "ok2"} <= {d["task"] for d in wire.decisions()}
+
+
+def test_an_empty_batch_is_a_dead_letter():
+    wire = Wire()
+
+    async def scenario():
+        await processor(wire=wire).handle([wire.msg("submitted", [])])
+
+    run(scenario())
+    assert [(d["reason"], d["original"]) for d in wire.dead()] == [("empty batch: a JSON array of events needs at least one", "[]")]
+
+
 def test_redelivered_messages_are_skipped_by_offset():
     wire = Wire()
 
@@ -138,6 +193,33 @@ def test_a_restarted_worker_resumes_from_the_store_with_the_same_accumulated_usa
     assert view["A"]["raw"]["mem"] > 0
     tasks = [d["task"] for d in wire.decisions()]
     assert len(tasks) == len(set(tasks)) == 10
+
+
+SNAPSHOT_RULE = [
+    # One event per step: a heartbeat, four submissions, four completions. After step k the
+    # engine holds tasks + remembered finished ids = 0, 1, 2, 3, 4, 4, 4, 4, 4.
+    pytest.param(1, 2.0, 5, 1, id="the empty engine after the heartbeat is snapshotted at once"),
+    # From step 2 on the log holds k - 1 events; it first reaches 2 x 4 at step 9.
+    pytest.param(1, 2.0, 8, 1, id="a log shorter than twice the state waits"),
+    pytest.param(1, 2.0, 9, 9, id="a log of twice the state is snapshotted"),
+    pytest.param(1, 0.0, 5, 5, id="ratio 0 snapshots every snapshot_every steps"),
+    pytest.param(50, 0.0, 9, 0, id="never before snapshot_every steps"),
+]
+
+
+@pytest.mark.parametrize("every, ratio, events, snapshot_step", SNAPSHOT_RULE)
+def test_a_snapshot_is_taken_when_the_log_since_the_last_outweighs_the_state(every, ratio, events, snapshot_step):
+    store, wire = MemoryStore(), Wire()
+    plan = [("heartbeat", heartbeat(cpu=8, mem=8))] + [("submitted", task(f"t{k}", time=1)) for k in range(4)]
+    plan += [("completed", done(f"t{k}", 2 + k)) for k in range(4)]
+
+    async def scenario():
+        p = processor(store, wire, snapshot_every=every, snapshot_ratio=ratio)
+        for kind, body in plan[:events]:
+            await p.handle([wire.msg(kind, body)])
+        return (await store.load("c1")).snapshot_steps
+
+    assert run(scenario()) == snapshot_step
 
 
 def test_log_retention_keeps_between_r_and_1_25_r_of_log_and_the_kept_log_replays_from_its_base():
