@@ -5,7 +5,7 @@ nodes, then publishes input at ``rate`` events/s for ``duration`` seconds: half 
 half completions of tasks submitted ``hold`` seconds earlier, so the cluster stays in a steady
 state. Every few milliseconds the events due are sent as one record batch per topic, one event
 per message or, with ``per_message`` > 1, up to that many per message (a JSON array, as an
-agent sending bursts would). Measures, from Kafka's own record timestamps, the time from a submission's append to its
+agent sending bursts would). Measures, from the broker's append timestamps (the bench's topics use LogAppendTime), the time from a submission's append to its
 decision's append (``p50_ms``, ``p99_ms``), the input rate the worker kept up with
 (``events_per_s``: input events over the time until the last decision was appended), and the
 worker's resident memory every second. Needs ``scripts/services.sh start``.
@@ -104,13 +104,40 @@ class _BatchSender:
         self.acks.clear()
 
 
+async def _clean_up(broker: str, redis_url: str, app_id: str, topics: Topics) -> None:
+    """Remove what the run left: its topics (and the worker's internal ones) and its Redis keys,
+    so repeated runs do not fill the broker's disk and Redis's memory."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from fairstream.state.store import redis_client
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker)
+    await admin.start()
+    try:
+        mine = [name for name in await admin.list_topics() if name.startswith(app_id)]
+        if mine:
+            await admin.delete_topics(mine)
+    finally:
+        await admin.close()
+    client = redis_client(redis_url)
+    try:
+        keys = [key async for key in client.scan_iter(match=f"{app_id}:*", count=1000)]
+        for start in range(0, len(keys), 1000):
+            await client.delete(*keys[start:start + 1000])
+    finally:
+        await client.aclose()
+
+
 async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int, tenants: int, hold: float,
                policy: str, log_path: Path, retention: float, batch_window: float, per_message: int) -> dict:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     app_id = f"bench{uuid.uuid4().hex[:8]}"
     topics = Topics().with_prefix(app_id)
-    await ensure_topics(broker, [topics.submitted, topics.completed, topics.heartbeats, topics.decisions, topics.deadletter])
+    # The broker stamps each record when it appends it (LogAppendTime), so the latency is from
+    # a submission's append to its decision's, whatever delays either producer had before.
+    await ensure_topics(broker, [topics.submitted, topics.completed, topics.heartbeats, topics.decisions, topics.deadletter],
+                        config={"message.timestamp.type": "LogAppendTime"})
     with open(log_path, "w") as log:
         worker = subprocess.Popen(
             [sys.executable, "-m", "fairstream.cli", "worker", "--policy", policy, "--app-id", app_id,
@@ -213,6 +240,7 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
             worker.wait(20)
         except subprocess.TimeoutExpired:
             worker.kill()
+        await _clean_up(broker, redis, app_id, topics)
     latencies = [decided_at[t] - submitted_at[t] for t in wanted if t in decided_at]
     first = min(submitted_at[t] for t in wanted)
     by_second: dict[int, list[int]] = {}

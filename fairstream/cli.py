@@ -323,7 +323,7 @@ def cmd_bench(args) -> int:
     from fairstream.bench import bench_engine
 
     result = bench_engine(
-        tenants=args.tenants, nodes=args.nodes, pending=args.pending, policies=args.policies.split(","),
+        tenants=args.tenants, nodes=args.nodes, pending=args.pending, policies=[p for p in args.policies.split(",") if p],
         trace=args.trace, progress=args.progress,
         knob_policies=[p for p in args.knob_policies.split(",") if p],
     )

@@ -1,10 +1,15 @@
 """Integer programs for the efficiency-oriented policies, solved in process through pulp.
 
 One helper, ``solve_packing``, builds the variables and the base constraints (capacity per
-resource, bounds per item), solves with HiGHS through pulp (``highspy``: in process, about
-0.4 ms fixed cost per solve here, against about 4.7 ms for pulp's bundled CBC, which starts a
-process per solve), checks the solver's status and returns a typed result. A failed solve raises
-``SolverError``: the caller decides, in the open, what to do instead. Never print-and-continue.
+resource, bounds per item), solves with HiGHS in process (``highspy``), checks the solver's
+status and returns a typed result. A failed solve raises ``SolverError``: the caller decides, in
+the open, what to do instead. Never print-and-continue.
+
+The packing program is handed to HiGHS directly as arrays (a row-wise sparse matrix): it is
+solved once per QKnobler pass, and building it through pulp's modelling objects cost more than
+the solve (about 1.4 ms of a 4 ms pass at 100 tenants; docs/benchmarks.md). pulp, with the
+same HiGHS, stays for the divisible-task placement LP (``solve_placement_lp``), which is not on
+the scheduling path. (pulp's bundled CBC starts a process per solve: about 4.7 ms each here.)
 
 Determinism: HiGHS runs single-threaded with no time limit, so the same program always gives
 the same answer. Instead of a time limit, ``abs_gap`` stops the search once the incumbent is
@@ -38,7 +43,27 @@ class PackingSolution:
     bound: float = 0.0  # an upper bound on the optimum (the LP relaxation's value when rounded)
 
 
-Extra = Callable[[object, list], None]
+class PackingProgram:
+    """The rows and extra variables ``solve_packing``'s ``extra`` callback may add.
+
+    Variables are column indices: ``0 .. items-1`` are the item counts; ``add_binary`` adds more.
+    A row is ``lower <= sum(coefficient * variable) <= upper`` (either side may be open)."""
+
+    def __init__(self, items: int) -> None:
+        self.columns = items
+        self.binaries: list[int] = []
+        self.rows: list[tuple[list[tuple[int, float]], float, float]] = []
+
+    def add_binary(self) -> int:
+        self.binaries.append(self.columns)
+        self.columns += 1
+        return self.columns - 1
+
+    def add_row(self, terms: list[tuple[int, float]], lower: float = -np.inf, upper: float = np.inf) -> None:
+        self.rows.append(([(int(v), float(c)) for v, c in terms if c != 0.0], float(lower), float(upper)))
+
+
+Extra = Callable[[PackingProgram, list[int]], None]
 
 
 def solve_packing(
@@ -52,7 +77,7 @@ def solve_packing(
     integer: bool = True,
 ) -> PackingSolution:
     """Maximise ``values @ n`` subject to ``demands.T @ n <= capacity``, ``0 <= n <= upper``,
-    ``n`` integer, plus whatever ``extra(problem, variables)`` adds (pulp constraints).
+    ``n`` integer, plus whatever ``extra(program, variables)`` adds (``PackingProgram`` rows).
 
     Inputs: ``values`` (items), ``demands`` (items x resources), ``capacity`` (resources),
     ``upper`` (items, whole numbers). Raises ``SolverError`` unless the solve is optimal.
@@ -61,31 +86,55 @@ def solve_packing(
     basic LP solution has at most m fractional counts, so the result is within m items' value of
     the optimum; ``bound`` is the LP's value, so the gap is known. ``extra`` is not applied then.
     """
-    import pulp
+    import highspy
 
     upper = np.floor(np.maximum(upper, 0.0) + TOLERANCE)
-    if not len(values) or not upper.any():
-        return PackingSolution(np.zeros(len(values)), 0.0, "trivial")
-    problem = pulp.LpProblem("packing", pulp.LpMaximize)
-    category = pulp.LpInteger if integer else pulp.LpContinuous
-    variables = [problem.add_variable(f"n{i}", 0, int(bound), cat=category) for i, bound in enumerate(upper)]
-    problem += pulp.LpAffineExpression(list(zip(variables, values.tolist())))
+    items = len(values)
+    if not items or not upper.any():
+        return PackingSolution(np.zeros(items), 0.0, "trivial")
+    program = PackingProgram(items)
     for k in range(demands.shape[1]):
-        column = demands[:, k]
-        used = [(variables[i], float(column[i])) for i in np.flatnonzero(column > 0)]
-        if used:
-            problem += pulp.LpAffineExpression(used) <= float(capacity[k]), f"capacity_{k}"
+        used = np.flatnonzero(demands[:, k] > 0)
+        if len(used):
+            program.add_row(list(zip(used.tolist(), demands[used, k].tolist())), upper=float(capacity[k]))
     if extra is not None and integer:
-        extra(problem, variables)
-    solver = pulp.HiGHS(msg=False, threads=1, gapRel=0.0, gapAbs=float(abs_gap))
+        extra(program, list(range(items)))
+
+    columns = program.columns
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = columns, len(program.rows)
+    lp.sense_ = highspy.ObjSense.kMaximize
+    lp.col_cost_ = np.concatenate([values, np.zeros(columns - items)]).astype(float)
+    lp.col_lower_ = np.zeros(columns)
+    lp.col_upper_ = np.concatenate([upper, np.ones(columns - items)]).astype(float)
+    lp.row_lower_ = np.array([lower for _, lower, _ in program.rows], dtype=float)
+    lp.row_upper_ = np.array([upper_ for _, _, upper_ in program.rows], dtype=float)
+    starts, indices, coefficients = [0], [], []
+    for terms, _, _ in program.rows:
+        indices.extend(v for v, _ in terms)
+        coefficients.extend(c for _, c in terms)
+        starts.append(len(indices))
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = columns, len(program.rows)
+    lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
+    lp.a_matrix_.index_ = np.array(indices, dtype=np.int32)
+    lp.a_matrix_.value_ = np.array(coefficients, dtype=float)
+    if integer:
+        lp.integrality_ = [highspy.HighsVarType.kInteger] * columns
+
+    solver = highspy.Highs()
+    for option, value in (("output_flag", False), ("threads", 1), ("mip_rel_gap", 0.0),
+                          ("mip_abs_gap", float(abs_gap))):
+        solver.setOptionValue(option, value)
     try:
-        status = problem.solve(solver)
-    except Exception as exc:  # e.g. a HiGHS status pulp cannot map; report it, do not hide it
-        raise SolverError(f"HiGHS through pulp failed: {exc!r}") from exc
-    if status != pulp.LpStatusOptimal or problem.sol_status != pulp.LpSolutionOptimal:
-        raise SolverError(f"HiGHS status {pulp.LpStatus.get(status, status)} "
-                          f"(solution: {pulp.LpSolution.get(problem.sol_status, problem.sol_status)})")
-    raw = np.array([v.varValue or 0.0 for v in variables])
+        solver.passModel(lp)
+        solver.run()
+    except Exception as exc:  # report it, do not hide it
+        raise SolverError(f"HiGHS failed: {exc!r}") from exc
+    status = solver.getModelStatus()
+    if status != highspy.HighsModelStatus.kOptimal:
+        raise SolverError(f"HiGHS status {solver.modelStatusToString(status)}")
+    raw = np.array(solver.getSolution().col_value[:items])
     if not integer:
         return _rounded(raw, values, demands, capacity, upper)
     counts = np.round(raw)
@@ -136,4 +185,4 @@ def _rounded(raw: np.ndarray, values: np.ndarray, demands: np.ndarray, capacity:
     return PackingSolution(counts, float(values @ counts), "rounded", float(values @ raw))
 
 
-__all__ = ["PackingSolution", "SolverError", "solve_packing", "solve_placement_lp"]
+__all__ = ["PackingProgram", "PackingSolution", "SolverError", "solve_packing", "solve_placement_lp"]

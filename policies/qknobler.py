@@ -232,24 +232,23 @@ def efficiency_quotas(cycle: Cycle, tenants: list[str], weights: np.ndarray, dem
     values = (item_demand / scale).sum(axis=1)  # formula 15: sum_k d_ik / r_k per task
     dom = task_dominant_shares(item_demand, capacity)
 
-    def same_direction_shares(problem, variables):
+    def same_direction_shares(program, variables):
         """Formula 16 for items whose demands point the same way but differ in size."""
-        import pulp
-
         unit = item_demand / np.linalg.norm(item_demand, axis=1, keepdims=True)
         classes: dict[tuple, list[int]] = {}
         for a in range(len(members)):
             classes.setdefault(tuple(np.round(unit[a], 9)), []).append(a)
         for group in (g for g in classes.values() if len(g) > 1):
-            saturated = {b: problem.add_variable(f"saturated{b}", cat=pulp.LpBinary) for b in group}
-            for b in group:
-                problem += variables[b] >= item_upper[b] * saturated[b]
+            saturated = {b: program.add_binary() for b in group}  # b has run out of tasks
+            for b in group:  # n_b >= upper_b * saturated_b
+                program.add_row([(variables[b], 1.0), (saturated[b], -float(item_upper[b]))], lower=0.0)
             for a in group:
                 step_a = dom[a] / item_weight[a]  # one task of a, in weighted share
                 for b in group:
-                    if a != b:  # a may lead b by more than one task only once b has run out
-                        problem += (step_a * variables[a] - dom[b] / item_weight[b] * variables[b]
-                                    <= step_a + step_a * item_upper[a] * saturated[b])
+                    if a != b:  # a may lead b by more than one task only once b has run out:
+                        # step_a n_a - step_b n_b <= step_a + step_a upper_a saturated_b
+                        program.add_row([(variables[a], step_a), (variables[b], -dom[b] / item_weight[b]),
+                                         (saturated[b], -step_a * float(item_upper[a]))], upper=float(step_a))
 
     solution = solve_packing(values, item_demand, idle, item_upper, abs_gap=gap * float(values.min()),
                              extra=same_direction_shares, integer=len(members) <= exact_items)

@@ -64,9 +64,11 @@ def kafka_security(options: dict[str, Any] | None = None) -> dict[str, Any]:
     return out
 
 
-async def ensure_topics(broker: str, names: list[str], partitions: int = 4, **kafka_options: Any) -> None:
+async def ensure_topics(broker: str, names: list[str], partitions: int = 4, config: dict[str, str] | None = None,
+                        **kafka_options: Any) -> None:
     """Create the topics that do not exist yet (idempotent; replication factor 1 is for the
-    single-broker set-up of scripts/services.sh, production clusters pre-create topics)."""
+    single-broker set-up of scripts/services.sh, production clusters pre-create topics), with
+    the topic ``config`` given (e.g. ``{"message.timestamp.type": "LogAppendTime"}``)."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.errors import TopicAlreadyExistsError
 
@@ -74,7 +76,8 @@ async def ensure_topics(broker: str, names: list[str], partitions: int = 4, **ka
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = [NewTopic(n, num_partitions=partitions, replication_factor=1) for n in names if n not in existing]
+        missing = [NewTopic(n, num_partitions=partitions, replication_factor=1, topic_configs=dict(config or {}))
+                   for n in names if n not in existing]
         if missing:
             try:
                 await admin.create_topics(missing)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -95,6 +96,11 @@ def run_worker(args) -> int:
     # Faust's and aiokafka's loggers build debug records per message even when nothing prints
     # them (3.5 % of the worker's time under load); ours are structlog and not affected.
     logging.disable(logging.INFO)
+    # Everything built so far (Faust, aiokafka, numpy, the schemas: about 100,000 objects) lives
+    # as long as the worker. Frozen, the collector's full passes skip it: they took up to 100 ms
+    # every few seconds under load, the largest part of the decision latency's 99th percentile.
+    gc.collect()
+    gc.freeze()
     worker.execute_from_commandline()
     return 0
 

@@ -139,8 +139,8 @@ def test_the_solver_helper_returns_an_optimal_typed_result_or_raises():
     assert solution.status == "optimal" and solution.counts.tolist() == [150, 50]
     assert solve_packing(np.array([1.0]), np.array([[1.0]]), np.array([0.0]), np.array([0])).status == "trivial"
 
-    def impossible(problem, variables):
-        problem += variables[0] >= 5  # but capacity allows 2
+    def impossible(program, variables):
+        program.add_row([(variables[0], 1.0)], lower=5)  # but capacity allows 2
 
     with pytest.raises(SolverError, match="Infeasible"):
         solve_packing(np.array([1.0]), np.array([[1.0]]), np.array([2.0]), np.array([10]), extra=impossible)

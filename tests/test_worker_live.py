@@ -86,7 +86,7 @@ def placed(decisions):
     return list(unique.values())
 
 
-def test_events_from_our_client_and_from_kcat_are_decided_and_bad_input_is_dead_lettered(tmp_path):
+def test_events_from_our_client_and_from_kcat_and_batch_messages_are_decided_and_bad_input_is_dead_lettered(tmp_path):
     app_id = f"t{uuid.uuid4().hex[:8]}"
     topics = Topics().with_prefix(app_id)
     worker = Worker(app_id, tmp_path).start()
@@ -98,11 +98,15 @@ def test_events_from_our_client_and_from_kcat_are_decided_and_bad_input_is_dead_
                     await pub.submit("c1", f"t{k}", tenant="A" if k % 2 else "B", demand={"cpu": 1, "mem": 2}, time=1)
                 await pub.send_raw(topics.submitted, "c1", b'{"cluster": "c1", "task": ')  # malformed JSON
                 await pub.complete("c1", "ghost", time=1)  # completion of an unknown task
+                # One message of three submissions, the middle one bad: two placed, one dead letter.
+                await pub.send_many(topics.submitted, [
+                    {"cluster": "c1", "task": f"m{k}", "tenant": "M", "demand": {"cpu": 1, "mem": -1 if k == 1 else 2}, "time": 1}
+                    for k in range(3)])
             # A client we did not write: kcat.
             kcat = json.dumps({"cluster": "c1", "task": "from-kcat", "tenant": "K", "demand": {"cpu": 1, "mem": 1}, "time": 2})
             subprocess.run(["kcat", "-P", "-b", BROKER, "-t", topics.submitted, "-k", "c1"], input=kcat.encode(), check=True)
-            decisions = await collect(topics.decisions, lambda ms: len(placed(ms)) >= 4)
-            dead = await collect(topics.deadletter, lambda ms: len(ms) >= 2)
+            decisions = await collect(topics.decisions, lambda ms: len(placed(ms)) >= 6)
+            dead = await collect(topics.deadletter, lambda ms: len(ms) >= 3)
             return decisions, dead
 
         decisions, dead = asyncio.run(scenario())
@@ -111,12 +115,14 @@ def test_events_from_our_client_and_from_kcat_are_decided_and_bad_input_is_dead_
         scraped = urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_port}/metrics", timeout=5).read().decode()
     finally:
         worker.stop()
-    assert 'fairstream_decisions_total{kind="place"} 4.0' in scraped
+    assert 'fairstream_decisions_total{kind="place"} 6.0' in scraped
     assert "fairstream_dead_letters_total" in scraped and "fairstream_consumer_lag" in scraped
-    assert sorted(d["task"] for d in placed(decisions)) == ["from-kcat", "t0", "t1", "t2"]
+    assert sorted(d["task"] for d in placed(decisions)) == ["from-kcat", "m0", "m2", "t0", "t1", "t2"]
     assert all(d["cluster"] == "c1" and d["node"] == "n1" and d["policy"] == "drf" for d in decisions)
     reasons = sorted(d["reason"] for d in dead)
     assert any("malformed JSON" in r for r in reasons) and any("completion of an unknown task" in r for r in reasons)
+    [bad_element] = [d for d in dead if "index" in d]
+    assert bad_element["index"] == 1 and json.loads(bad_element["original"])["task"] == "m1"
 
 
 def test_kill_9_and_restart_loses_nothing_places_nothing_twice_and_replays_to_the_same_decisions(tmp_path):

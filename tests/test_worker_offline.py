@@ -420,3 +420,14 @@ def test_the_multi_resource_policies_run_in_the_worker_and_survive_a_restart(pol
 
     engine = run(restarted())  # from the pickled snapshot: the policy is found again by name
     assert engine.policy == policy
+
+
+def test_a_burst_for_several_clusters_is_refused_before_anything_is_sent():
+    from fairstream.producers.client import Publisher
+
+    async def scenario():
+        publisher = Publisher("127.0.0.1:1")  # never started: the check comes first
+        await publisher.send_many("tasks.submitted", [task("a", cluster="c1"), task("b", cluster="c2")])
+
+    with pytest.raises(ValueError, match="one cluster's events"):
+        run(scenario())
