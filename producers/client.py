@@ -118,11 +118,7 @@ class Publisher:
     async def send_many(self, topic: str, messages: list[dict[str, Any]]) -> None:
         """Several events of one cluster in one message (a JSON array), applied in order: far
         cheaper for the worker than as many messages (its cost is mostly per message)."""
-        clusters = {str(m.get("cluster", "")) if isinstance(m, dict) else "" for m in messages}
-        if len(clusters) > 1:
-            raise ValueError(f"one message carries one cluster's events, not {sorted(clusters)}")
-        key = clusters.pop() if clusters else ""
-        await self.send_raw(topic, key, json.dumps(messages, separators=(",", ":")).encode())
+        await self.send_raw(topic, burst_key(messages), json.dumps(messages, separators=(",", ":")).encode())
 
     async def submit(self, cluster: str, task: str, tenant: str, demand: dict[str, float], time: float,
                      job: str | None = None, constraints: dict | None = None) -> None:
@@ -140,6 +136,14 @@ class Publisher:
         if labels is not None:
             message["labels"] = labels
         await self.send(self.topics.heartbeats, message)
+
+
+def burst_key(messages: list[dict[str, Any]]) -> str:
+    """The message key of a burst: its one cluster (raises ValueError for several)."""
+    clusters = {str(m.get("cluster", "")) if isinstance(m, dict) else "" for m in messages}
+    if len(clusters) > 1:
+        raise ValueError(f"one message carries one cluster's events, not {sorted(clusters)}")
+    return clusters.pop() if clusters else ""
 
 
 async def read_topic(broker: str, topic: str, from_beginning: bool = True, idle_timeout: float | None = None,
