@@ -42,10 +42,15 @@ def fair_key(share: float, arrival: float, tenant: str, below_min_share: bool = 
 
 def dominant_share(allocation: np.ndarray, capacity: np.ndarray) -> float:
     """``max_r allocation_r / capacity_r`` over resources with capacity > 0 (0 if none)."""
-    positive = capacity > 0
-    if not positive.any():
-        return 0.0
-    return float(np.max(allocation[positive] / capacity[positive]))
+    # Plain floats: called once per placement on vectors of a few resources, where numpy's
+    # per-call overhead is several times the arithmetic.
+    best = None
+    for used, total in zip(allocation.tolist(), capacity.tolist()):
+        if total > 0:
+            share = used / total
+            if best is None or share > best:
+                best = share
+    return 0.0 if best is None else best
 
 
 def resource_share(allocation: np.ndarray, capacity: np.ndarray, resource: int | None) -> float:

@@ -72,13 +72,12 @@ class Demands:
 
 def average_demands(snapshot: Snapshot, tenants: list[str]) -> Demands:
     """C2 for each tenant: pending tasks are counted in queue order until they would overfill
-    the cluster's idle space. Plain floats: a tenant has a few shapes."""
+    the cluster's idle space. Plain floats per tenant (a tenant has a few shapes), one
+    vectorised step for all tenants at the end."""
     idle = np.maximum(snapshot.free, 0.0).sum(axis=0).tolist()
     width = len(idle)
-    overall, pending_avg = np.zeros((len(tenants), width)), np.zeros((len(tenants), width))
-    pending_count = np.zeros(len(tenants))
+    totals, counts, pending_counts = [], [], []
     owners, shapes, constrained = [], [], []
-    running = snapshot.running if snapshot.running is not None else np.zeros(len(snapshot.tenants))
     for i, tenant in enumerate(tenants):
         heads = []
         for group in snapshot.pending[tenant].groups.values():
@@ -88,11 +87,12 @@ def average_demands(snapshot: Snapshot, tenants: list[str]) -> Demands:
                 owners.append(i)
                 shapes.append(task.demand_values)
                 constrained.append(not task.constraints.empty)
-        heads.sort(key=lambda head: head[0])
-        pending_count[i] = sum(available for _, _, available in heads)
+        if len(heads) > 1:
+            heads.sort()
+        pending_counts.append(sum(head[2] for head in heads))
         room, counted, total = list(idle), 0, [0.0] * width
         for _, demand, available in heads:
-            fits = min((have / need for have, need in zip(room, demand) if need > 0), default=float(available))
+            fits = min([have / need for have, need in zip(room, demand) if need > 0] or [float(available)])
             take = max(0, min(available, int(fits + 1e-9)))
             if take:
                 total = [t + take * d for t, d in zip(total, demand)]
@@ -102,11 +102,15 @@ def average_demands(snapshot: Snapshot, tenants: list[str]) -> Demands:
                 break
         if counted == 0 and heads:  # not even one fits the idle space: estimate from the first task
             total, counted = list(heads[0][1]), 1
-        pending_avg[i] = total
-        pending_avg[i] /= counted or 1
-        row = snapshot.rows[tenant]
-        overall[i] = (snapshot.allocation[row] + np.array(total)) / max(running[row] + counted, 1)
-    return Demands(overall, pending_avg, pending_count, np.array(owners, dtype=int),
+        totals.append(total)
+        counts.append(counted)
+    total = np.array(totals, dtype=float).reshape(len(tenants), width)
+    counted = np.array(counts, dtype=float)
+    rows = [snapshot.rows[t] for t in tenants]
+    running = snapshot.running[rows] if snapshot.running is not None else np.zeros(len(tenants))
+    overall = (snapshot.allocation[rows] + total) / np.maximum(running + counted, 1.0)[:, None]
+    pending_avg = total / np.maximum(counted, 1.0)[:, None]
+    return Demands(overall, pending_avg, np.array(pending_counts, dtype=float), np.array(owners, dtype=int),
                    np.array(shapes).reshape(len(shapes), width), np.array(constrained, dtype=bool))
 
 
