@@ -7,7 +7,7 @@ the open, what to do instead. Never print-and-continue.
 
 The packing program is handed to HiGHS directly as arrays (a row-wise sparse matrix): it is
 solved once per QKnobler pass, and building it through pulp's modelling objects cost more than
-the solve (about 1.4 ms of a 4 ms pass at 100 tenants; docs/benchmarks.md). pulp, with the
+the solve (about 1 ms of a 4 ms pass at 100 tenants, against 0.2 ms for the solve; docs/benchmarks.md). pulp, with the
 same HiGHS, stays for the divisible-task placement LP (``solve_placement_lp``), which is not on
 the scheduling path. (pulp's bundled CBC starts a process per solve: about 4.7 ms each here.)
 
