@@ -131,6 +131,7 @@ class Processor:
         self.time_at_snapshot: dict[str, float] = {}
         self.applied: dict[str, int] = {}
         self._lock = asyncio.Lock()
+        self._waiting: list[_Ticket] = []  # batches waiting for the lock, applied together
         self._started = False
 
     async def start(self) -> None:
@@ -213,25 +214,61 @@ class Processor:
         return (engine.time or 0.0) - self.time_at_snapshot[cluster] >= self.log_retention / 4
 
     async def handle(self, messages: list[Incoming]) -> BatchOutcome:
+        """Apply, commit and publish ``messages``; returns when their effects are durable and
+        published. Batches that arrive while another is being applied (the other agents') wait
+        together and are applied as one: one engine pass and one Redis transaction for all of
+        them, which is most of a batch's fixed cost."""
         if not self._started:
             await self.start()
         received = time.perf_counter()  # the metric's clock; the engine never reads one
+        ticket = _Ticket(messages, asyncio.get_running_loop().create_future())
+        self._waiting.append(ticket)
         async with self._lock:
-            outcome, outbox, acks = await self._handle(messages)
-        # The broker's acknowledgements are awaited outside the lock: the next batch (another
-        # agent's) is applied meanwhile. Its messages are enqueued after these, so the order
-        # on each partition is kept; the outbox entries go once the broker has them.
-        await _acknowledged(acks)
-        for topic, message in outbox:
-            if topic == self.topics.decisions:
-                self.metrics.decisions.labels(message["kind"]).inc()
-        await self.store.clear_outbox(outbox)
+            if not ticket.done.done():  # not yet taken along by an earlier holder of the lock
+                tickets, self._waiting = self._waiting, []
+                combined = [message for t in tickets for message in t.messages]
+                try:
+                    outcome, outbox, acks = await self._handle(combined)
+                except BaseException as exc:
+                    for other in tickets:
+                        if other is not ticket:
+                            other.done.set_exception(exc)
+                    raise
+                others = [other for other in tickets if other is not ticket]
+                finished = asyncio.get_running_loop().create_future() if others else None
+                for other in tickets:
+                    if other is not ticket:
+                        other.done.set_result((outcome, finished))
+        if ticket.done.done():  # applied with another agent's batch: wait until published
+            outcome, finished = ticket.done.result()
+            await asyncio.shield(finished)
+            self._count(messages, outcome, received, steps=False)
+            return outcome
+        try:
+            # The broker's acknowledgements are awaited outside the lock: the next batch is
+            # applied meanwhile. Its messages are enqueued after these, so the order on each
+            # partition is kept; the outbox entries go once the broker has them.
+            await _acknowledged(acks)
+            for topic, message in outbox:
+                if topic == self.topics.decisions:
+                    self.metrics.decisions.labels(message["kind"]).inc()
+            await self.store.clear_outbox(outbox)
+        except BaseException as exc:
+            if finished is not None:
+                finished.set_exception(exc)
+            raise
+        if finished is not None:
+            finished.set_result(None)
+        self._count(messages, outcome, received, steps=True)
+        return outcome
+
+    def _count(self, messages: list[Incoming], outcome: BatchOutcome, received: float, steps: bool) -> None:
         metrics = self.metrics
         for message in messages:
             metrics.events.labels(message.topic).inc()
         metrics.latency.observe(time.perf_counter() - received)
-        metrics.steps.inc(outcome.steps)
-        return outcome
+        if steps:
+            metrics.steps.inc(outcome.steps)
 
     async def _handle(self, messages: list[Incoming]) -> tuple[BatchOutcome, list[tuple[str, dict]], list]:
         """Apply a batch, commit it, and enqueue its outbox for publishing; returns the outcome,
@@ -357,6 +394,15 @@ class Processor:
         if math.isinf(self.node_timeout):
             return []
         return [NodeLost(now, n.id) for n in engine.nodes if n.alive and now - n.last_heartbeat > self.node_timeout]
+
+
+@dataclass
+class _Ticket:
+    """A batch waiting to be applied; ``done`` holds (outcome, published) once another agent's
+    call applied it along with its own."""
+
+    messages: list[Incoming]
+    done: asyncio.Future
 
 
 async def _acknowledged(acks: list) -> None:

@@ -447,11 +447,14 @@ def test_constraints_and_labels_flow_through_kafka_to_tsf_decisions(tmp_path):
 
 
 def test_flex_switches_policies_at_run_time_without_losing_or_duplicating_a_decision(tmp_path):
-    # The shipped model, max_fairness_loss=0.5: a workload of CPU-heavy tenants only (degree 0)
-    # runs FIFO; once a memory-heavy tenant joins (degree 1) it runs Perf.
+    # A model that switches on the complementary degree alone (tests/data; the shipped one
+    # chooses by the threshold only, docs/flex.md): a workload of CPU-heavy tenants only
+    # (degree 0) runs FIFO; once a memory-heavy tenant joins (degree 1) it runs Perf.
     app_id = f"t{uuid.uuid4().hex[:8]}"
     topics = Topics().with_prefix(app_id)
-    worker = Worker(app_id, tmp_path, "--policy", "flex", "--param", "max_fairness_loss=0.5").start()
+    model = ROOT / "tests" / "data" / "flex-switch-on-degree.json"
+    worker = Worker(app_id, tmp_path, "--policy", "flex", "--param", "max_fairness_loss=0.5",
+                    "--param", f"model={model}").start()
     try:
         async def scenario():
             async with Publisher(BROKER, topics) as pub:

@@ -428,3 +428,34 @@ def test_a_burst_for_several_clusters_is_refused_before_anything_is_sent():
     assert burst_key([task("a", cluster="c1"), task("b", cluster="c1")]) == "c1"
     with pytest.raises(ValueError, match="one cluster's events"):
         burst_key([task("a", cluster="c1"), task("b", cluster="c2")])
+
+
+def test_batches_that_wait_for_the_lock_together_are_applied_in_one_pass_and_one_commit():
+    # The first batch is held inside its commit; the two that arrive meanwhile (the other
+    # agents') are applied together: three batches, two commits, every decision once.
+    class SlowStore(MemoryStore):
+        def __init__(self):
+            super().__init__()
+            self.commits, self.release = [], asyncio.Event()
+
+        async def commit(self, batch):
+            self.commits.append(sum(len(s) for s in batch.steps.values()))
+            if len(self.commits) == 1:
+                await self.release.wait()
+            await super().commit(batch)
+
+    store, wire = SlowStore(), Wire()
+
+    async def scenario():
+        p = processor(store, wire)
+        first = asyncio.create_task(p.handle([wire.msg("heartbeat", heartbeat(cpu=8, mem=8))]))
+        await asyncio.sleep(0.01)
+        others = [asyncio.create_task(p.handle([wire.msg("submitted", task(f"t{k}", time=1))])) for k in range(2)]
+        await asyncio.sleep(0.01)
+        store.release.set()
+        return await asyncio.gather(first, *others)
+
+    outcomes = run(scenario())
+    assert len(store.commits) == 2
+    assert outcomes[1] is outcomes[2] and outcomes[1].decisions == 2  # one outcome for the pair
+    assert [d["task"] for d in wire.decisions()] == ["t0", "t1"]
