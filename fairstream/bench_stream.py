@@ -104,7 +104,7 @@ class _BatchSender:
         self.acks.clear()
 
 
-async def _clean_up(broker: str, redis_url: str, app_id: str, topics: Topics) -> None:
+async def _clean_up(broker: str, redis_url: str, app_id: str) -> None:
     """Remove what the run left: its topics (and the worker's internal ones) and its Redis keys,
     so repeated runs do not fill the broker's disk and Redis's memory."""
     from aiokafka.admin import AIOKafkaAdminClient
@@ -240,14 +240,14 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
             worker.wait(20)
         except subprocess.TimeoutExpired:
             worker.kill()
-        await _clean_up(broker, redis, app_id, topics)
-    latencies = [decided_at[t] - submitted_at[t] for t in wanted if t in decided_at]
+        await _clean_up(broker, redis, app_id)
+    latency = {t: decided_at[t] - submitted_at[t] for t in wanted if t in decided_at}
+    latencies = list(latency.values())
     first = min(submitted_at[t] for t in wanted)
     by_second: dict[int, list[int]] = {}
-    for t in wanted:
-        if t in decided_at:
-            by_second.setdefault((submitted_at[t] - first) // 1000, []).append(decided_at[t] - submitted_at[t])
-    last = max(decided_at[t] for t in wanted if t in decided_at)
+    for t, ms in latency.items():
+        by_second.setdefault((submitted_at[t] - first) // 1000, []).append(ms)
+    last = max(decided_at[t] for t in latency)
     return {
         "benchmark": "stream",
         "setup": {"rate_target": rate, "duration_s": duration, "nodes": nodes, "tenants": tenants,

@@ -11,10 +11,10 @@ A message may also carry several events of its topic's kind as a JSON array of s
 if sent one by one. The worker's cost is mostly per Kafka message (docs/benchmarks.md), so
 agents that produce bursts should send them this way.
 
-``decode(kind, raw)`` returns ``(cluster, event)`` or raises ``BadInput`` with a one-line reason;
-``decode_message(kind, raw)`` does the same for a message of one event or an array, returning
-an outcome per event. The worker sends bad input to the dead-letter topic with the original
-bytes (for a bad element of an array, that element's JSON). The engine may
+``decode_message(kind, raw)`` returns a ``Decoded`` (cluster, event) or a ``BadElement`` per
+event of a message, or raises ``BadInput`` with a one-line reason when the message as a whole is
+unusable. The worker sends bad input to the dead-letter topic with the original bytes (for a bad
+element of an array, that element's JSON). The engine may
 still reject a well-formed event (unknown task, duplicate, unknown resource): that reason goes
 the same way.
 """
@@ -110,11 +110,6 @@ def _parse(raw: bytes, max_bytes: int):
             return json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise BadInput(f"malformed JSON: {exc}") from None
-
-
-def decode(kind: str, raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str, Event]:
-    """Bytes of one message on the ``kind`` topic to ``(cluster, engine event)``."""
-    return _event(kind, _parse(raw, max_bytes))
 
 
 @dataclass(frozen=True)

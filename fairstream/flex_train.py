@@ -135,6 +135,20 @@ def dataset(results: list[dict], kind: str, loss: str = "F") -> tuple[np.ndarray
     return np.array(rows), labels
 
 
+def _run_all(function, plan: list, workers: int | None, progress: bool | None, desc: str) -> list:
+    """``function`` over ``plan`` in parallel processes, results in plan order, with a progress bar."""
+    from fairstream.simulator import _progress_bar
+
+    bar = _progress_bar(len(plan), progress, unit="workload", desc=desc)
+    results = []
+    with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        for result in pool.map(function, plan):
+            results.append(result)
+            bar.update(1)
+    bar.close()
+    return results
+
+
 def train(out: Path, workloads: int = 48, seed: int = 1, grid: bool = False, workers: int | None = None,
           progress: bool | None = None, held_out: int = 0, long_term: bool = False) -> dict:
     """Simulate, label, fit one tree per SLA kind, cross-validate, write the model and a report."""
@@ -142,20 +156,12 @@ def train(out: Path, workloads: int = 48, seed: int = 1, grid: bool = False, wor
     from sklearn.model_selection import GridSearchCV, StratifiedKFold, cross_val_predict
     from sklearn.tree import DecisionTreeClassifier
 
-    from fairstream.simulator import _progress_bar
-
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     plan = [(int(rng.integers(1, 2**31)), float(share), mix)
             for i, (share, mix) in enumerate((s, m) for s in np.linspace(0, 1, max(workloads // 2, 2))
                                              for m in ("facebook", "google"))]
-    bar = _progress_bar(len(plan), progress, unit="workload", desc="simulating")
-    results = []
-    with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
-        for result in pool.map(evaluate, plan):
-            results.append(result)
-            bar.update(1)
-    bar.close()
+    results = _run_all(evaluate, plan, workers, progress, "simulating")
     (out / "training-data.json").write_text(json.dumps(results, indent=1))
     loss = "F_long_term" if long_term else "F"
     classifiers, report = {}, {"workloads": len(results), "fairness_loss": loss, "parameters": {}, "per_sla": {}}
@@ -226,18 +232,10 @@ def evaluate_against_tetris(args: tuple[int, float, str, str]) -> dict:
 def evaluate_model(model_path: Path, workloads: int, seed: int, workers: int | None = None,
                    progress: bool | None = None) -> dict:
     """Held-out workloads (their own seed): FLEX against Tetris, averaged per threshold."""
-    from fairstream.simulator import _progress_bar
-
     rng = np.random.default_rng(seed + 1000)
     plan = [(int(rng.integers(1, 2**31)), float(share), mix, str(model_path))
             for share in np.linspace(0, 1, max(workloads // 2, 1)) for mix in ("facebook", "google")]
-    bar = _progress_bar(len(plan), progress, unit="workload", desc="evaluating")
-    results = []
-    with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
-        for result in pool.map(evaluate_against_tetris, plan):
-            results.append(result)
-            bar.update(1)
-    bar.close()
+    results = _run_all(evaluate_against_tetris, plan, workers, progress, "evaluating")
 
     def mean(key: str, threshold: str) -> float | None:
         values = [r[key][threshold] for r in results if r[key][threshold] is not None]

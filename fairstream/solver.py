@@ -50,12 +50,10 @@ class PackingProgram:
     A row is ``lower <= sum(coefficient * variable) <= upper`` (either side may be open)."""
 
     def __init__(self, items: int) -> None:
-        self.columns = items
-        self.binaries: list[int] = []
+        self.columns = items  # the columns after the items are binaries
         self.rows: list[tuple[list[tuple[int, float]], float, float]] = []
 
     def add_binary(self) -> int:
-        self.binaries.append(self.columns)
         self.columns += 1
         return self.columns - 1
 

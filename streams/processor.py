@@ -224,22 +224,20 @@ class Processor:
         ticket = _Ticket(messages, asyncio.get_running_loop().create_future())
         self._waiting.append(ticket)
         async with self._lock:
-            if not ticket.done.done():  # not yet taken along by an earlier holder of the lock
+            taken_along = ticket.done.done()  # an earlier holder of the lock applied it
+            if not taken_along:
                 tickets, self._waiting = self._waiting, []
-                combined = [message for t in tickets for message in t.messages]
-                try:
-                    outcome, outbox, acks = await self._handle(combined)
-                except BaseException as exc:
-                    for other in tickets:
-                        if other is not ticket:
-                            other.done.set_exception(exc)
-                    raise
                 others = [other for other in tickets if other is not ticket]
+                try:
+                    outcome, outbox, acks = await self._handle([m for t in tickets for m in t.messages])
+                except BaseException as exc:
+                    for other in others:
+                        other.done.set_exception(exc)
+                    raise
                 finished = asyncio.get_running_loop().create_future() if others else None
-                for other in tickets:
-                    if other is not ticket:
-                        other.done.set_result((outcome, finished))
-        if ticket.done.done():  # applied with another agent's batch: wait until published
+                for other in others:
+                    other.done.set_result((outcome, finished))
+        if taken_along:  # wait until the combined batch is published
             outcome, finished = ticket.done.result()
             await asyncio.shield(finished)
             self._count(messages, outcome, received, steps=False)
@@ -340,7 +338,7 @@ class Processor:
                 acks.append(ack)
         return acks
 
-    def _run(self, cluster: str, engine: Engine, items: list[tuple[Event, Incoming]], dead: list[DeadLetter]):
+    def _run(self, cluster: str, engine: Engine, items: list[tuple[Event, Incoming, int | None]], dead: list[DeadLetter]):
         """Events in arrival order to engine steps; returns (log steps, decisions, tenants whose
         accounting an event or decision of this batch changed)."""
         steps: list[dict] = []

@@ -42,9 +42,3 @@ def kafka_transport(app, fetch_max_wait: float) -> Transport:
     transport.fetch_max_wait_ms = max(1, int(round(fetch_max_wait * 1000)))
     return transport
 
-
-def consumer_fetch_max_wait_ms(app) -> int | None:
-    """The wait the running consumer uses (for tests); None before it started."""
-    thread = getattr(app.consumer, "_thread", None)
-    consumer = getattr(thread, "_consumer", None)
-    return getattr(consumer, "_fetch_max_wait_ms", None)

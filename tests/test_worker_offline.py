@@ -459,3 +459,19 @@ def test_batches_that_wait_for_the_lock_together_are_applied_in_one_pass_and_one
     assert len(store.commits) == 2
     assert outcomes[1] is outcomes[2] and outcomes[1].decisions == 2  # one outcome for the pair
     assert [d["task"] for d in wire.decisions()] == ["t0", "t1"]
+
+
+@pytest.mark.parametrize("fetch_max_wait, expected_ms", [
+    pytest.param(0.01, 10, id="the default: the broker holds a fetch 10 ms, not Faust's 1.5 s"),
+    pytest.param(0.0, 1, id="zero is raised to aiokafka's smallest, 1 ms"),
+])
+def test_the_worker_consumer_lets_the_broker_hold_a_fetch_only_fetch_max_wait(fetch_max_wait, expected_ms):
+    async def scenario():
+        app, _ = create_app(WorkerConfig(fetch_max_wait=fetch_max_wait), MemoryStore())
+        consumer = app.consumer._new_consumer_thread()._create_worker_consumer(app.transport)
+        try:
+            return consumer._fetch_max_wait_ms  # what aiokafka builds its fetcher with at start
+        finally:
+            await consumer.stop()  # never started: only releases the client
+
+    assert run(scenario()) == expected_ms
