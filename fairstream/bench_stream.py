@@ -3,9 +3,10 @@
 Starts a worker (its own topic prefix, consumer group and Redis keys), gives it ``nodes``
 nodes, then publishes input at ``rate`` events/s for ``duration`` seconds: half submissions,
 half completions of tasks submitted ``hold`` seconds earlier, so the cluster stays in a steady
-state. Every few milliseconds the events due are sent as one record batch per topic, one event
-per message or, with ``per_message`` > 1, up to that many per message (a JSON array, as an
-agent sending bursts would). Measures, from the broker's append timestamps (the bench's topics use LogAppendTime), the time from a submission's append to its
+state. Every ``send_interval`` seconds the events due are sent as one record batch per topic
+(a producer's linger), one event per message or, with ``per_message`` > 1, up to that many per
+message (a JSON array, as an agent sending bursts would). Measures, from the broker's append
+timestamps (the bench's topics use LogAppendTime), the time from a submission's append to its
 decision's append (``p50_ms``, ``p99_ms``), the input rate the worker kept up with
 (``events_per_s``: input events over the time until the last decision was appended), and the
 worker's resident memory every second. Needs ``scripts/services.sh start``.
@@ -68,6 +69,7 @@ class _BatchSender:
         self.open: dict[str, object] = {}
         self.ready: list[tuple[str, object]] = []
         self.acks: list = []
+        self.messages = 0
 
     def add_events(self, topic: str, events: list[dict]) -> None:
         """``events`` as messages of up to ``per_message`` events (a JSON array when more than one)."""
@@ -79,6 +81,7 @@ class _BatchSender:
             self.add(topic, dumps(events[start:start + self.per_message]))
 
     def add(self, topic: str, value: bytes) -> None:
+        self.messages += 1
         batch = self.open.get(topic)
         if batch is None or batch.append(key=self.KEY, value=value, timestamp=None) is None:
             if batch is not None:  # full: it goes out with the next flush
@@ -129,7 +132,8 @@ async def _clean_up(broker: str, redis_url: str, app_id: str) -> None:
 
 
 async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int, tenants: int, hold: float,
-               policy: str, log_path: Path, retention: float, batch_window: float, per_message: int) -> dict:
+               policy: str, log_path: Path, retention: float, batch_window: float, per_message: int,
+               send_interval: float) -> dict:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     app_id = f"bench{uuid.uuid4().hex[:8]}"
@@ -175,18 +179,21 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
             pending_completion: deque[tuple[float, str]] = deque()
             k = 0
             next_sample = begin
+            next_send = begin
             while time.monotonic() - begin < duration:
                 now = time.monotonic()
-                due = begin + k * interval
+                due = max(begin + k * interval, next_send)
                 if now < due:
                     # Read decisions while waiting, so the consumer keeps up.
                     for records in (await consumer.getmany(timeout_ms=max(1, int((due - now) * 1000)))).values():
                         for r in records:
                             decided_at.setdefault(_task_of(r.value), r.timestamp)
                     continue
-                # Everything due by now goes out in one batch per topic (the way a cluster
-                # agent with a linger would send): fewer, larger requests for the broker and
-                # less of the load generator's own CPU on the cores it shares with the worker.
+                # Everything due by now goes out in one batch per topic, every ``send_interval``
+                # (the way a cluster agent with a linger would send): fewer, larger requests for
+                # the broker and less of the load generator's own CPU on the cores it shares
+                # with the worker.
+                next_send = now + send_interval
                 event_time = now - begin
                 submissions, completions = [], []
                 while begin + k * interval <= now:
@@ -209,7 +216,8 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
                     next_sample += 1.0
             await sender.flush()
             await sender.wait()
-            sent_total = sent
+            sent_total, messages_total = sent, sender.messages
+            offered = sent / (time.monotonic() - begin)
         # Collect the submissions' append timestamps and the rest of the decisions.
         sub = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False)
         await sub.start()
@@ -252,11 +260,18 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
         "benchmark": "stream",
         "setup": {"rate_target": rate, "duration_s": duration, "nodes": nodes, "tenants": tenants,
                   "hold_s": hold, "policy": policy, "finished_retention_s": retention,
-                  "batch_window_s": batch_window, "events_per_message_max": per_message},
+                  "batch_window_s": batch_window, "events_per_message_max": per_message,
+                  "send_interval_s": send_interval},
         "input_events": sent_total,
+        "input_messages": messages_total,
+        "events_per_message_mean": round(sent_total / max(messages_total, 1), 2),
         "decided": len(latencies),
         "undecided": len(wanted) - len(latencies),
         "events_per_s": round(sent_total / max((last - first) / 1000, 1e-9), 1),
+        # What the generator sent per second: below the target rate by hold / (2 duration),
+        # as completions start only after ``hold`` seconds; events_per_s equal to it means
+        # the worker kept up.
+        "offered_events_per_s": round(offered, 1),
         "p50_ms": float(np.percentile(latencies, 50)) if latencies else None,
         "p99_ms": float(np.percentile(latencies, 99)) if latencies else None,
         "worker_rss_mb": memory,
@@ -268,7 +283,8 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
 
 def bench_stream(rate: float = 5000, duration: float = 60, nodes: int = 200, tenants: int = 100, hold: float = 2.0,
                  policy: str = "ltrf", broker: str | None = None, redis: str | None = None,
-                 retention: float = 3600.0, batch_window: float = 0.02, per_message: int = 1) -> dict:
+                 retention: float = 3600.0, batch_window: float = 0.01, per_message: int = 1,
+                 send_interval: float = 0.005) -> dict:
     if per_message < 1:
         raise ModelError(f"--events-per-message must be at least 1, not {per_message}")
     broker = broker or os.environ.get("FAIRSTREAM_BROKER", "127.0.0.1:9092")
@@ -276,4 +292,5 @@ def bench_stream(rate: float = 5000, duration: float = 60, nodes: int = 200, ten
     if not (_port_open(int(broker.rsplit(":", 1)[1])) and _port_open(int(redis.rsplit(":", 1)[1].split("/")[0]))):
         raise ModelError("bench stream needs Kafka and Redis: run scripts/services.sh start")
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"fairstream-bench-worker-{os.getpid()}.log"
-    return asyncio.run(_run(broker, redis, rate, duration, nodes, tenants, hold, policy, log_path, retention, batch_window, per_message))
+    return asyncio.run(_run(broker, redis, rate, duration, nodes, tenants, hold, policy, log_path, retention, batch_window, per_message,
+                            send_interval))

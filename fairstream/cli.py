@@ -318,7 +318,8 @@ def cmd_bench(args) -> int:
 
         print(json.dumps(bench_stream(rate=args.rate, duration=args.duration, nodes=args.stream_nodes,
                                       tenants=args.stream_tenants, retention=args.retention,
-                                      batch_window=args.batch_window, per_message=args.events_per_message)))
+                                      batch_window=args.batch_window, per_message=args.events_per_message,
+                                      send_interval=args.send_interval)))
         return 0
     from fairstream.bench import bench_engine
 
@@ -437,8 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--fetch-max-wait", type=float, default=0.01,
                         help="seconds the broker may hold a fetch for more data (Faust's own 1.5 s delays "
                              "busy partitions under load; docs/architecture.md)")
-    worker.add_argument("--batch-window", type=float, default=0.02,
-                        help="seconds an agent waits to fill a batch (up to 500 messages) before processing it")
+    worker.add_argument("--batch-window", type=float, default=0.01,
+                        help="longest a batch waits for input Kafka already holds for the agent (a batch goes as soon as "
+                             "the previous one is applied, with what arrived meanwhile, up to 500 messages)")
     worker.add_argument("--finished-retention", type=float, default=3600.0,
                         help="seconds of event time a finished task's id is remembered (duplicate detection)")
     worker.add_argument("--metrics-port", type=int, default=9464, help="Prometheus metrics on ADDRESS:PORT (0: off)")
@@ -497,7 +499,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--stream-nodes", type=int, default=200)
     bench.add_argument("--stream-tenants", type=int, default=100)
     bench.add_argument("--retention", type=float, default=3600.0, help="stream: the worker's --finished-retention")
-    bench.add_argument("--batch-window", type=float, default=0.02, help="stream: the worker's --batch-window")
+    bench.add_argument("--batch-window", type=float, default=0.01, help="stream: the worker's --batch-window")
+    bench.add_argument("--send-interval", type=float, default=0.005,
+                       help="stream: seconds between the load generator's sends (what is due goes as one record batch per topic)")
     bench.add_argument("--events-per-message", type=int, default=1,
                        help="stream: up to this many events of one topic per Kafka message (a JSON array); 1: one event each")
     bench.add_argument("--tenants", type=int, default=1000)

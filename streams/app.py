@@ -1,14 +1,16 @@
 """The Faust app: three thin agents (one per input topic) around one ``Processor``.
 
-Each agent reads its topic in small batches (``take_events``), hands them to the processor
-(decode, apply, run the engine, commit to the state store, publish) and only then asks for the
-next batch, so Faust acknowledges a message after its effects are durable. Offsets that Faust
+Each agent hands its topic's messages to the processor in batches (``GroupCommit``: what
+arrived while the previous batch was applied), where they are decoded, applied, scheduled,
+committed to the state store and published; Faust is told a message is acknowledged only
+after its effects are durable and published. Offsets that Faust
 had not committed before a crash are redelivered and skipped by the processor, which keeps its
 own offsets in the store, committed with the state they produced.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import dataclass, field
 
@@ -22,6 +24,8 @@ from fairstream.model import ResourceSpace
 from fairstream.tenants import TenantTree
 from fairstream.streams.processor import Incoming, Processor, Topics
 from fairstream.streams.transport import kafka_transport
+
+log = structlog.get_logger("fairstream.worker")
 
 
 @dataclass
@@ -37,7 +41,7 @@ class WorkerConfig:
     topics: Topics = field(default_factory=Topics)
     partitions: int = 4
     batch_size: int = 500
-    batch_window: float = 0.02
+    batch_window: float = 0.01  # longest a batch waits for input Kafka already holds (GroupCommit)
     fetch_max_wait: float = 0.01  # longest the broker may hold a fetch (streams/transport.py)
     max_lateness: float = 60.0
     node_timeout: float = math.inf
@@ -130,26 +134,144 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
 
 
 def _record_lag(app: faust.App, processor: Processor, message) -> None:
+    processor.metrics.lag.labels(message.topic, str(message.partition)).set(max(_backlog(app, message), 0))
+
+
+def _backlog(app: faust.App, message) -> int:
+    """Records in Kafka after ``message`` on its partition, as of the consumer's last fetch."""
     try:
         highwater = app.consumer.highwater(message.tp)
     except ConsumerNotStarted:  # unit tests drive agents without a consumer
-        return
-    if highwater is not None:
-        processor.metrics.lag.labels(message.topic, str(message.partition)).set(max(highwater - message.offset - 1, 0))
+        return 0
+    return 0 if highwater is None else highwater - message.offset - 1
 
 
 def _agent(processor: Processor, kind: str, config: WorkerConfig):
     async def agent(stream):
-        async for events in stream.take_events(config.batch_size, within=config.batch_window):
-            batch = [
-                Incoming(kind, bytes(e.value) if e.value is not None else b"", e.message.topic,
-                         e.message.partition, e.message.offset)
-                for e in events
-            ]
-            await processor.handle(batch)
-            for e in events[-1:]:  # consumer lag of this partition after the batch
-                _record_lag(stream.app, processor, e.message)
-            yield len(batch)
+        # Acks are ours: an event is acknowledged to Faust (its offset may be committed) only
+        # once its batch is durable and its outputs published.
+        stream.enable_acks = False
+        batches = GroupCommit(processor, kind, config.batch_size, config.batch_window, stream.ack,
+                              lambda message: _record_lag(stream.app, processor, message), lambda message: _backlog(stream.app, message))
+        try:
+            async for event in stream.events():
+                await batches.add(event)
+        finally:
+            await batches.close()
 
     agent.__name__ = f"schedule_{kind}"
     return agent
+
+
+class GroupCommit:
+    """An agent's events to the processor in batches, group-commit style.
+
+    A batch goes as soon as the previous one of this agent has been applied (committed; its
+    publishing goes on meanwhile), with what arrived in the meantime, up to ``max_size``
+    messages: when input is sparse a message is applied on arrival, under load batches grow
+    and their fixed cost (one engine pass, one Redis transaction) is shared. While Kafka holds
+    more input for the agent (``backlog``), the batch waits up to ``window`` seconds for it
+    (``_gather``). Faust's ``take_events`` instead waits its whole window on every cycle,
+    which the decision latency then always pays (docs/benchmarks.md).
+
+    Events are acknowledged to Faust in arrival order once their batch is published. A batch
+    whose application fails (the store is down) is tried again with backoff, and input is
+    held back meanwhile (``add`` waits while the buffer is full).
+    """
+
+    def __init__(self, processor: Processor, kind: str, max_size: int, window: float, ack, on_published,
+                 backlog=lambda message: 0, retry_delays: tuple[float, float] = (0.1, 5.0)) -> None:
+        self.processor = processor
+        self.kind = kind
+        self.max_size = max_size
+        self.window = window
+        self.backlog = backlog  # records in Kafka after a message of this agent's
+        self.ack = ack
+        self.on_published = on_published
+        self.retry_delays = retry_delays  # first and longest wait before a failed batch is tried again
+        self.buffer: list = []
+        self.room = asyncio.Event()  # set while the buffer has room
+        self.room.set()
+        self.runner: asyncio.Task | None = None
+        self.last_ack: asyncio.Task | None = None
+        self.arrival: asyncio.Future | None = None  # what _gather waits on
+
+    async def add(self, event) -> None:
+        self.buffer.append(event)
+        _resolve(self.arrival)
+        if self.runner is None:
+            self.runner = asyncio.get_running_loop().create_task(self._run())
+        if len(self.buffer) >= self.max_size:
+            self.room.clear()
+            await self.room.wait()
+
+    async def close(self) -> None:
+        """Apply what is buffered and wait until all of it is published."""
+        if self.runner is not None:
+            await self.runner
+        if self.last_ack is not None:
+            await self.last_ack
+
+    async def _run(self) -> None:
+        try:
+            while self.buffer:
+                await self._gather()
+                events, self.buffer = self.buffer[:self.max_size], self.buffer[self.max_size:]
+                self.room.set()
+                batch = [Incoming(self.kind, bytes(e.value) if e.value is not None else b"", e.message.topic,
+                                  e.message.partition, e.message.offset) for e in events]
+                applied = await self._apply(batch)
+                self.last_ack = asyncio.get_running_loop().create_task(
+                    self._acknowledge(events, applied.published, self.last_ack))
+        finally:
+            self.runner = None
+
+    async def _gather(self) -> None:
+        """Wait for more events while Kafka holds more for this agent (the backlog after the
+        last buffered message, as of the consumer's last fetch), for at most ``window`` seconds.
+
+        Faust hands an agent one message per few turns of the event loop, and a pass holds
+        the loop for its synchronous part: taking only what is buffered would make batches of
+        one or two messages under load, and their fixed cost would then use up the worker.
+        The wait is on ``add`` (not a busy loop, which would also hold the interpreter lock
+        that Faust's consumer thread needs to fetch)."""
+        if not self.window:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.window
+        while len(self.buffer) < self.max_size and self.backlog(self.buffer[-1].message) > 0:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            self.arrival = loop.create_future()
+            timer = loop.call_later(remaining, _resolve, self.arrival)
+            await self.arrival
+            timer.cancel()
+        self.arrival = None
+
+    async def _apply(self, batch: list[Incoming]):
+        """Apply ``batch``, trying again while the store fails (nothing of a failed attempt is
+        kept: the processor rebuilds the clusters from the store); meanwhile input is held
+        back: ``add`` waits once the buffer is full."""
+        delay = self.retry_delays[0]
+        while True:
+            try:
+                return await self.processor.apply(batch)
+            except Exception as exc:
+                log.error("worker.batch_failed", topic=batch[0].topic, messages=len(batch),
+                          error=f"{type(exc).__name__}: {exc}", retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, self.retry_delays[1])
+
+    async def _acknowledge(self, events: list, published: asyncio.Future, previous: asyncio.Task | None) -> None:
+        if previous is not None:  # in arrival order
+            await previous
+        await asyncio.shield(published)
+        for event in events:
+            await self.ack(event)
+        self.on_published(events[-1].message)
+
+
+def _resolve(future: asyncio.Future | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)

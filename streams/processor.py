@@ -25,6 +25,7 @@ import json
 import math
 import pickle
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
@@ -215,58 +216,75 @@ class Processor:
 
     async def handle(self, messages: list[Incoming]) -> BatchOutcome:
         """Apply, commit and publish ``messages``; returns when their effects are durable and
-        published. Batches that arrive while another is being applied (the other agents') wait
-        together and are applied as one: one engine pass and one Redis transaction for all of
-        them, which is most of a batch's fixed cost."""
+        published."""
+        applied = await self.apply(messages)
+        await asyncio.shield(applied.published)
+        return applied.outcome
+
+    async def apply(self, messages: list[Incoming]) -> "Applied":
+        """Apply and commit ``messages`` and enqueue their outputs; returns once they are durable,
+        with a future that resolves when the broker has the outputs (``Applied.published``).
+
+        Batches that arrive while another is being applied (the other agents') wait together
+        and are applied as one: one engine pass and one Redis transaction for all of them,
+        which is most of a batch's fixed cost. The broker's acknowledgements are awaited
+        outside the lock, so the next batch is applied meanwhile: its outputs are enqueued
+        after these, which keeps the order on every partition."""
         if not self._started:
             await self.start()
         received = time.perf_counter()  # the metric's clock; the engine never reads one
-        ticket = _Ticket(messages, asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        ticket = _Ticket(messages, loop.create_future())
         self._waiting.append(ticket)
         async with self._lock:
-            taken_along = ticket.done.done()  # an earlier holder of the lock applied it
-            if not taken_along:
+            if not ticket.done.done():  # else an earlier holder of the lock applied it
                 tickets, self._waiting = self._waiting, []
-                others = [other for other in tickets if other is not ticket]
                 try:
                     outcome, outbox, acks = await self._handle([m for t in tickets for m in t.messages])
                 except BaseException as exc:
-                    for other in others:
-                        other.done.set_exception(exc)
+                    for other in tickets:
+                        if other is not ticket:
+                            other.done.set_exception(exc)
                     raise
-                finished = asyncio.get_running_loop().create_future() if others else None
-                for other in others:
-                    other.done.set_result((outcome, finished))
-        if taken_along:  # wait until the combined batch is published
-            outcome, finished = ticket.done.result()
-            await asyncio.shield(finished)
-            self._count(messages, outcome, received, steps=False)
-            return outcome
-        try:
-            # The broker's acknowledgements are awaited outside the lock: the next batch is
-            # applied meanwhile. Its messages are enqueued after these, so the order on each
-            # partition is kept; the outbox entries go once the broker has them.
-            await _acknowledged(acks)
-            for topic, message in outbox:
-                if topic == self.topics.decisions:
-                    self.metrics.decisions.labels(message["kind"]).inc()
-            await self.store.clear_outbox(outbox)
-        except BaseException as exc:
-            if finished is not None:
-                finished.set_exception(exc)
-            raise
-        if finished is not None:
-            finished.set_result(None)
-        self._count(messages, outcome, received, steps=True)
-        return outcome
+                published = loop.create_task(self._published(outbox, acks, outcome))
+                for other in tickets:
+                    other.done.set_result(Applied(outcome, published))
+        applied = ticket.done.result()
+        applied.published.add_done_callback(lambda done: self._count(messages, received, done))
+        return applied
 
-    def _count(self, messages: list[Incoming], outcome: BatchOutcome, received: float, steps: bool) -> None:
+    async def _published(self, outbox: list[tuple[str, dict]], acks: list | None, outcome: BatchOutcome,
+                         retry_delays: tuple[float, float] = (0.1, 5.0)) -> None:
+        """Wait for the broker to have a batch's outputs, then clear them from the outbox; if
+        either fails, enqueue the outputs again (decisions are idempotent by id) and retry."""
+        delay, acknowledged = retry_delays[0], False
+        while True:
+            try:
+                if acks is None:
+                    acks = await self._enqueue(outbox)
+                await _acknowledged(acks)
+                acknowledged = True
+                await self.store.clear_outbox(outbox)
+                break
+            except Exception as exc:
+                log.error("worker.publish_failed", messages=len(outbox), error=f"{type(exc).__name__}: {exc}",
+                          acknowledged=acknowledged, retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, retry_delays[1])
+                if not acknowledged:
+                    acks = None
+        kinds = Counter(message["kind"] for topic, message in outbox if topic == self.topics.decisions)
+        for kind, count in kinds.items():
+            self.metrics.decisions.labels(kind).inc(count)
+        self.metrics.steps.inc(outcome.steps)
+
+    def _count(self, messages: list[Incoming], received: float, published: asyncio.Future) -> None:
+        if published.cancelled() or published.exception() is not None:
+            return
         metrics = self.metrics
-        for message in messages:
-            metrics.events.labels(message.topic).inc()
+        for topic, count in Counter(m.topic for m in messages).items():  # a labelled child per topic, not per message
+            metrics.events.labels(topic).inc(count)
         metrics.latency.observe(time.perf_counter() - received)
-        if steps:
-            metrics.steps.inc(outcome.steps)
 
     async def _handle(self, messages: list[Incoming]) -> tuple[BatchOutcome, list[tuple[str, dict]], list]:
         """Apply a batch, commit it, and enqueue its outbox for publishing; returns the outcome,
@@ -394,10 +412,19 @@ class Processor:
         return [NodeLost(now, n.id) for n in engine.nodes if n.alive and now - n.last_heartbeat > self.node_timeout]
 
 
+@dataclass(frozen=True)
+class Applied:
+    """A batch applied and committed (``outcome``); ``published`` resolves once the broker has
+    its outputs and they are cleared from the outbox (or fails with what went wrong)."""
+
+    outcome: BatchOutcome
+    published: asyncio.Future
+
+
 @dataclass
 class _Ticket:
-    """A batch waiting to be applied; ``done`` holds (outcome, published) once another agent's
-    call applied it along with its own."""
+    """A batch waiting to be applied; ``done`` holds its ``Applied`` once a holder of the lock
+    (its own call or another agent's) applied it."""
 
     messages: list[Incoming]
     done: asyncio.Future

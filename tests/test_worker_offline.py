@@ -54,6 +54,15 @@ def processor(store=None, wire=None, **options):
     return Processor(store or MemoryStore(), config.make_engine, wire.publish, Topics(), **options)
 
 
+async def until(condition, timeout: float = 5.0) -> None:
+    """Wait (on the event loop) until ``condition()`` holds; fail after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "timed out waiting"
+        await asyncio.sleep(0.001)
+
+
 def run(coroutine):
     return asyncio.run(coroutine)
 
@@ -285,9 +294,11 @@ def test_faust_agents_hand_messages_to_the_processor_via_test_context():
         agents = {a.name.rsplit(".", 1)[-1]: a for a in app.agents.values()}
         async with agents["heartbeat"].test_context() as hb:
             await hb.put(json.dumps(heartbeat()).encode(), key=b"c1")
+            await until(lambda: proc.applied)  # put() returns once the agent has the event
         async with agents["submitted"].test_context() as sub:
             await sub.put(json.dumps(task("t1")).encode(), key=b"c1")
             await sub.put(b"not json", key=b"c1")
+            await until(lambda: wire.decisions() and wire.dead())
         return wire
 
     wire = run(scenario())
@@ -475,3 +486,154 @@ def test_the_worker_consumer_lets_the_broker_hold_a_fetch_only_fetch_max_wait(fe
             await consumer.stop()  # never started: only releases the client
 
     assert run(scenario()) == expected_ms
+
+
+class Delivered:
+    """What a Faust agent's stream hands over: the value and the message it came in."""
+
+    def __init__(self, incoming: Incoming):
+        self.value = incoming.raw
+        self.message = incoming
+
+
+class GatedStore(MemoryStore):
+    """Records each commit's size in steps; the first commit waits until ``release`` is set,
+    and the commits listed in ``fail`` (by number) raise once."""
+
+    def __init__(self, fail=()):
+        super().__init__()
+        self.commits, self.release, self.fail = [], asyncio.Event(), set(fail)
+
+    async def commit(self, batch):
+        number = len(self.commits)
+        self.commits.append(sum(len(s) for s in batch.steps.values()))
+        if number == 0:
+            await self.release.wait()
+        if number in self.fail:
+            raise ConnectionError("redis went away")
+        await super().commit(batch)
+
+
+def group_commit(store, wire, acked, max_size=500, window=0.0, backlog=lambda message: 0):
+    from fairstream.streams.app import GroupCommit
+
+    async def ack(event):
+        acked.append(event.message.offset)
+
+    return GroupCommit(processor(store, wire, step_window=0.0), "submitted", max_size, window, ack,
+                       lambda message: None, backlog, retry_delays=(0.001, 0.001))
+
+
+def test_a_batch_goes_at_once_and_what_arrives_while_it_is_applied_goes_together_next():
+    # Group commit: the first message is applied alone, without waiting for a window; the three
+    # that arrive during its commit are the next batch (one pass, one commit: three steps, as
+    # each is at its own event time); all four are acknowledged in arrival order.
+    store, wire, acked = GatedStore(), Wire(), []
+
+    async def scenario():
+        feed = group_commit(store, wire, acked)
+        await feed.add(Delivered(wire.msg("submitted", task("t0", time=0))))
+        await until(lambda: store.commits)
+        for k in range(1, 4):
+            await feed.add(Delivered(wire.msg("submitted", task(f"t{k}", time=k))))
+        store.release.set()
+        await feed.close()
+
+    run(scenario())
+    assert store.commits == [1, 3]
+    assert acked == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("window, commits", [
+    pytest.param(0.5, [3], id="with a window a batch waits for the messages Kafka is known to hold"),
+    pytest.param(0.0, [1, 1, 1], id="without one each message goes as it arrives"),
+])
+def test_a_batch_waits_up_to_the_window_for_input_already_in_kafka(window, commits):
+    store, wire, acked = GatedStore(), Wire(), []
+    store.release.set()
+    messages = [wire.msg("submitted", task(f"t{k}", time=k)) for k in range(3)]
+
+    async def scenario():
+        # Like Faust, hand the agent one message per turn of the event loop; the partition's
+        # high watermark is known from the start (all three are in Kafka).
+        feed = group_commit(store, wire, acked, window=window,
+                            backlog=lambda message: len(messages) - message.offset - 1)
+        for message in messages:
+            await feed.add(Delivered(message))
+            await asyncio.sleep(0)
+        await feed.close()
+
+    run(scenario())
+    assert store.commits == commits
+    assert acked == [0, 1, 2]
+
+
+def test_a_full_buffer_holds_input_back_until_a_batch_is_taken():
+    store, wire, acked = GatedStore(), Wire(), []
+
+    async def scenario():
+        feed = group_commit(store, wire, acked, max_size=2)
+        await feed.add(Delivered(wire.msg("submitted", task("t0"))))
+        await until(lambda: store.commits)  # t0 is being committed, the buffer is empty
+        await feed.add(Delivered(wire.msg("submitted", task("t1"))))
+        blocked = asyncio.create_task(feed.add(Delivered(wire.msg("submitted", task("t2")))))
+        await asyncio.sleep(0.01)
+        held_back = not blocked.done()
+        store.release.set()
+        await blocked
+        await feed.close()
+        return held_back
+
+    assert run(scenario()) is True
+    assert acked == [0, 1, 2]
+
+
+def test_a_batch_whose_commit_fails_is_tried_again_and_applied_once():
+    store, wire, acked = GatedStore(fail={1}), Wire(), []
+
+    async def scenario():
+        feed = group_commit(store, wire, acked)
+        store.release.set()
+        await feed.processor.handle([wire.msg("heartbeat", heartbeat())])  # the heartbeats agent's
+        await feed.add(Delivered(wire.msg("submitted", task("t1"))))
+        await feed.add(Delivered(wire.msg("submitted", task("t2"))))
+        await feed.close()
+
+    run(scenario())
+    assert len(store.commits) == 3  # the heartbeat; t1 and t2 failed; t1 and t2 again
+    assert [d["task"] for d in wire.decisions()] == ["t1", "t2"]
+    assert acked == [0, 1]
+
+
+def test_outputs_whose_publishing_fails_are_sent_again_before_their_input_is_acknowledged():
+    store, acked = MemoryStore(), []
+
+    class FlakyWire(Wire):
+        failed = False
+
+        async def publish(self, topic, key, message):
+            await super().publish(topic, key, message)
+            future = asyncio.get_running_loop().create_future()
+            if not self.failed and topic == "allocations.decisions":
+                self.failed = True
+                future.set_exception(ConnectionError("broker went away"))
+            else:
+                future.set_result(None)
+            return future
+
+    wire = FlakyWire()
+
+    async def scenario():
+        p = processor(store, wire)
+        p_published = p._published
+
+        async def quick(outbox, acks, outcome):  # retry at once rather than after 0.1 s
+            await p_published(outbox, acks, outcome, retry_delays=(0.001, 0.001))
+
+        p._published = quick
+        await p.handle([wire.msg("heartbeat", heartbeat()), wire.msg("submitted", task("t1"))])
+        return await store.outbox()
+
+    assert run(scenario()) == []  # published, then cleared
+    assert [d["task"] for d in wire.decisions()] == ["t1", "t1"]  # the same id twice: idempotent
+    assert len({d["id"] for d in wire.decisions()}) == 1
