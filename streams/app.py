@@ -47,6 +47,7 @@ class WorkerConfig:
     node_timeout: float = math.inf
     snapshot_every: int = 500
     snapshot_ratio: float = 2.0  # see Processor._snapshot_due
+    background_snapshots: bool = True  # pickled in a forked child (Processor)
     max_bytes: int = 64 * 1024
     step_window: float = 0.1  # seconds of event time gathered into one scheduling step
     finished_retention: float = 3600.0  # seconds of event time finished task ids are remembered
@@ -108,6 +109,7 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         max_bytes=config.max_bytes,
         log_retention=config.log_retention,
         step_window=config.step_window,
+        background_snapshots=config.background_snapshots,
     )
 
     for attribute, kind in KINDS:

@@ -9,7 +9,10 @@
    cluster's clock is applied at the clock, one further behind is a dead letter; before each
    step, nodes silent for more than ``node_timeout`` seconds (event time) are declared lost;
 4. commit the new log steps, offsets, outputs (outbox) and views to the store in one
-   transaction, snapshotting an engine when it is due (``_snapshot_due``);
+   transaction, snapshotting an engine when it is due (``_snapshot_due``): in the same
+   transaction, or, with ``background_snapshots``, pickled by a forked child after the commit
+   and added to the first commit after the child is done (the snapshot is then as of an
+   earlier step, and the log after it is replayed as usual);
 5. enqueue the outbox for publishing; then, with the next batch free to start, wait for the
    broker's acknowledgements and clear the outbox.
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import pickle
 import time
 from collections import Counter
@@ -108,6 +112,7 @@ class Processor:
         metrics=None,
         step_window: float = 0.0,
         log_retention: float = math.inf,
+        background_snapshots: bool = False,
     ) -> None:
         from fairstream.streams.metrics import WorkerMetrics
 
@@ -123,6 +128,10 @@ class Processor:
         self.max_bytes = max_bytes
         self.step_window = step_window
         self.log_retention = log_retention
+        # Pickle snapshots in a forked child (copy-on-write, as Redis's BGSAVE does), so the
+        # worker goes on answering while it runs: where the platform has fork().
+        self.background_snapshots = background_snapshots and hasattr(os, "fork")
+        self.snapshotting: dict[str, _Snapshotting] = {}
         self.engines: dict[str, Engine] = {}
         self.log_base: dict[str, int] = {}
         self.checkpoints: dict[str, list[tuple[int, float]]] = {}
@@ -158,10 +167,10 @@ class Processor:
 
     def _drop(self, cluster: str) -> None:
         for cache in (self.engines, self.steps_taken, self.steps_at_snapshot, self.log_base, self.checkpoints,
-                      self.events_since_snapshot, self.time_at_snapshot):
+                      self.events_since_snapshot, self.time_at_snapshot, self.snapshotting):
             cache.pop(cluster, None)
 
-    def _retain(self, cluster: str, now: float, blob: bytes, commit: BatchCommit) -> None:
+    def _retain(self, cluster: str, steps: int, now: float, blob: bytes, commit: BatchCommit) -> None:
         """Bound the input log to about ``log_retention`` seconds of event time.
 
         A snapshot becomes a checkpoint when the last one is a quarter of the retention old;
@@ -169,7 +178,6 @@ class Processor:
         becomes the base the kept log replays from. So between R and 1.25 R of the log is kept
         (R = ``log_retention``), with at most about five checkpoints in the store."""
         points = self.checkpoints[cluster]
-        steps = self.steps_at_snapshot[cluster]
         if not points or now - points[-1][1] >= self.log_retention / 4:
             points.append((steps, now))
             commit.checkpoints[cluster] = (steps, now, blob)
@@ -293,6 +301,7 @@ class Processor:
         commit = BatchCommit()
         dead: list[DeadLetter] = []
         by_cluster: dict[str, list[tuple[Event, Incoming, int | None]]] = {}
+        fork_after_commit: list[tuple[str, Engine, int, float]] = []
         for message in messages:
             if message.offset < self.applied.get(message.position, 0):
                 outcome.skipped += 1
@@ -319,14 +328,16 @@ class Processor:
             commit.views[cluster] = views(engine, touched, touched_nodes(steps, decisions))
             self.steps_taken[cluster] += len(steps)
             self.events_since_snapshot[cluster] += sum(len(step["events"]) for step in steps)
-            if self._snapshot_due(cluster, engine):
-                blob = _pickle(engine)
-                commit.snapshots[cluster] = (blob, self.steps_taken[cluster])
-                self.steps_at_snapshot[cluster] = self.steps_taken[cluster]
+            self._land_snapshot(cluster, commit)
+            if cluster not in self.snapshotting and self._snapshot_due(cluster, engine):
+                steps_now, time_now = self.steps_taken[cluster], engine.time or 0.0
+                self.steps_at_snapshot[cluster] = steps_now
                 self.events_since_snapshot[cluster] = 0
-                self.time_at_snapshot[cluster] = engine.time or 0.0
-                if math.isfinite(self.log_retention):
-                    self._retain(cluster, engine.time or 0.0, blob, commit)
+                self.time_at_snapshot[cluster] = time_now
+                if self.background_snapshots:
+                    fork_after_commit.append((cluster, engine, steps_now, time_now))
+                else:
+                    self._add_snapshot(cluster, steps_now, time_now, _pickle(engine), commit)
 
         for letter in dead:
             log.warning("worker.dead_letter", topic=letter.topic, partition=letter.partition,
@@ -345,7 +356,30 @@ class Processor:
                 self._drop(cluster)
             raise
         self.applied.update(commit.offsets)
+        # Only now: a snapshot must hold nothing the store does not (a failed commit's steps
+        # are applied again after a redelivery).
+        for cluster, engine, steps, at in fork_after_commit:
+            self.snapshotting[cluster] = _Snapshotting(steps, at, _snapshot_in_child(engine))
         return outcome, commit.outbox, await self._enqueue(commit.outbox)
+
+    def _add_snapshot(self, cluster: str, steps: int, at: float, blob: bytes, commit: BatchCommit) -> None:
+        commit.snapshots[cluster] = (blob, steps)
+        if math.isfinite(self.log_retention):
+            self._retain(cluster, steps, at, blob, commit)
+
+    def _land_snapshot(self, cluster: str, commit: BatchCommit) -> None:
+        """Add a finished background snapshot of ``cluster`` to ``commit``: the engine as of
+        ``steps``, before this batch's steps, which the log after it replays."""
+        pending = self.snapshotting.get(cluster)
+        if pending is None or not pending.blob.done():
+            return
+        del self.snapshotting[cluster]
+        if pending.blob.cancelled() or pending.blob.exception() is not None:
+            # Nothing lost: the last snapshot and the longer log still recover the engine.
+            log.error("worker.snapshot_failed", cluster=cluster, steps=pending.steps,
+                      error=str(pending.blob.exception() or "cancelled"))
+            return
+        self._add_snapshot(cluster, pending.steps, pending.time, pending.blob.result(), commit)
 
     async def _enqueue(self, outbox: list[tuple[str, dict]]) -> list:
         """Enqueue every message in order; returns the acknowledgements to wait for."""
@@ -433,6 +467,53 @@ class _Ticket:
 async def _acknowledged(acks: list) -> None:
     if acks:
         await asyncio.gather(*acks)
+
+
+@dataclass
+class _Snapshotting:
+    """A snapshot being pickled in a child process: the engine as of ``steps`` log steps."""
+
+    steps: int
+    time: float
+    blob: asyncio.Future  # the pickled engine
+
+
+def _snapshot_in_child(engine: Engine) -> asyncio.Future:
+    """Pickle ``engine`` in a forked child that writes it to a pipe; a thread of the default
+    executor reads it (``os.read`` releases the interpreter lock) and reaps the child.
+
+    The child sees the memory as it was at the fork, copy-on-write, whatever the worker does
+    meanwhile; it runs only the pickler and leaves with ``os._exit`` (no finalizers, no
+    flush of buffers it shares with the parent)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        status = 1
+        try:
+            os.close(read_end)
+            view = memoryview(_pickle(engine))
+            while view:
+                view = view[os.write(write_end, view):]
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    future = asyncio.get_running_loop().run_in_executor(None, _collect_snapshot, pid, read_end)
+    future.add_done_callback(lambda done: done.cancelled() or done.exception())  # read in _land_snapshot
+    return future
+
+
+def _collect_snapshot(pid: int, read_end: int) -> bytes:
+    chunks = []
+    try:
+        while chunk := os.read(read_end, 1 << 20):
+            chunks.append(chunk)
+    finally:
+        os.close(read_end)
+        _, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise RuntimeError(f"the snapshot process exited with status {status}")
+    return b"".join(chunks)
 
 
 def _pickle(engine: Engine) -> bytes:

@@ -637,3 +637,48 @@ def test_outputs_whose_publishing_fails_are_sent_again_before_their_input_is_ack
     assert run(scenario()) == []  # published, then cleared
     assert [d["task"] for d in wire.decisions()] == ["t1", "t1"]  # the same id twice: idempotent
     assert len({d["id"] for d in wire.decisions()}) == 1
+
+
+@pytest.mark.parametrize("log_retention", [
+    pytest.param(float("inf"), id="the whole log kept"),
+    pytest.param(3.0, id="a bounded log: the landed snapshot is also its checkpoint"),
+])
+def test_a_snapshot_pickled_in_a_child_lands_in_a_later_commit_and_recovers_the_same_engine(log_retention):
+    store, wire = MemoryStore(), Wire()
+    plan = [("heartbeat", heartbeat(cpu=8, mem=8))] + [("submitted", task(f"t{k}", time=1 + k)) for k in range(4)]
+    plan += [("completed", done(f"t{k}", 6 + k)) for k in range(4)]
+
+    async def first_life():
+        # ratio 0, every 3: due after the third step; the child pickles the engine as of step 3
+        # while steps 4 and 5 are applied; it lands with the first commit after it finished.
+        p = processor(store, wire, snapshot_every=3, snapshot_ratio=0.0, background_snapshots=True,
+                      log_retention=log_retention)
+        for kind, body in plan[:3]:
+            await p.handle([wire.msg(kind, body)])
+        assert (await store.load("c1")).snapshot is None and "c1" in p.snapshotting
+        await p.snapshotting["c1"].blob  # the child is done
+        for kind, body in plan[3:5]:
+            await p.handle([wire.msg(kind, body)])
+        landed = await store.load("c1")
+        for kind, body in plan[5:]:
+            await p.handle([wire.msg(kind, body)])
+        return landed, fingerprint(p.engines["c1"])
+
+    landed, engine_before = run(first_life())
+    assert landed.snapshot_steps == 3 and len(landed.log) == 2  # steps 4 and 5 replay after it
+    assert landed.checkpoints == ([] if log_retention == float("inf") else [(3, 2.0)])  # step 3 is t1 at 2.0
+
+    async def second_life():
+        p = processor(store, wire)
+        await p.start()
+        return fingerprint(await p.engine("c1"))
+
+    assert run(second_life()) == engine_before
+
+
+def fingerprint(engine):
+    """What an engine decides from: clock, tasks, remembered finished ids, accounting."""
+    acc = engine.accounting
+    return (engine.time, sorted((t.id, t.state.name, t.node) for t in engine.tasks.values()),
+            list(engine.finished_ids), acc.raw_usage.tolist(), acc.counted_usage.tolist(),
+            acc.allocation.tolist(), [ledger.pseudo_accumulated for ledger in acc.ledgers])
