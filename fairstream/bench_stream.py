@@ -41,6 +41,24 @@ def _rss_mb(pid: int) -> float | None:
     return None
 
 
+def _cpu_times() -> list[int] | None:
+    """The machine's CPU time counters (``/proc/stat``), or None where there are none."""
+    try:
+        with open("/proc/stat") as stat:
+            return [int(x) for x in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def _steal_pct(before: list[int] | None, after: list[int] | None) -> float | None:
+    """Share of the machine's CPU time its hypervisor gave to others in between (``steal``,
+    the 8th counter): a run on a contended virtual machine is not comparable with others."""
+    if not before or not after or len(before) < 8 or len(after) < 8:
+        return None
+    total = sum(after[:8]) - sum(before[:8])
+    return round(100 * (after[7] - before[7]) / total, 1) if total > 0 else None
+
+
 def _port_open(port: int) -> bool:
     import socket
 
@@ -175,6 +193,7 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
             sender = _BatchSender(producer, per_message)
             interval = 2.0 / rate  # one submission and one completion per interval
             begin = time.monotonic()
+            cpu_before = _cpu_times()
             sent = 0
             pending_completion: deque[tuple[float, str]] = deque()
             k = 0
@@ -218,6 +237,7 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
             await sender.wait()
             sent_total, messages_total = sent, sender.messages
             offered = sent / (time.monotonic() - begin)
+            steal = _steal_pct(cpu_before, _cpu_times())
         # Collect the submissions' append timestamps and the rest of the decisions.
         sub = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False)
         await sub.start()
@@ -275,6 +295,7 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
         "p50_ms": float(np.percentile(latencies, 50)) if latencies else None,
         "p99_ms": float(np.percentile(latencies, 99)) if latencies else None,
         "worker_rss_mb": memory,
+        "cpu_steal_pct": steal,
         # Latency over the run (99th percentile of submissions appended in each second):
         # shows when a backlog built up, which the overall percentiles do not.
         "p99_ms_by_second": [float(np.percentile(by_second[k], 99)) for k in sorted(by_second)],

@@ -205,3 +205,15 @@ def test_explain_prints_qknobler_theory_and_simulate_records_it_with_the_measure
     assert metrics["knob_theory"]["theta"] == {"0.5": pytest.approx(1.2)}
     measured = metrics["summary"]["soft_fairness"]
     assert 0 < measured["max"] <= 1.2 and measured == metrics["knob_theory"]["measured_soft_fairness"]
+
+
+@pytest.mark.parametrize("before, after, steal", [
+    # user nice system idle iowait irq softirq steal: 100 of 400 ticks in between were stolen
+    pytest.param([0] * 8, [200, 0, 50, 50, 0, 0, 0, 100], 25.0, id="steal is its share of all CPU time in between"),
+    pytest.param([0] * 8, [0] * 8, None, id="no time in between: no figure"),
+    pytest.param(None, [1] * 8, None, id="no counters (not Linux): no figure"),
+])
+def test_the_stream_bench_reports_the_cpu_time_the_hypervisor_took(before, after, steal):
+    from fairstream.bench_stream import _steal_pct
+
+    assert _steal_pct(before, after) == steal
