@@ -448,6 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--log-retention", type=positive_seconds, default=None,
                         help="seconds of event time of input log kept in Redis (default: all); older steps are "
                              "trimmed to a checkpoint that export-log --snapshot-out writes")
+    worker.add_argument("--snapshot-inline", action="store_true",
+                        help="pickle engine snapshots in the worker process, pausing it, rather than in a forked child "
+                             "(for platforms where fork is unwelcome)")
     worker.add_argument("--data-dir", default=None,
                         help="Faust's local directory (default: <tmp>/fairstream-faust/<app-id>; no state of ours is kept there)")
     worker.set_defaults(func=cmd_worker)

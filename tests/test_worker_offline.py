@@ -682,3 +682,17 @@ def fingerprint(engine):
     return (engine.time, sorted((t.id, t.state.name, t.node) for t in engine.tasks.values()),
             list(engine.finished_ids), acc.raw_usage.tolist(), acc.counted_usage.tolist(),
             acc.allocation.tolist(), [ledger.pseudo_accumulated for ledger in acc.ledgers])
+
+
+@pytest.mark.parametrize("flags, background", [
+    pytest.param([], True, id="by default snapshots are pickled in a forked child"),
+    pytest.param(["--snapshot-inline"], False, id="--snapshot-inline pickles them in the worker"),
+])
+def test_the_worker_command_line_chooses_where_snapshots_are_pickled(flags, background):
+    from fairstream.cli import build_parser
+    from fairstream.streams.run import config_from_args
+
+    config = config_from_args(build_parser().parse_args(["worker", "--policy", "drf", *flags]))
+    assert config.background_snapshots is background
+    processor = create_app(config, MemoryStore())[1]
+    assert processor.background_snapshots is background
