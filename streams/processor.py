@@ -132,6 +132,7 @@ class Processor:
         # worker goes on answering while it runs: where the platform has fork().
         self.background_snapshots = background_snapshots and hasattr(os, "fork")
         self.snapshotting: dict[str, _Snapshotting] = {}
+        self.written_quanta: dict[str, dict[str, float]] = {}  # per cluster: what the quanta view holds
         self.engines: dict[str, Engine] = {}
         self.log_base: dict[str, int] = {}
         self.checkpoints: dict[str, list[tuple[int, float]]] = {}
@@ -167,7 +168,7 @@ class Processor:
 
     def _drop(self, cluster: str) -> None:
         for cache in (self.engines, self.steps_taken, self.steps_at_snapshot, self.log_base, self.checkpoints,
-                      self.events_since_snapshot, self.time_at_snapshot, self.snapshotting):
+                      self.events_since_snapshot, self.time_at_snapshot, self.snapshotting, self.written_quanta):
             cache.pop(cluster, None)
 
     def _retain(self, cluster: str, steps: int, now: float, blob: bytes, commit: BatchCommit) -> None:
@@ -325,7 +326,8 @@ class Processor:
             outcome.steps += len(steps)
             outcome.decisions += len(decisions)
             commit.outbox.extend((self.topics.decisions, decision_message(cluster, d)) for d in decisions)
-            commit.views[cluster] = views(engine, touched, touched_nodes(steps, decisions))
+            commit.views[cluster] = views(engine, touched, touched_nodes(steps),
+                                          self.written_quanta.setdefault(cluster, {}))
             self.steps_taken[cluster] += len(steps)
             self.events_since_snapshot[cluster] += sum(len(step["events"]) for step in steps)
             self._land_snapshot(cluster, commit)
@@ -556,17 +558,22 @@ def _cluster_of(message: dict) -> str:
     return ""
 
 
-def touched_nodes(steps: list[dict], decisions) -> set[str]:
-    nodes = {d.node for d in decisions if d.node}
+def touched_nodes(steps: list[dict]) -> set[str]:
+    """Nodes whose registry entry (capacity, liveness, last heartbeat, labels) ``steps`` may
+    have changed: those their events name (a placement changes none of these)."""
+    nodes = set()
     for step in steps:
         nodes.update(e["node"] for e in step["events"] if "node" in e)
     return nodes
 
 
-def views(engine: Engine, tenants: set[str] | None = None, nodes: set[str] | None = None) -> dict[str, dict[str, str]]:
+def views(engine: Engine, tenants: set[str] | None = None, nodes: set[str] | None = None,
+          written_quanta: dict[str, float] | None = None) -> dict[str, dict[str, str]]:
     """Readable state for operators: accumulated usage per tenant in the current round (as of
     the tenant's last event or decision), quanta, and the node registry (JSON strings per
-    field); only for ``tenants`` and ``nodes`` if given."""
+    field); only for ``tenants`` and ``nodes`` if given. With ``written_quanta`` (the quanta
+    already in the store, updated here), only quanta that differ from it: they change only
+    when the Quantum Updater moves them."""
 
     acc = engine.accounting
     now = engine.time or 0.0
@@ -586,7 +593,11 @@ def views(engine: Engine, tenants: set[str] | None = None, nodes: set[str] | Non
             "allocation": dict(zip(names, allocation[i])),
             "usage_key": keys[i],
         })
-        quanta[name] = dumps_text(acc.quantum(row))
+        quantum = acc.quantum(row)
+        if written_quanta is None or written_quanta.get(name) != quantum:
+            quanta[name] = dumps_text(quantum)
+            if written_quanta is not None:
+                written_quanta[name] = quantum
     node_view = {
         n.id: dumps_text({"capacity": dict(zip(names, n.capacity.tolist())), "alive": n.alive,
                           "last_heartbeat": n.last_heartbeat, "labels": n.labels})

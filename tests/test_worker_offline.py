@@ -696,3 +696,32 @@ def test_the_worker_command_line_chooses_where_snapshots_are_pickled(flags, back
     assert config.background_snapshots is background
     processor = create_app(config, MemoryStore())[1]
     assert processor.background_snapshots is background
+
+
+def test_views_are_written_for_what_a_batch_changed_only():
+    # A placement changes no node's registry entry, and a tenant's quantum is written when
+    # first seen or moved, not on every pass that touches the tenant.
+    class Recording(MemoryStore):
+        def __init__(self):
+            super().__init__()
+            self.views = []
+
+        async def commit(self, batch):
+            self.views.append(batch.views.get("c1", {}))
+            await super().commit(batch)
+
+    store, wire = Recording(), Wire()
+
+    async def scenario():
+        p = processor(store, wire)
+        await p.handle([wire.msg("heartbeat", heartbeat(cpu=8, mem=8))])
+        await p.handle([wire.msg("submitted", task("t1", "A", time=1))])
+        await p.handle([wire.msg("submitted", task("t2", "A", time=2))])
+
+    run(scenario())
+    first, second, third = store.views
+    assert set(first["nodes"]) == {"n1"} and first["quanta"] == {}
+    assert second["nodes"] == {} and set(second["quanta"]) == {"A"}  # t1 placed on n1
+    assert third["nodes"] == {} and third["quanta"] == {}  # A's quantum has not moved
+    assert set(second["usage:0"]) == set(third["usage:0"]) == {"A"}
+    assert [d["task"] for d in wire.decisions()] == ["t1", "t2"]
