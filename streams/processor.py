@@ -513,8 +513,9 @@ def _collect_snapshot(pid: int, read_end: int) -> bytes:
     finally:
         os.close(read_end)
         _, status = os.waitpid(pid, 0)
-    if status != 0:
-        raise RuntimeError(f"the snapshot process exited with status {status}")
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:  # negative: killed by that signal (the kernel's OOM killer, say)
+        raise RuntimeError(f"the snapshot process exited with code {code}")
     return b"".join(chunks)
 
 

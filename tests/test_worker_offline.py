@@ -725,3 +725,32 @@ def test_views_are_written_for_what_a_batch_changed_only():
     assert third["nodes"] == {} and third["quanta"] == {}  # A's quantum has not moved
     assert set(second["usage:0"]) == set(third["usage:0"]) == {"A"}
     assert [d["task"] for d in wire.decisions()] == ["t1", "t2"]
+
+
+def test_a_snapshot_child_that_fails_loses_nothing_and_the_next_snapshot_is_taken(monkeypatch):
+    import fairstream.streams.processor as processor_module
+
+    store, wire = MemoryStore(), Wire()
+    real_pickle = processor_module._pickle
+
+    def fail(engine):  # runs in the child: it exits with code 1
+        raise MemoryError("the child ran out of memory")
+
+    async def scenario():
+        p = processor(store, wire, snapshot_every=2, snapshot_ratio=0.0, background_snapshots=True)
+        monkeypatch.setattr(processor_module, "_pickle", fail)
+        await p.handle([wire.msg("heartbeat", heartbeat(cpu=8, mem=8))])
+        await p.handle([wire.msg("submitted", task("t0", time=1))])  # due: forked, fails
+        with pytest.raises(RuntimeError, match="exited with code 1"):
+            await p.snapshotting["c1"].blob
+        monkeypatch.setattr(processor_module, "_pickle", real_pickle)
+        for k in range(1, 4):
+            await p.handle([wire.msg("submitted", task(f"t{k}", time=1 + k))])
+            if "c1" in p.snapshotting:
+                await p.snapshotting["c1"].blob
+        await p.handle([wire.msg("submitted", task("t4", time=5))])
+        return await store.load("c1")
+
+    record = run(scenario())
+    assert record.snapshot is not None and record.snapshot_steps == 4  # the retry, two steps later
+    assert len(record.log) == 2
