@@ -381,7 +381,9 @@ class Processor:
             log.error("worker.snapshot_failed", cluster=cluster, steps=pending.steps,
                       error=str(pending.blob.exception() or "cancelled"))
             return
-        self._add_snapshot(cluster, pending.steps, pending.time, pending.blob.result(), commit)
+        blob = pending.blob.result()
+        log.info("worker.snapshot_stored", cluster=cluster, steps=pending.steps, bytes=len(blob))
+        self._add_snapshot(cluster, pending.steps, pending.time, blob, commit)
 
     async def _enqueue(self, outbox: list[tuple[str, dict]]) -> list:
         """Enqueue every message in order; returns the acknowledgements to wait for."""
