@@ -123,7 +123,7 @@ class Decoded:
 
 @dataclass(frozen=True)
 class BadElement:
-    """One event of a batch message that cannot be applied: the reason, with its position."""
+    """One event of a batch message that cannot be applied: the reason and its position."""
 
     reason: str
     index: int
@@ -143,7 +143,7 @@ def decode_message(kind: str, raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) ->
         try:
             out.append(Decoded(*_event(kind, element), index))
         except BadInput as exc:
-            out.append(BadElement(f"[{index}] {exc}", index))
+            out.append(BadElement(str(exc), index))
     return out
 
 

@@ -22,7 +22,7 @@ from fairstream.engine import Engine
 from fairstream.jsoncodec import dumps
 from fairstream.model import ResourceSpace
 from fairstream.tenants import TenantTree
-from fairstream.streams.processor import Incoming, Processor, Topics
+from fairstream.streams.processor import Incoming, Processor, Topics, backoff
 from fairstream.streams.transport import kafka_transport
 
 log = structlog.get_logger("fairstream.worker")
@@ -255,15 +255,15 @@ class GroupCommit:
         """Apply ``batch``, trying again while the store fails (nothing of a failed attempt is
         kept: the processor rebuilds the clusters from the store); meanwhile input is held
         back: ``add`` waits once the buffer is full."""
-        delay = self.retry_delays[0]
+        delays = backoff(*self.retry_delays)
         while True:
             try:
                 return await self.processor.apply(batch)
             except Exception as exc:
+                delay = next(delays)
                 log.error("worker.batch_failed", topic=batch[0].topic, messages=len(batch),
                           error=f"{type(exc).__name__}: {exc}", retry_in_s=delay)
                 await asyncio.sleep(delay)
-                delay = min(2 * delay, self.retry_delays[1])
 
     async def _acknowledge(self, events: list, published: asyncio.Future, previous: asyncio.Task | None) -> None:
         if previous is not None:  # in arrival order

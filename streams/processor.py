@@ -199,7 +199,7 @@ class Processor:
                 engine.step(step["time"], [event_from_json(e) for e in step["events"]])
             self.engines[cluster] = engine
             self.steps_taken[cluster] = self.steps_at_snapshot[cluster] = record.snapshot_steps + len(record.log)
-            self.events_since_snapshot[cluster] = sum(len(step["events"]) for step in record.log)
+            self.events_since_snapshot[cluster] = _events_in(record.log)
             self.time_at_snapshot[cluster] = engine.time or 0.0
             self.log_base[cluster] = record.log_base
             self.checkpoints[cluster] = list(record.checkpoints)
@@ -266,7 +266,7 @@ class Processor:
                          retry_delays: tuple[float, float] = (0.1, 5.0)) -> None:
         """Wait for the broker to have a batch's outputs, then clear them from the outbox; if
         either fails, enqueue the outputs again (decisions are idempotent by id) and retry."""
-        delay, acknowledged = retry_delays[0], False
+        delays, acknowledged = backoff(*retry_delays), False
         while True:
             try:
                 if acks is None:
@@ -276,10 +276,10 @@ class Processor:
                 await self.store.clear_outbox(outbox)
                 break
             except Exception as exc:
+                delay = next(delays)
                 log.error("worker.publish_failed", messages=len(outbox), error=f"{type(exc).__name__}: {exc}",
                           acknowledged=acknowledged, retry_in_s=delay)
                 await asyncio.sleep(delay)
-                delay = min(2 * delay, retry_delays[1])
                 if not acknowledged:
                     acks = None
         kinds = Counter(message["kind"] for topic, message in outbox if topic == self.topics.decisions)
@@ -329,7 +329,7 @@ class Processor:
             commit.views[cluster] = views(engine, touched, touched_nodes(steps),
                                           self.written_quanta.setdefault(cluster, {}))
             self.steps_taken[cluster] += len(steps)
-            self.events_since_snapshot[cluster] += sum(len(step["events"]) for step in steps)
+            self.events_since_snapshot[cluster] += _events_in(steps)
             self._land_snapshot(cluster, commit)
             if cluster not in self.snapshotting and self._snapshot_due(cluster, engine):
                 steps_now, time_now = self.steps_taken[cluster], engine.time or 0.0
@@ -468,6 +468,18 @@ class _Ticket:
     done: asyncio.Future
 
 
+def _events_in(steps: list[dict]) -> int:
+    return sum(len(step["events"]) for step in steps)
+
+
+def backoff(first: float, longest: float):
+    """Waits before successive retries: ``first``, doubling up to ``longest``."""
+    delay = first
+    while True:
+        yield delay
+        delay = min(2 * delay, longest)
+
+
 async def _acknowledged(acks: list) -> None:
     if acks:
         await asyncio.gather(*acks)
@@ -538,7 +550,7 @@ def _pickle(engine: Engine) -> bytes:
 def _dead_letter(message: Incoming, index: int | None, reason: str) -> DeadLetter:
     """A dead letter for one event of ``message`` (element ``index`` of a batch message, whose
     position the reason then starts with)."""
-    if index is not None and not reason.startswith(f"[{index}]"):
+    if index is not None:
         reason = f"[{index}] {reason}"
     return DeadLetter(message.topic, message.partition, message.offset, reason, element_bytes(message.raw, index), index)
 
