@@ -50,13 +50,29 @@ def _cpu_times() -> list[int] | None:
         return None
 
 
-def _steal_pct(before: list[int] | None, after: list[int] | None) -> float | None:
-    """Share of the machine's CPU time its hypervisor gave to others in between (``steal``,
-    the 8th counter): a run on a contended virtual machine is not comparable with others."""
+_IDLE, _STEAL = (3, 4), (7,)  # columns of /proc/stat's cpu line: idle + iowait, steal
+
+
+def _share_pct(before: list[int] | None, after: list[int] | None, columns: tuple[int, ...] = _STEAL) -> float | None:
+    """Share of the machine's CPU time in between spent in ``columns`` of ``/proc/stat``.
+    Steal (the 8th counter) is what the hypervisor gave to other machines: a run on a
+    contended virtual machine is not comparable with others. Idle says whether the cores the
+    worker shares with Kafka, Redis and the load generator were saturated."""
     if not before or not after or len(before) < 8 or len(after) < 8:
         return None
     total = sum(after[:8]) - sum(before[:8])
-    return round(100 * (after[7] - before[7]) / total, 1) if total > 0 else None
+    spent = sum(after[c] - before[c] for c in columns)
+    return round(100 * spent / total, 1) if total > 0 else None
+
+
+def _process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) process ``pid`` has used, or None if unreadable."""
+    try:
+        # Fields after the command name (which may hold spaces); utime and stime are 14th and 15th.
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _port_open(port: int) -> bool:
@@ -198,6 +214,8 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
             pending_completion: deque[tuple[float, str]] = deque()
             k = 0
             next_sample = begin
+            last_sample = None  # (time, machine counters, worker CPU s) at the previous sample
+            every_second: dict[str, list[float | None]] = {"steal": [], "idle": [], "worker": []}
             next_send = begin
             while time.monotonic() - begin < duration:
                 now = time.monotonic()
@@ -232,12 +250,21 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
                     rss = _rss_mb(worker.pid)
                     if rss is not None:
                         memory.append((round(now - begin, 1), round(rss, 1)))
+                    machine, worker_cpu = _cpu_times(), _process_cpu_s(worker.pid)
+                    if last_sample is not None:
+                        span = now - last_sample[0]
+                        every_second["steal"].append(_share_pct(last_sample[1], machine))
+                        every_second["idle"].append(_share_pct(last_sample[1], machine, _IDLE))
+                        every_second["worker"].append(
+                            round(100 * (worker_cpu - last_sample[2]) / span, 1)
+                            if worker_cpu is not None and last_sample[2] is not None and span > 0 else None)
+                    last_sample = (now, machine, worker_cpu)
                     next_sample += 1.0
             await sender.flush()
             await sender.wait()
             sent_total, messages_total = sent, sender.messages
             offered = sent / (time.monotonic() - begin)
-            steal = _steal_pct(cpu_before, _cpu_times())
+            steal = _share_pct(cpu_before, _cpu_times())
         # Collect the submissions' append timestamps and the rest of the decisions.
         sub = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False)
         await sub.start()
@@ -296,6 +323,12 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
         "p99_ms": float(np.percentile(latencies, 99)) if latencies else None,
         "worker_rss_mb": memory,
         "cpu_steal_pct": steal,
+        # Every second (between memory samples): the hypervisor's steal and the machine's idle
+        # share, and the worker's CPU use (100 = one core), to tell a slow second caused by
+        # the worker from one caused by a busy or contended machine.
+        "cpu_steal_pct_by_second": every_second["steal"],
+        "cpu_idle_pct_by_second": every_second["idle"],
+        "worker_cpu_pct_by_second": every_second["worker"],
         # Latency over the run (99th percentile of submissions appended in each second):
         # shows when a backlog built up, which the overall percentiles do not.
         "p99_ms_by_second": [float(np.percentile(by_second[k], 99)) for k in sorted(by_second)],

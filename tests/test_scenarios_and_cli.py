@@ -214,6 +214,25 @@ def test_explain_prints_qknobler_theory_and_simulate_records_it_with_the_measure
     pytest.param(None, [1] * 8, None, id="no counters (not Linux): no figure"),
 ])
 def test_the_stream_bench_reports_the_cpu_time_the_hypervisor_took(before, after, steal):
-    from fairstream.bench_stream import _steal_pct
+    from fairstream.bench_stream import _share_pct
 
-    assert _steal_pct(before, after) == steal
+    assert _share_pct(before, after) == steal
+
+
+def test_the_stream_bench_reports_how_idle_the_machine_was():
+    from fairstream.bench_stream import _IDLE, _share_pct
+
+    # user nice system idle iowait irq softirq steal: 60 idle + 20 iowait of 400 ticks
+    assert _share_pct([0] * 8, [200, 0, 100, 60, 20, 0, 0, 20], _IDLE) == 20.0
+
+
+def test_the_stream_bench_reads_a_process_cpu_time():
+    import os, time
+    from fairstream.bench_stream import _process_cpu_s
+
+    before = _process_cpu_s(os.getpid())
+    deadline = time.process_time() + 0.05
+    while time.process_time() < deadline:  # burn 50 ms of CPU
+        pass
+    assert before is not None and _process_cpu_s(os.getpid()) >= before + 0.03
+    assert _process_cpu_s(2 ** 22 + 1) is None  # beyond pid_max: no such process
