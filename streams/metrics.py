@@ -5,6 +5,10 @@ Rates (events/s, decisions/s) come from the counters with PromQL's ``rate()``.
 
 from __future__ import annotations
 
+import gc
+import time
+from typing import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 
@@ -24,6 +28,27 @@ class WorkerMetrics:
         self.lag = Gauge("fairstream_consumer_lag", "Messages behind the end of the partition",
                          ["topic", "partition"], registry=self.registry)
         self.steps = Counter("fairstream_engine_steps_total", "Engine steps (scheduling passes)", registry=self.registry)
+        self.gc_pause = Histogram(
+            "fairstream_gc_pause_seconds", "Python garbage collector passes (the worker stops meanwhile)",
+            ["generation"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
+            registry=self.registry,
+        )
+
+    def watch_gc(self) -> Callable[[], None]:
+        """Observe every collector pass in ``gc_pause``; returns what stops observing.
+        A full pass stops the worker for as long as it walks the long-lived objects, so its
+        length shows directly in the decision latency (docs/architecture.md)."""
+        started = [0.0]
+        children = {str(g): self.gc_pause.labels(str(g)) for g in range(3)}
+
+        def observe(phase: str, info: dict) -> None:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            else:
+                children[str(info["generation"])].observe(time.perf_counter() - started[0])
+
+        gc.callbacks.append(observe)
+        return lambda: gc.callbacks.remove(observe)
 
     def serve(self, port: int, address: str = "127.0.0.1") -> None:
         start_http_server(port, addr=address, registry=self.registry)

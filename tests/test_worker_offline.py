@@ -323,6 +323,39 @@ def test_the_worker_counts_events_decisions_dead_letters_and_latency_for_prometh
     assert sample("fairstream_decision_latency_seconds_count") == 1
 
 
+def test_the_worker_reports_every_garbage_collector_pause_by_generation():
+    import gc
+
+    from fairstream.streams.metrics import WorkerMetrics
+
+    metrics = WorkerMetrics()
+    stop = metrics.watch_gc()
+    try:
+        gc.collect(0)
+        gc.collect(2)
+    finally:
+        stop()
+    gc.collect(1)  # no longer observed
+    count = lambda generation: metrics.registry.get_sample_value("fairstream_gc_pause_seconds_count", {"generation": generation})
+    assert (count("0"), count("1"), count("2")) == (1, 0, 1)
+    assert metrics.registry.get_sample_value("fairstream_gc_pause_seconds_sum", {"generation": "2"}) > 0
+
+
+def test_the_worker_freezes_its_start_up_objects_and_makes_full_collections_rare():
+    import gc
+
+    from fairstream.streams.run import FULL_COLLECTION_AFTER, tune_gc
+
+    before = gc.get_threshold()
+    try:
+        tune_gc()
+        assert gc.get_freeze_count() > 10_000  # the modules, classes and functions loaded so far
+        assert gc.get_threshold() == (before[0], before[1], FULL_COLLECTION_AFTER)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+
+
 def test_after_a_rebalance_the_worker_reloads_clusters_from_the_store():
     store, wire = MemoryStore(), Wire()
 
