@@ -192,6 +192,15 @@ class RecentTasks:
         self.round_start = round_start
         self._rebuild()
 
+    def next_move(self, quantum: float) -> float:
+        """The earliest time at which ``advance`` with this ``quantum`` may move the boundary:
+        when the oldest task inside it reaches its quantum. A hair early rather than late
+        (``advance`` itself tests exactly); inf when nothing is inside."""
+        if self.boundary >= len(self.entries):
+            return math.inf
+        due = self._effective(self.entries[self.boundary]) + quantum
+        return due - 1e-9 * (1.0 + abs(due))
+
     def advance(self, now: float, quantum: float) -> None:
         """Move the boundary to the tasks that have run less than ``quantum`` at ``now``."""
         entries = self.entries
@@ -205,6 +214,30 @@ class RecentTasks:
             self.boundary -= 1
             if not entries[self.boundary].done:
                 self._add(entries[self.boundary])
+
+
+class _TopUpIndex:
+    """Every tenant's quantum and top-up sums as arrays (one row per tenant), and when each
+    row's boundary next moves. Derived from the ledgers, never pickled: a scheduling pass
+    then costs the rows that changed (a task started or finished, a quantum moved, a task
+    reached its quantum) instead of a Python loop over every tenant."""
+
+    def __init__(self, n_resources: int) -> None:
+        self.quanta = np.zeros(0)
+        self.demand = np.zeros((0, n_resources))
+        self.weighted = np.zeros((0, n_resources))
+        self.due = np.zeros(0)  # earliest time each row's boundary may move
+        self.dirty: set[int] = set()  # rows whose tasks or quantum changed since the last refresh
+        self.at = -math.inf  # the time of the last refresh
+
+    def grow(self, quanta: list[float]) -> None:
+        """Rows for tenants added since (their quanta given), to be refreshed."""
+        start, extra = len(self.quanta), len(quanta)
+        self.quanta = np.concatenate([self.quanta, quanta])
+        self.demand = np.vstack([self.demand, np.zeros((extra, self.demand.shape[1]))])
+        self.weighted = np.vstack([self.weighted, np.zeros((extra, self.weighted.shape[1]))])
+        self.due = np.concatenate([self.due, np.full(extra, -math.inf)])
+        self.dirty.update(range(start, start + extra))
 
 
 @dataclass
@@ -292,6 +325,7 @@ class Accounting:
             self.round_start = new_round
             self.counted_usage[:] = 0.0
             self.raw_usage[:] = 0.0
+            self._index = None  # every effective start moved
             for ledger in self.ledgers:
                 ledger.recent.new_round(new_round)
                 ledger.pseudo_accumulated = 0.0
@@ -340,6 +374,7 @@ class Accounting:
         self.allocation[row] += demand
         entry = _Running(now, demand, values=tuple(demand.tolist()))
         ledger.recent.append(entry)
+        self._changed(row)
         return entry
 
     def on_finish(self, row: int, entry: "_Running", now: float, tree: TenantTree) -> None:
@@ -349,6 +384,8 @@ class Accounting:
         np.maximum(self.allocation[row], 0.0, out=self.allocation[row])  # float dust
         ledger.recent.retire(entry)
         self.quanta.record(tree, ledger.name, now - entry.start)
+        # A leaf's quantum moves only with its own finished tasks (section 5.2.1, bottom-up).
+        self._changed(row, quantum=True)
 
     def on_requeue(self, row: int, entry: "_Running", now: float) -> None:
         """A running task goes back to pending (its node was lost)."""
@@ -358,6 +395,7 @@ class Accounting:
         self.allocation[row] -= demand
         np.maximum(self.allocation[row], 0.0, out=self.allocation[row])
         ledger.recent.retire(entry)
+        self._changed(row)
         if ledger.pending == 0:
             ledger.waiting_since = now
         ledger.pending += 1
@@ -380,35 +418,64 @@ class Accounting:
         """Formula 15 for running tasks, for the given tenant rows (all if None):
         ``sum demand * max(0, Q - elapsed_in_round)``, counted at each tenant's current
         discount rate. One row per tenant, in resource-seconds."""
-        if rows is None:
-            rows = list(range(len(self.ledgers)))
-            quanta = self.quanta_by_row()
-        else:
-            quanta = self.quanta_by_row()[rows]
-        demand, weighted = [], []
-        for i, row in enumerate(rows):
-            q = quanta[i]
-            recent = self.ledgers[row].recent
-            if recent:
-                recent.advance(now, q)
-            demand.append(recent.demand)
-            weighted.append(recent.weighted)
-        extra = (quanta - now)[:, None] * np.array(demand).reshape(len(rows), -1) + np.array(weighted).reshape(len(rows), -1)
+        index = self._refreshed(now)
+        pick = slice(None) if rows is None else rows
+        extra = (index.quanta[pick] - now)[:, None] * index.demand[pick] + index.weighted[pick]
         np.maximum(extra, 0.0, out=extra)  # float dust, and rows with nothing recent
         if self.config.discount < 1.0:
-            alloc = self.allocation[rows]
-            counted = counted_allocation(alloc, self.share[rows], self.config.discount)
+            alloc = self.allocation[pick]
+            counted = counted_allocation(alloc, self.share[pick], self.config.discount)
             rate = np.divide(counted, alloc, out=np.ones_like(alloc), where=alloc > 0)
             extra *= rate
         return extra
 
     def quanta_by_row(self) -> np.ndarray:
-        """Every tenant's current quantum, cached until the Quantum Updater changes one."""
-        key = (self.quanta.version, len(self.ledgers))
-        if getattr(self, "_quanta_key", None) != key:
-            self._quanta = np.array([self.quantum(row) for row in range(len(self.ledgers))])
-            self._quanta_key = key
-        return self._quanta
+        """Every tenant's current quantum, one per row (kept current as tasks finish)."""
+        return self._index_of_all().quanta
+
+    def _index_of_all(self) -> _TopUpIndex:
+        index = getattr(self, "_index", None)  # absent in an unpickled engine: rebuilt here
+        if index is None:
+            index = self._index = _TopUpIndex(self.n_resources)
+        if len(index.quanta) < len(self.ledgers):
+            index.grow([self.quantum(row) for row in range(len(index.quanta), len(self.ledgers))])
+        return index
+
+    def _changed(self, row: int, quantum: bool = False) -> None:
+        """Row ``row``'s running tasks (and, with ``quantum``, its quantum) changed."""
+        index = getattr(self, "_index", None)
+        if index is None or row >= len(index.quanta):
+            return  # refreshed in full when next read
+        index.dirty.add(row)
+        if quantum:
+            index.quanta[row] = self.quantum(row)
+
+    def _refreshed(self, now: float) -> _TopUpIndex:
+        """The index with every row's boundary moved to ``now``: rows that changed, rows whose
+        oldest recent task reached its quantum by ``now``, and all of them if ``now`` is
+        before the last refresh (a boundary moves back then)."""
+        index = self._index_of_all()
+        if now < index.at:
+            rows = set(range(len(self.ledgers)))
+        else:
+            rows = index.dirty.union(np.flatnonzero(index.due <= now).tolist())
+        for row in rows:
+            recent = self.ledgers[row].recent
+            quantum = index.quanta[row]
+            if recent:
+                recent.advance(now, quantum)
+            index.demand[row] = recent.demand
+            index.weighted[row] = recent.weighted
+            index.due[row] = recent.next_move(quantum)
+        index.dirty.clear()
+        index.at = now
+        return index
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        for derived in ("_index", "_quanta", "_quanta_key"):  # rebuilt after unpickling
+            state.pop(derived, None)
+        return state
 
     def accumulated_rows(self, rows: list[int] | None, now: float) -> np.ndarray:
         """Counted accumulated usage in resource-seconds at ``now``, PAR excluded, one row per

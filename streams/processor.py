@@ -595,7 +595,10 @@ def views(engine: Engine, tenants: set[str] | None = None, nodes: set[str] | Non
     names = engine.resources.names
     usage = {}
     quanta = {}
-    rows = [row for row, ledger in enumerate(acc.ledgers) if tenants is None or ledger.name in tenants]
+    if tenants is None:
+        rows = list(range(len(acc.ledgers)))
+    else:  # by name, not a scan of every tenant: a pass touches a few of thousands
+        rows = sorted(acc.row[name] for name in tenants if name in acc.row)
     keys = acc.usage_keys(rows, now)  # one vectorised call for all of them
     raw, counted, allocation = (acc.raw_usage[rows].tolist(), acc.counted_usage[rows].tolist(),
                                 acc.allocation[rows].tolist())

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fairstream.engine import Engine
-from fairstream.model import EPSILON, NodeHeartbeat, TaskCompleted, TaskState, TaskSubmitted
+from fairstream.model import EPSILON, NodeHeartbeat, NodeLost, TaskCompleted, TaskState, TaskSubmitted
 from fairstream.scenario import parse_scenario
 from fairstream.simulator import Simulator
 
@@ -47,11 +47,14 @@ def scenarios(draw):
     return {"resources": ["cpu", "mem"], "nodes": nodes, "tenants": tenants, "tasks": tasks}
 
 
-def drive(document, policy, check):
-    """Run the engine over the scenario, calling ``check(engine)`` after every step."""
+def drive(document, policy, check, params=None, extra_events=()):
+    """Run the engine over the scenario, calling ``check(engine)`` after every step; with
+    ``extra_events`` ((time, event) pairs, such as a node lost) completions of tasks those
+    sent back to the queue may be rejected."""
     sc = parse_scenario(document)
-    engine = Engine(sc.resources, sc.tree, policy)
+    engine = Engine(sc.resources, sc.tree, policy, params or {})
     heap = [(0.0, 0, i, NodeHeartbeat(0.0, n.id, n.capacity, n.labels)) for i, n in enumerate(sc.nodes)]
+    heap += [(time, 0, -1 - i, event) for i, (time, event) in enumerate(extra_events)]
     heap += [(t.submit, 1, i, TaskSubmitted(t.submit, t.id, t.job, t.tenant, t.demand, t.constraints))
              for i, t in enumerate(sc.tasks)]
     heapq.heapify(heap)
@@ -63,7 +66,7 @@ def drive(document, policy, check):
         while heap and heap[0][0] == now:
             batch.append(heapq.heappop(heap)[3])
         result = engine.step(now, batch)
-        assert not result.rejected
+        assert not result.rejected or extra_events
         for d in result.decisions:
             order += 1
             heapq.heappush(heap, (now + duration[d.task], 0, order, TaskCompleted(now + duration[d.task], d.task)))
@@ -129,3 +132,40 @@ def test_the_checks_themselves_catch_an_over_committed_node():
         assert "over-committed" in str(exc)
     else:
         raise AssertionError("the over-commit check did not fire")
+
+
+def top_ups_from_scratch(engine, now):
+    """Formula 15 summed task by task: ``demand * max(0, Q - (now - max(t_s, start)))`` over
+    the running tasks, one row per tenant (no discount)."""
+    acc = engine.accounting
+    expected = np.zeros((len(acc.ledgers), len(engine.resources)))
+    for task in engine.tasks.values():
+        if task.state is TaskState.RUNNING:
+            row = acc.row[task.tenant]
+            elapsed = now - max(acc.round_start, task.running_entry.start)
+            expected[row] += task.demand * max(0.0, acc.quantum(row) - elapsed)
+    return expected
+
+
+@SETTINGS
+@given(document=scenarios(), quantum=st.sampled_from(["1", "2.5", "60"]), mode=st.sampled_from(["adaptive", "fixed"]),
+       round_length=st.sampled_from(["inf", "4"]), lost_at=st.one_of(st.none(), st.integers(1, 12)))
+def test_quantum_top_ups_kept_per_changed_tenant_equal_formula_15_summed_task_by_task(
+        document, quantum, mode, round_length, lost_at):
+    import pickle
+
+    def check(engine):
+        acc, now = engine.accounting, engine.time
+        expected = top_ups_from_scratch(engine, now)
+        assert np.allclose(acc.top_ups(None, now), expected, atol=1e-9)
+        last = [len(acc.ledgers) - 1]
+        assert np.allclose(acc.top_ups(last, now), expected[last], atol=1e-9)
+        # Read later (a metrics sample between events), then at the engine's time again.
+        assert np.allclose(acc.top_ups(None, now + 0.75), top_ups_from_scratch(engine, now + 0.75), atol=1e-9)
+        assert np.allclose(acc.top_ups(None, now), expected, atol=1e-9)
+        # What is kept per tenant is derived: an engine restored from a snapshot has the same.
+        restored = pickle.loads(pickle.dumps(engine)).accounting
+        assert np.allclose(restored.top_ups(None, now), expected, atol=1e-9)
+
+    lost = [(float(lost_at), NodeLost(float(lost_at), "n0"))] if lost_at is not None else []
+    drive(document, "ltrf", check, {"quantum": quantum, "quantum_mode": mode, "round": round_length}, lost)
