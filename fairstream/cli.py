@@ -438,6 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--fetch-max-wait", type=float, default=0.01,
                         help="seconds the broker may hold a fetch for more data (Faust's own 1.5 s delays "
                              "busy partitions under load; docs/architecture.md)")
+    worker.add_argument("--fetch-min-bytes", type=int, default=8192,
+                        help="bytes of records the broker gathers before it answers a fetch (within --fetch-max-wait); "
+                             "1 answers at the first record, at the cost of many small fetches under load")
     worker.add_argument("--batch-window", type=float, default=0.01,
                         help="longest a batch waits for input Kafka already holds for the agent (a batch goes as soon as "
                              "the previous one is applied, with what arrived meanwhile, up to 500 messages)")

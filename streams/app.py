@@ -43,6 +43,7 @@ class WorkerConfig:
     batch_size: int = 500
     batch_window: float = 0.01  # longest a batch waits for input Kafka already holds (GroupCommit)
     fetch_max_wait: float = 0.01  # longest the broker may hold a fetch (streams/transport.py)
+    fetch_min_bytes: int = 8192  # records the broker gathers for a fetch within that wait
     max_lateness: float = 60.0
     node_timeout: float = math.inf
     snapshot_every: int = 500
@@ -90,7 +91,7 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         **config.kafka_options,
         **app_options,
     )
-    app.transport = kafka_transport(app, config.fetch_max_wait)
+    app.transport = kafka_transport(app, config.fetch_max_wait, config.fetch_min_bytes)
     out = {
         config.topics.decisions: app.topic(config.topics.decisions, value_serializer="raw", key_serializer="raw"),
         config.topics.deadletter: app.topic(config.topics.deadletter, value_serializer="raw", key_serializer="raw"),

@@ -58,6 +58,7 @@ def config_from_args(args) -> WorkerConfig:
         finished_retention=args.finished_retention,
         batch_window=args.batch_window,
         fetch_max_wait=args.fetch_max_wait,
+        fetch_min_bytes=args.fetch_min_bytes,
         data_dir=args.data_dir,
         background_snapshots=not args.snapshot_inline,
         log_retention=math.inf if args.log_retention is None else args.log_retention,

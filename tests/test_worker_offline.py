@@ -505,20 +505,24 @@ def test_batches_that_wait_for_the_lock_together_are_applied_in_one_pass_and_one
     assert [d["task"] for d in wire.decisions()] == ["t0", "t1"]
 
 
-@pytest.mark.parametrize("fetch_max_wait, expected_ms", [
-    pytest.param(0.01, 10, id="the default: the broker holds a fetch 10 ms, not Faust's 1.5 s"),
-    pytest.param(0.0, 1, id="zero is raised to aiokafka's smallest, 1 ms"),
+@pytest.mark.parametrize("config, expected_wait_ms, expected_min_bytes", [
+    pytest.param(WorkerConfig(), 10, 8192,
+                 id="by default the broker holds a fetch 10 ms, not Faust's 1.5 s, gathering 8 KiB, not 1 byte"),
+    pytest.param(WorkerConfig(fetch_max_wait=0.0), 1, 8192, id="a zero wait is raised to aiokafka's smallest, 1 ms"),
+    pytest.param(WorkerConfig(fetch_min_bytes=1), 10, 1, id="fetch_min_bytes 1 answers at the first record"),
+    pytest.param(WorkerConfig(fetch_min_bytes=0), 10, 1, id="a zero fetch_min_bytes is raised to 1"),
 ])
-def test_the_worker_consumer_lets_the_broker_hold_a_fetch_only_fetch_max_wait(fetch_max_wait, expected_ms):
+def test_the_worker_consumer_fetches_with_the_configured_wait_and_minimum(config, expected_wait_ms, expected_min_bytes):
     async def scenario():
-        app, _ = create_app(WorkerConfig(fetch_max_wait=fetch_max_wait), MemoryStore())
+        app, _ = create_app(config, MemoryStore())
         consumer = app.consumer._new_consumer_thread()._create_worker_consumer(app.transport)
         try:
-            return consumer._fetch_max_wait_ms  # what aiokafka builds its fetcher with at start
+            # what aiokafka builds its fetcher with at start
+            return consumer._fetch_max_wait_ms, consumer._fetch_min_bytes
         finally:
             await consumer.stop()  # never started: only releases the client
 
-    assert run(scenario()) == expected_ms
+    assert run(scenario()) == (expected_wait_ms, expected_min_bytes)
 
 
 class Delivered:
