@@ -75,6 +75,24 @@ def _process_cpu_s(pid: int) -> float | None:
         return None
 
 
+def _logged_at(log_path: Path, event: str, since_s: float) -> list[float]:
+    """Seconds after ``since_s`` (epoch) at which the worker's log has ``event`` (its JSON lines'
+    ``timestamp``), to set a slow second beside what the worker was doing then."""
+    from datetime import datetime
+
+    seconds = []
+    for line in log_path.read_text(errors="replace").splitlines():
+        start = line.find("{")
+        if f'"{event}"' not in line or start < 0:
+            continue
+        try:
+            stamp = loads(line[start:])["timestamp"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        seconds.append(round(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() - since_s, 1))
+    return seconds
+
+
 def _port_open(port: int) -> bool:
     import socket
 
@@ -319,6 +337,9 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
         # as completions start only after ``hold`` seconds; events_per_s equal to it means
         # the worker kept up.
         "offered_events_per_s": round(offered, 1),
+        # When the worker stored a background snapshot, in seconds from the first submission
+        # (the same origin as p99_ms_by_second's index).
+        "snapshots_stored_s": _logged_at(log_path, "worker.snapshot_stored", first / 1000),
         "p50_ms": float(np.percentile(latencies, 50)) if latencies else None,
         "p99_ms": float(np.percentile(latencies, 99)) if latencies else None,
         "worker_rss_mb": memory,

@@ -236,3 +236,17 @@ def test_the_stream_bench_reads_a_process_cpu_time():
         pass
     assert before is not None and _process_cpu_s(os.getpid()) >= before + 0.03
     assert _process_cpu_s(2 ** 22 + 1) is None  # beyond pid_max: no such process
+
+
+def test_the_stream_bench_places_the_workers_snapshots_on_its_seconds(tmp_path):
+    from fairstream.bench_stream import _logged_at
+
+    log = tmp_path / "worker.log"
+    log.write_text(
+        '{"event": "worker.start", "timestamp": "2026-11-23T07:54:47.000000Z"}\n'
+        # Faust's logger prefixes our JSON with its own; the seconds come from our timestamp
+        '[2026-11-23 07:55:51,906] [20119] [WARNING] {"steps": 10331, "event": "worker.snapshot_stored", '
+        '"timestamp": "2026-11-23T07:55:52.250000Z"}\n'
+        'a line that is not JSON but names "worker.snapshot_stored"\n')
+    first_submission = 1795420490.0  # 2026-11-23T07:54:50Z
+    assert _logged_at(log, "worker.snapshot_stored", first_submission) == [62.2]
