@@ -735,6 +735,19 @@ def test_the_worker_command_line_chooses_where_snapshots_are_pickled(flags, back
     assert processor.background_snapshots is background
 
 
+@pytest.mark.parametrize("flags, wait_s, min_bytes", [
+    pytest.param([], 0.01, 8192, id="by default a fetch waits at most 10 ms for 8 KiB of records"),
+    pytest.param(["--fetch-max-wait", "0.05", "--fetch-min-bytes", "1"], 0.05, 1,
+                 id="both are taken from the command line"),
+])
+def test_the_worker_command_line_sets_how_the_consumer_fetches(flags, wait_s, min_bytes):
+    from fairstream.cli import build_parser
+    from fairstream.streams.run import config_from_args
+
+    config = config_from_args(build_parser().parse_args(["worker", "--policy", "drf", *flags]))
+    assert (config.fetch_max_wait, config.fetch_min_bytes) == (wait_s, min_bytes)
+
+
 def test_views_are_written_for_what_a_batch_changed_only():
     # A placement changes no node's registry entry, and a tenant's quantum is written when
     # first seen or moved, not on every pass that touches the tenant.
