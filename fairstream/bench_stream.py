@@ -82,14 +82,15 @@ def _logged_at(log_path: Path, event: str, since_s: float) -> list[float]:
 
     seconds = []
     for line in log_path.read_text(errors="replace").splitlines():
-        start = line.find("{")
-        if f'"{event}"' not in line or start < 0:
+        start = line.find("{")  # Faust's logger may prefix our JSON with its own fields
+        if start < 0 or event not in line:  # most lines: not worth parsing
             continue
         try:
-            stamp = loads(line[start:])["timestamp"]
-        except (ValueError, KeyError, TypeError):
+            entry = loads(line[start:])
+        except ValueError:
             continue
-        seconds.append(round(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() - since_s, 1))
+        if isinstance(entry, dict) and entry.get("event") == event and "timestamp" in entry:
+            seconds.append(round(datetime.fromisoformat(entry["timestamp"]).timestamp() - since_s, 1))
     return seconds
 
 

@@ -46,7 +46,7 @@ class Transport(faust_aiokafka.Transport):
     fetch_min_bytes = 1  # aiokafka's own
 
 
-def kafka_transport(app, fetch_max_wait: float, fetch_min_bytes: int = 1) -> Transport:
+def kafka_transport(app, fetch_max_wait: float, fetch_min_bytes: int) -> Transport:
     """A transport for ``app`` whose consumer lets the broker hold a fetch at most
     ``fetch_max_wait`` seconds, until it has ``fetch_min_bytes`` of records."""
     transport = Transport(app.conf.broker_consumer, app)

@@ -247,6 +247,7 @@ def test_the_stream_bench_places_the_workers_snapshots_on_its_seconds(tmp_path):
         # Faust's logger prefixes our JSON with its own; the seconds come from our timestamp
         '[2026-11-23 07:55:51,906] [20119] [WARNING] {"steps": 10331, "event": "worker.snapshot_stored", '
         '"timestamp": "2026-11-23T07:55:52.250000Z"}\n'
-        'a line that is not JSON but names "worker.snapshot_stored"\n')
+        'a line that is not JSON but names "worker.snapshot_stored"\n'
+        '{"event": "worker.dead_letter", "reason": "worker.snapshot_stored", "timestamp": "2026-11-23T07:56:00Z"}\n')
     first_submission = 1795420490.0  # 2026-11-23T07:54:50Z
     assert _logged_at(log, "worker.snapshot_stored", first_submission) == [62.2]

@@ -721,15 +721,20 @@ def fingerprint(engine):
             acc.allocation.tolist(), [ledger.pseudo_accumulated for ledger in acc.ledgers])
 
 
+def worker_config_from_command_line(*flags: str) -> WorkerConfig:
+    """The worker's configuration from ``fairstream worker --policy drf FLAGS``."""
+    from fairstream.cli import build_parser
+    from fairstream.streams.run import config_from_args
+
+    return config_from_args(build_parser().parse_args(["worker", "--policy", "drf", *flags]))
+
+
 @pytest.mark.parametrize("flags, background", [
     pytest.param([], True, id="by default snapshots are pickled in a forked child"),
     pytest.param(["--snapshot-inline"], False, id="--snapshot-inline pickles them in the worker"),
 ])
 def test_the_worker_command_line_chooses_where_snapshots_are_pickled(flags, background):
-    from fairstream.cli import build_parser
-    from fairstream.streams.run import config_from_args
-
-    config = config_from_args(build_parser().parse_args(["worker", "--policy", "drf", *flags]))
+    config = worker_config_from_command_line(*flags)
     assert config.background_snapshots is background
     processor = create_app(config, MemoryStore())[1]
     assert processor.background_snapshots is background
@@ -741,10 +746,7 @@ def test_the_worker_command_line_chooses_where_snapshots_are_pickled(flags, back
                  id="both are taken from the command line"),
 ])
 def test_the_worker_command_line_sets_how_the_consumer_fetches(flags, wait_s, min_bytes):
-    from fairstream.cli import build_parser
-    from fairstream.streams.run import config_from_args
-
-    config = config_from_args(build_parser().parse_args(["worker", "--policy", "drf", *flags]))
+    config = worker_config_from_command_line(*flags)
     assert (config.fetch_max_wait, config.fetch_min_bytes) == (wait_s, min_bytes)
 
 
