@@ -28,7 +28,7 @@ import numpy as np
 from fairstream.jsoncodec import dumps, loads
 from fairstream.model import ModelError
 from fairstream.producers.client import Publisher, ensure_topics
-from fairstream.streams.processor import Topics
+from fairstream.streams.config import Topics, WorkerConfig
 
 
 def _rss_mb(pid: int) -> float | None:
@@ -359,7 +359,7 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
 
 def bench_stream(rate: float = 5000, duration: float = 60, nodes: int = 200, tenants: int = 100, hold: float = 2.0,
                  policy: str = "ltrf", broker: str | None = None, redis: str | None = None,
-                 retention: float = 3600.0, batch_window: float = 0.01, per_message: int = 1,
+                 retention: float = WorkerConfig.finished_retention, batch_window: float = WorkerConfig.batch_window, per_message: int = 1,
                  send_interval: float = 0.005) -> dict:
     if per_message < 1:
         raise ModelError(f"--events-per-message must be at least 1, not {per_message}")

@@ -333,6 +333,8 @@ def cmd_bench(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from fairstream.streams.config import WorkerConfig as worker_defaults  # light: no Faust, no engine
+
     parser = argparse.ArgumentParser(prog="fairstream", description="Streaming fair-share scheduler and simulator.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -357,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--cluster", help="with --events: cluster id to stamp on the decisions")
     sim.add_argument("--snapshot", help="with --events: the engine the log starts from (export-log --snapshot-out); "
                                         "a pickle, so only load one you exported from your own Redis")
-    sim.add_argument("--finished-retention", type=float, default=3600.0, help="with --events: the worker's --finished-retention")
+    sim.add_argument("--finished-retention", type=float, default=worker_defaults.finished_retention, help="with --events: the worker's --finished-retention")
     sim.add_argument("--policy", required=True)
     sim.add_argument("--param", action="append", metavar="NAME=VALUE", help="policy parameter (repeatable)")
     sim.add_argument("--metric-resource", help="resource the fairness metrics are in (default mem, else dominant)")
@@ -418,8 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", default="-")
     gen.set_defaults(func=cmd_generate)
 
-    env_broker = os.environ.get("FAIRSTREAM_BROKER", "127.0.0.1:9092")
-    env_redis = os.environ.get("FAIRSTREAM_REDIS_URL", "redis://127.0.0.1:6379/0")
+    env_broker = os.environ.get("FAIRSTREAM_BROKER", worker_defaults.broker)
+    env_redis = os.environ.get("FAIRSTREAM_REDIS_URL", worker_defaults.redis_url)
 
     worker = sub.add_parser("worker", help="the streaming worker: Kafka in, decisions out, state in Redis")
     worker.add_argument("--policy", required=True)
@@ -429,25 +431,25 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--resources", default="cpu,mem")
     worker.add_argument("--broker", default=None, help=f"Kafka bootstrap server (env FAIRSTREAM_BROKER, default {env_broker})")
     worker.add_argument("--redis", default=None, help="Redis URL (env FAIRSTREAM_REDIS_URL); rediss:// for TLS")
-    worker.add_argument("--app-id", default="fairstream", help="Kafka consumer group and Redis key prefix")
+    worker.add_argument("--app-id", default=worker_defaults.app_id, help="Kafka consumer group and Redis key prefix")
     worker.add_argument("--node-timeout", type=float, default=None, help="seconds of event time without heartbeat before a node is lost")
-    worker.add_argument("--max-lateness", type=float, default=60.0, help="seconds an event may lag the cluster clock")
+    worker.add_argument("--max-lateness", type=float, default=worker_defaults.max_lateness, help="seconds an event may lag the cluster clock")
     worker.add_argument("--topic-prefix", default="", help="prefix every topic name with PREFIX.")
-    worker.add_argument("--step-window", type=float, default=0.1,
+    worker.add_argument("--step-window", type=float, default=worker_defaults.step_window,
                         help="events within this many seconds of event time make one scheduling step (0: exact times)")
-    worker.add_argument("--fetch-max-wait", type=float, default=0.01,
+    worker.add_argument("--fetch-max-wait", type=float, default=worker_defaults.fetch_max_wait,
                         help="seconds the broker may hold a fetch for more data (Faust's own 1.5 s delays "
                              "busy partitions under load; docs/architecture.md)")
-    worker.add_argument("--fetch-min-bytes", type=int, default=8192,
+    worker.add_argument("--fetch-min-bytes", type=int, default=worker_defaults.fetch_min_bytes,
                         help="bytes of records the broker gathers before it answers a fetch (within --fetch-max-wait); "
                              "1 answers at the first record, at the cost of many small fetches under load")
-    worker.add_argument("--batch-window", type=float, default=0.01,
+    worker.add_argument("--batch-window", type=float, default=worker_defaults.batch_window,
                         help="longest a batch waits for input Kafka already holds for the agent (a batch goes as soon as "
                              "the previous one is applied, with what arrived meanwhile, up to 500 messages)")
-    worker.add_argument("--finished-retention", type=float, default=3600.0,
+    worker.add_argument("--finished-retention", type=float, default=worker_defaults.finished_retention,
                         help="seconds of event time a finished task's id is remembered (duplicate detection)")
-    worker.add_argument("--metrics-port", type=int, default=9464, help="Prometheus metrics on ADDRESS:PORT (0: off)")
-    worker.add_argument("--metrics-address", default="127.0.0.1", help="address of the metrics endpoint (0.0.0.0 in containers)")
+    worker.add_argument("--metrics-port", type=int, default=worker_defaults.metrics_port, help="Prometheus metrics on ADDRESS:PORT (0: off)")
+    worker.add_argument("--metrics-address", default=worker_defaults.metrics_address, help="address of the metrics endpoint (0.0.0.0 in containers)")
     worker.add_argument("--log-retention", type=positive_seconds, default=None,
                         help="seconds of event time of input log kept in Redis (default: all); older steps are "
                              "trimmed to a checkpoint that export-log --snapshot-out writes")
@@ -492,7 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export-log", help="write a cluster's recorded worker input (for simulate --events)")
     export.add_argument("--cluster", required=True)
     export.add_argument("--redis", default=env_redis)
-    export.add_argument("--app-id", default="fairstream")
+    export.add_argument("--app-id", default=worker_defaults.app_id)
     export.add_argument("--out", default="-")
     export.add_argument("--snapshot-out", help="where to write the engine the kept log starts from, when "
                                                "--log-retention trimmed its head (for simulate --events --snapshot)")
@@ -504,8 +506,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--duration", type=float, default=60, help="stream: seconds of load (600 for the memory check)")
     bench.add_argument("--stream-nodes", type=int, default=200)
     bench.add_argument("--stream-tenants", type=int, default=100)
-    bench.add_argument("--retention", type=float, default=3600.0, help="stream: the worker's --finished-retention")
-    bench.add_argument("--batch-window", type=float, default=0.01, help="stream: the worker's --batch-window")
+    bench.add_argument("--retention", type=float, default=worker_defaults.finished_retention, help="stream: the worker's --finished-retention")
+    bench.add_argument("--batch-window", type=float, default=worker_defaults.batch_window, help="stream: the worker's --batch-window")
     bench.add_argument("--send-interval", type=float, default=0.005,
                        help="stream: seconds between the load generator's sends (what is due goes as one record batch per topic)")
     bench.add_argument("--events-per-message", type=int, default=1,

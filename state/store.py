@@ -29,12 +29,27 @@ from typing import Any, Protocol
 from fairstream.jsoncodec import dumps, loads
 
 
+OutboxEntry = tuple[str, dict]  # (topic, message)
+
+
 def outbox_key(topic: str, message: dict) -> str:
-    """The outbox entry's field: decisions by cluster and id (their idempotency key), dead
+    """An outbox entry's identity: decisions by cluster and id (their idempotency key), dead
     letters by the input position they came from."""
     if "id" in message:
         return f"{topic}|{message.get('cluster', '')}|{message['id']}"
     return f"{topic}|{message.get('topic')}|{message.get('partition')}|{message.get('offset')}"
+
+
+def outbox_field(batch: list[OutboxEntry]) -> str:
+    """Where a batch's outbox is stored: its first entry's identity, which no other batch of
+    any worker shares (a batch committed again after a failure overwrites its own)."""
+    return outbox_key(*batch[0])
+
+
+def republishing_order(batches: list[list[OutboxEntry]]) -> list[OutboxEntry]:
+    """The entries of pending batches, in event-time order (ties by identity)."""
+    entries = [entry for batch in batches for entry in batch]
+    return sorted(entries, key=lambda e: (e[1].get("time", 0.0), outbox_key(*e)))
 
 
 @dataclass
@@ -75,7 +90,7 @@ class BatchCommit:
     steps: dict[str, list[dict]] = field(default_factory=dict)  # cluster -> new log steps
     snapshots: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # cluster -> (engine, steps in it)
     offsets: dict[str, int] = field(default_factory=dict)  # "topic:partition" -> next offset to apply
-    outbox: list[tuple[str, dict]] = field(default_factory=list)  # (topic, message)
+    outbox: list[OutboxEntry] = field(default_factory=list)  # (topic, message), stored as one field
     views: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # cluster -> view -> field -> json
     checkpoints: dict[str, tuple[int, float, bytes]] = field(default_factory=dict)  # cluster -> (steps, time, engine)
     trims: dict[str, Trim] = field(default_factory=dict)  # cluster -> log head to drop
@@ -86,8 +101,8 @@ class StateStore(Protocol):
     async def load(self, cluster: str) -> ClusterRecord: ...
     async def offsets(self) -> dict[str, int]: ...
     async def commit(self, batch: BatchCommit) -> None: ...
-    async def outbox(self) -> list[tuple[str, dict]]: ...
-    async def clear_outbox(self, published: list[tuple[str, dict]]) -> None: ...
+    async def outbox(self) -> list[list[OutboxEntry]]: ...  # the batches committed, not yet published
+    async def clear_outbox(self, published: list[list[OutboxEntry]]) -> None: ...
     async def view(self, cluster: str, name: str) -> dict[str, Any]: ...
     async def full_log(self, cluster: str) -> RetainedLog: ...
 
@@ -99,7 +114,7 @@ class MemoryStore:
         self._log: dict[str, list[dict]] = {}
         self._snapshots: dict[str, tuple[bytes, int]] = {}
         self._offsets: dict[str, int] = {}
-        self._outbox: list[tuple[str, dict]] = []
+        self._outbox: dict[str, list[OutboxEntry]] = {}
         self._views: dict[str, dict[str, dict[str, str]]] = {}
         self._log_base: dict[str, int] = {}
         self._checkpoints: dict[str, dict[int, tuple[float, bytes]]] = {}
@@ -121,7 +136,8 @@ class MemoryStore:
             self._log.setdefault(cluster, []).extend(steps)
         self._snapshots.update(batch.snapshots)
         self._offsets.update(batch.offsets)
-        self._outbox.extend(batch.outbox)
+        if batch.outbox:
+            self._outbox[outbox_field(batch.outbox)] = list(batch.outbox)
         for cluster, views in batch.views.items():
             for name, fields in views.items():
                 self._views.setdefault(cluster, {}).setdefault(name, {}).update(fields)
@@ -133,13 +149,13 @@ class MemoryStore:
             for steps in trim.dropped_checkpoints:
                 self._checkpoints[cluster].pop(steps, None)
 
-    async def outbox(self) -> list[tuple[str, dict]]:
-        return list(self._outbox)
+    async def outbox(self) -> list[list[OutboxEntry]]:
+        return [list(batch) for batch in self._outbox.values()]
 
-    async def clear_outbox(self, published: list[tuple[str, dict]]) -> None:
-        for item in published:
-            if item in self._outbox:
-                self._outbox.remove(item)
+    async def clear_outbox(self, published: list[list[OutboxEntry]]) -> None:
+        for batch in published:
+            if batch:
+                self._outbox.pop(outbox_field(batch), None)
 
     async def view(self, cluster: str, name: str) -> dict[str, Any]:
         return {k: loads(v) for k, v in self._views.get(cluster, {}).get(name, {}).items()}
@@ -156,8 +172,9 @@ class RedisStore:
     ``{p}:clusters`` set; per cluster ``{p}:c:{cluster}:log`` list of JSON steps,
     ``:log_base`` int (steps trimmed from its head), ``:snapshot`` bytes, ``:snapshot_steps`` int,
     ``:checkpoints`` hash steps -> event time, ``:checkpoint:{steps}`` bytes, ``:view:{name}`` hashes;
-    ``{p}:offsets`` hash; ``{p}:outbox`` hash ``outbox_key -> JSON [topic, message]`` (one HDEL
-    clears what a batch published, whoever else shares the hash).
+    ``{p}:offsets`` hash; ``{p}:outbox`` hash, one field per batch (``outbox_field``) holding the
+    JSON list of its ``[topic, message]`` entries (one HDEL clears what a batch published,
+    whoever else shares the hash).
     """
 
     def __init__(self, client, prefix: str = "fairstream") -> None:
@@ -198,7 +215,8 @@ class RedisStore:
         if batch.offsets:
             pipe.hset(self._key("offsets"), mapping=batch.offsets)
         if batch.outbox:
-            pipe.hset(self._key("outbox"), mapping={outbox_key(t, m): dumps([t, m]) for t, m in batch.outbox})
+            # One field per batch, not per entry: a batch is published and cleared as a whole.
+            pipe.hset(self._key("outbox"), outbox_field(batch.outbox), dumps(batch.outbox))
         for cluster, views in batch.views.items():
             for name, fields in views.items():
                 if fields:
@@ -215,16 +233,17 @@ class RedisStore:
                 pipe.hdel(self._key("c", cluster, "checkpoints"), str(steps))
         await pipe.execute()
 
-    async def outbox(self) -> list[tuple[str, dict]]:
-        """What was committed but not yet published, in event-time order."""
-        entries = [tuple(loads(item)) for item in (await self.redis.hgetall(self._key("outbox"))).values()]
-        return sorted(entries, key=lambda e: (e[1].get("time", 0.0), outbox_key(*e)))
+    async def outbox(self) -> list[list[OutboxEntry]]:
+        """The batches committed but not yet published."""
+        return [[(topic, message) for topic, message in loads(batch)]
+                for batch in (await self.redis.hgetall(self._key("outbox"))).values()]
 
-    async def clear_outbox(self, published: list[tuple[str, dict]]) -> None:
-        """Remove exactly these entries (several workers of one group share the outbox, so
-        clearing it whole could drop another worker's unpublished entries)."""
-        if published:
-            await self.redis.hdel(self._key("outbox"), *{outbox_key(t, m) for t, m in published})
+    async def clear_outbox(self, published: list[list[OutboxEntry]]) -> None:
+        """Remove exactly these batches (several workers of one group share the outbox, so
+        clearing it whole could drop another worker's unpublished ones)."""
+        fields = {outbox_field(batch) for batch in published if batch}
+        if fields:
+            await self.redis.hdel(self._key("outbox"), *fields)
 
     async def view(self, cluster: str, name: str) -> dict[str, Any]:
         raw = await self.redis.hgetall(self._key("c", cluster, "view", name))

@@ -11,67 +11,17 @@ own offsets in the store, committed with the state they produced.
 from __future__ import annotations
 
 import asyncio
-import math
-from dataclasses import dataclass, field
 
 import faust
 import structlog
 from faust.exceptions import ConsumerNotStarted
 
-from fairstream.engine import Engine
 from fairstream.jsoncodec import dumps
-from fairstream.model import ResourceSpace
-from fairstream.tenants import TenantTree
-from fairstream.streams.processor import Incoming, Processor, Topics, backoff
+from fairstream.streams.config import WorkerConfig
+from fairstream.streams.processor import Incoming, Processor, backoff
 from fairstream.streams.transport import kafka_transport
 
 log = structlog.get_logger("fairstream.worker")
-
-
-@dataclass
-class WorkerConfig:
-    policy: str = "ltrf"
-    params: dict[str, str] = field(default_factory=dict)
-    resources: tuple[str, ...] = ("cpu", "mem")
-    tenants: TenantTree | None = None
-    auto_tenants: bool = True
-    broker: str = "127.0.0.1:9092"
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    app_id: str = "fairstream"
-    topics: Topics = field(default_factory=Topics)
-    partitions: int = 4
-    batch_size: int = 500
-    batch_window: float = 0.01  # longest a batch waits for input Kafka already holds (GroupCommit)
-    fetch_max_wait: float = 0.01  # longest the broker may hold a fetch (streams/transport.py)
-    fetch_min_bytes: int = 8192  # records the broker gathers for a fetch within that wait
-    max_lateness: float = 60.0
-    node_timeout: float = math.inf
-    snapshot_every: int = 500
-    snapshot_ratio: float = 2.0  # see Processor._snapshot_due
-    background_snapshots: bool = True  # pickled in a forked child (Processor)
-    max_bytes: int = 64 * 1024
-    step_window: float = 0.1  # seconds of event time gathered into one scheduling step
-    finished_retention: float = 3600.0  # seconds of event time finished task ids are remembered
-    log_retention: float = math.inf  # seconds of event time of input log kept in the store
-    metrics_port: int = 9464  # 0: no metrics endpoint
-    metrics_address: str = "127.0.0.1"
-    kafka_options: dict = field(default_factory=dict)  # security settings passed to Faust
-    # Faust's local directory; it holds nothing of ours (state is in Redis), so by default it
-    # goes to the temporary directory rather than "<app-id>-data" in the working directory.
-    data_dir: str | None = None
-
-    def faust_data_dir(self) -> str:
-        import tempfile
-        from pathlib import Path
-
-        path = Path(self.data_dir) if self.data_dir else Path(tempfile.gettempdir()) / "fairstream-faust" / self.app_id
-        path.parent.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
-        return str(path)
-
-    def make_engine(self) -> Engine:
-        tree = TenantTree.from_specs(list(self.tenants.specs.values())) if self.tenants else TenantTree.from_specs([])
-        return Engine(ResourceSpace(tuple(self.resources)), tree, self.policy, self.params,
-                      auto_tenants=self.auto_tenants, finished_retention=self.finished_retention)
 
 
 KINDS = (("submitted", "submitted"), ("completed", "completed"), ("heartbeats", "heartbeat"))

@@ -48,29 +48,14 @@ from fairstream.events import (
     event_to_json,
 )
 from fairstream.model import Event, NodeLost, TaskSubmitted
-from fairstream.state.store import BatchCommit, StateStore, Trim
+from fairstream.state.store import BatchCommit, StateStore, Trim, republishing_order
+from fairstream.streams.config import Topics
 
 log = structlog.get_logger("fairstream.worker")
 
 # publish(topic, key, message) enqueues the message (in call order) and returns an awaitable that
 # resolves when the broker has it, or None when there is nothing to wait for.
 Publish = Callable[[str, str, dict], Awaitable["Awaitable | None"]]
-
-
-@dataclass(frozen=True)
-class Topics:
-    submitted: str = "tasks.submitted"
-    completed: str = "tasks.completed"
-    heartbeats: str = "nodes.heartbeats"
-    decisions: str = "allocations.decisions"
-    deadletter: str = "events.deadletter"
-
-    def with_prefix(self, prefix: str) -> "Topics":
-        """``prefix.tasks.submitted`` and so on: several deployments on one Kafka."""
-        if not prefix:
-            return self
-        return Topics(*(f"{prefix}.{name}" for name in (self.submitted, self.completed, self.heartbeats,
-                                                            self.decisions, self.deadletter)))
 
 
 @dataclass(frozen=True)
@@ -152,10 +137,11 @@ class Processor:
                 return
             self.applied = await self.store.offsets()
             pending = await self.store.outbox()
-            await _acknowledged(await self._enqueue(pending))
+            entries = republishing_order(pending)
+            await _acknowledged(await self._enqueue(entries))
             await self.store.clear_outbox(pending)
-            if pending:
-                log.info("worker.outbox_republished", messages=len(pending))
+            if entries:
+                log.info("worker.outbox_republished", messages=len(entries))
             self._started = True
 
     async def forget(self) -> None:
@@ -273,7 +259,7 @@ class Processor:
                     acks = await self._enqueue(outbox)
                 await _acknowledged(acks)
                 acknowledged = True
-                await self.store.clear_outbox(outbox)
+                await self.store.clear_outbox([outbox])
                 break
             except Exception as exc:
                 delay = next(delays)

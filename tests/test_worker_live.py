@@ -332,17 +332,19 @@ def test_the_tls_listener_is_really_verified_both_ways(monkeypatch, env):
         asyncio.run(asyncio.wait_for(attempt(), 30))
 
 
-def test_the_redis_store_commits_atomically_and_removes_exactly_the_published_outbox_entries():
+def test_the_redis_store_commits_atomically_and_removes_exactly_the_published_outbox_batches():
     from fairstream.state.store import BatchCommit, RedisStore, redis_client
 
     async def scenario():
         client = redis_client(REDIS)
         store = RedisStore(client, prefix=f"t{uuid.uuid4().hex[:8]}")
         try:
-            mine = ("allocations.decisions", {"id": "place:a@1.0", "cluster": "c", "time": 1.5})
-            theirs = ("events.deadletter", {"topic": "tasks.submitted", "reason": "malformed JSON: x"})
+            mine = [("allocations.decisions", {"id": "place:a@1.0", "cluster": "c", "time": 1.5})]
+            theirs = [("events.deadletter", {"topic": "tasks.submitted", "reason": "malformed JSON: x"}),
+                      ("allocations.decisions", {"id": "place:b@1.0", "cluster": "d", "time": 1.0})]
             await store.commit(BatchCommit(steps={"c": [{"time": 1.0, "events": []}]}, offsets={"s:0": 7},
-                                           outbox=[theirs, mine], views={"c": {"quanta": {"A": "11.0"}}}))
+                                           outbox=mine, views={"c": {"quanta": {"A": "11.0"}}}))
+            await store.commit(BatchCommit(outbox=theirs))
             await store.clear_outbox([mine])
             return (await store.outbox(), await store.offsets(), await store.full_log("c"),
                     await store.view("c", "quanta"), await store.clusters())
@@ -350,7 +352,8 @@ def test_the_redis_store_commits_atomically_and_removes_exactly_the_published_ou
             await client.aclose()
 
     outbox, offsets, log, quanta, clusters = asyncio.run(scenario())
-    assert outbox == [("events.deadletter", {"topic": "tasks.submitted", "reason": "malformed JSON: x"})]
+    assert outbox == [[("events.deadletter", {"topic": "tasks.submitted", "reason": "malformed JSON: x"}),
+                       ("allocations.decisions", {"id": "place:b@1.0", "cluster": "d", "time": 1.0})]]
     assert offsets == {"s:0": 7} and log.steps == [{"time": 1.0, "events": []}] and log.base_steps == 0
     assert quanta == {"A": 11.0} and clusters == ["c"]
 

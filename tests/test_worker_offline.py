@@ -3,6 +3,7 @@ the Faust agents through ``test_context``. The same behaviour on real Kafka and 
 ``test_worker_live.py``."""
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
@@ -423,17 +424,30 @@ def test_a_failed_commit_leaves_nothing_half_applied_and_the_redelivery_is_appli
     assert [d["task"] for d in wire.decisions()] == ["t1", "t2"] and wire.dead() == []
 
 
-def test_clearing_the_outbox_removes_only_what_this_worker_published():
+def test_clearing_the_outbox_removes_only_the_batches_this_worker_published():
+    # Workers of one consumer group share the outbox: one batch is one field, cleared alone.
     async def scenario():
         store = MemoryStore()
         from fairstream.state.store import BatchCommit
 
-        mine, theirs = ("allocations.decisions", {"id": "a"}), ("allocations.decisions", {"id": "b"})
-        await store.commit(BatchCommit(outbox=[theirs, mine]))
+        theirs = [("allocations.decisions", {"id": "b", "time": 2.0}), ("allocations.decisions", {"id": "c", "time": 2.0})]
+        mine = [("allocations.decisions", {"id": "a", "time": 1.0})]
+        await store.commit(BatchCommit(outbox=theirs))
+        await store.commit(BatchCommit(outbox=mine))
         await store.clear_outbox([mine])
         return await store.outbox()
 
-    assert run(scenario()) == [("allocations.decisions", {"id": "b"})]
+    assert run(scenario()) == [[("allocations.decisions", {"id": "b", "time": 2.0}),
+                                ("allocations.decisions", {"id": "c", "time": 2.0})]]
+
+
+def test_pending_batches_are_republished_in_event_time_order():
+    from fairstream.state.store import republishing_order
+
+    later = [("allocations.decisions", {"id": "x", "time": 5.0}), ("events.deadletter", {"topic": "s", "offset": 9})]
+    earlier = [("allocations.decisions", {"id": "y", "time": 3.0}), ("allocations.decisions", {"id": "w", "time": 3.0})]
+    # A dead letter has no time: it goes first (time 0); equal times go by identity.
+    assert [m.get("id", "dead") for _, m in republishing_order([later, earlier])] == ["dead", "w", "y", "x"]
 
 
 @pytest.mark.parametrize("policy, params", [
@@ -748,6 +762,15 @@ def test_the_worker_command_line_chooses_where_snapshots_are_pickled(flags, back
 def test_the_worker_command_line_sets_how_the_consumer_fetches(flags, wait_s, min_bytes):
     config = worker_config_from_command_line(*flags)
     assert (config.fetch_max_wait, config.fetch_min_bytes) == (wait_s, min_bytes)
+
+
+def test_the_worker_command_line_has_no_defaults_of_its_own(monkeypatch):
+    # Every default is WorkerConfig's (streams/config.py): a value changed there is the
+    # command line's too, rather than a second copy drifting apart from the first.
+    monkeypatch.delenv("FAIRSTREAM_BROKER", raising=False)
+    monkeypatch.delenv("FAIRSTREAM_REDIS_URL", raising=False)
+    from_flags = worker_config_from_command_line()
+    assert dataclasses.asdict(from_flags) == dataclasses.asdict(WorkerConfig(policy="drf"))
 
 
 def test_views_are_written_for_what_a_batch_changed_only():
