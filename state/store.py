@@ -17,14 +17,18 @@ fully determined by the ordered input it applied. We store
 - readable **views** for operators and tests: accumulated usage per tenant per round, quanta,
   task and node registries, tenant configuration.
 
-One ``commit`` writes all of a batch's changes for every cluster in it atomically (a Redis
-MULTI/EXEC pipeline): either the batch's events, offsets and outputs are all durable, or none.
+One ``commit`` writes all of a batch's changes for every cluster in it atomically (one Redis
+script call): either the batch's events, offsets and outputs are all durable, or none; and none
+when a cluster's log is not as long as the committing worker expects (``StaleLog``: fencing).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from redis.exceptions import ResponseError
 
 from fairstream.jsoncodec import dumps, loads
 
@@ -83,9 +87,23 @@ class RetainedLog:
     base_snapshot: bytes | None = None
 
 
+class StaleLog(Exception):
+    """A cluster's log in the store is not where the committing worker left it: another worker
+    appended to it (this one lost the cluster's partition and does not know yet), or the store
+    lost acknowledged writes. Nothing of the batch was written."""
+
+    def __init__(self, cluster: str, expected: int, found: int) -> None:
+        super().__init__(f"the log of cluster {cluster} has {found} steps, the worker expected {expected}")
+        self.cluster, self.expected, self.found = cluster, expected, found
+
+
 @dataclass
 class BatchCommit:
-    """Everything one processed batch changes."""
+    """Everything one processed batch changes.
+
+    ``expected_steps``: per cluster, how many steps its log must hold (trimmed ones included)
+    before this batch's, or the commit writes nothing and raises ``StaleLog`` (fencing: a
+    worker that lost a cluster cannot append to its log, whoever took it over)."""
 
     steps: dict[str, list[dict]] = field(default_factory=dict)  # cluster -> new log steps
     snapshots: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # cluster -> (engine, steps in it)
@@ -94,6 +112,7 @@ class BatchCommit:
     views: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # cluster -> view -> field -> json
     checkpoints: dict[str, tuple[int, float, bytes]] = field(default_factory=dict)  # cluster -> (steps, time, engine)
     trims: dict[str, Trim] = field(default_factory=dict)  # cluster -> log head to drop
+    expected_steps: dict[str, int] = field(default_factory=dict)  # cluster -> steps before this batch's
 
 
 class StateStore(Protocol):
@@ -132,6 +151,10 @@ class MemoryStore:
         return dict(self._offsets)
 
     async def commit(self, batch: BatchCommit) -> None:
+        for cluster, expected in batch.expected_steps.items():
+            found = self._log_base.get(cluster, 0) + len(self._log.get(cluster, []))
+            if found != expected:
+                raise StaleLog(cluster, expected, found)
         for cluster, steps in batch.steps.items():
             self._log.setdefault(cluster, []).extend(steps)
         self._snapshots.update(batch.snapshots)
@@ -166,6 +189,39 @@ class MemoryStore:
         return RetainedLog(list(self._log.get(cluster, [])), base, blob)
 
 
+# One batch's commit, atomically: first the fencing checks (ARGV[1] of them, each a log key, its
+# log_base key, the expected step count and the cluster's name), then the commands (each its
+# argument count and arguments). A script runs as a whole with nothing else in between, and
+# it returns before writing anything when a check fails (MULTI/EXEC cannot: a failed command
+# inside it does not stop the others).
+_CHECKED_COMMIT = """
+local i = 2
+for _ = 1, tonumber(ARGV[1]) do
+  local found = redis.call('LLEN', ARGV[i]) + tonumber(redis.call('GET', ARGV[i + 1]) or '0')
+  if found ~= tonumber(ARGV[i + 2]) then
+    return redis.error_reply('STALE cluster=' .. ARGV[i + 3] .. ' expected=' .. ARGV[i + 2] .. ' found=' .. found)
+  end
+  i = i + 4
+end
+while i <= #ARGV do
+  local count = tonumber(ARGV[i])
+  redis.call(unpack(ARGV, i + 1, i + count))
+  i = i + count + 1
+end
+return 0
+"""
+_STALE = re.compile(r"STALE cluster=(?P<cluster>.*) expected=(?P<expected>\d+) found=(?P<found>\d+)")
+_CHUNK = 1000  # values per command: Lua's unpack has a stack limit of a few thousand
+
+
+def _chunked(add, command: str, key: str, values: list, per_value: int = 1) -> None:
+    """``command key values...`` as commands of at most ``_CHUNK`` values (``per_value``
+    arguments each: 2 for a hash's field and value)."""
+    step = _CHUNK * per_value
+    for start in range(0, len(values), step):
+        add((command, key, *values[start:start + step]))
+
+
 class RedisStore:
     """The same state in Redis (``redis.asyncio``); keys under ``{prefix}:``.
 
@@ -180,6 +236,7 @@ class RedisStore:
     def __init__(self, client, prefix: str = "fairstream") -> None:
         self.redis = client
         self.prefix = prefix
+        self._checked_commit = None  # the script, registered on first use
 
     def _key(self, *parts: str) -> str:
         return ":".join((self.prefix,) + parts)
@@ -204,34 +261,52 @@ class RedisStore:
         return {k.decode(): int(v) for k, v in raw.items()}
 
     async def commit(self, batch: BatchCommit) -> None:
-        pipe = self.redis.pipeline(transaction=True)
+        """Write ``batch`` atomically: one script call checks every cluster's log length and
+        then runs the batch's commands, or writes nothing (``StaleLog``)."""
+        commands: list[tuple] = []
+        add = commands.append
         for cluster, steps in batch.steps.items():
-            pipe.sadd(self._key("clusters"), cluster)
+            add(("SADD", self._key("clusters"), cluster))
             if steps:
-                pipe.rpush(self._key("c", cluster, "log"), *[dumps(s) for s in steps])
+                _chunked(add, "RPUSH", self._key("c", cluster, "log"), [dumps(s) for s in steps])
         for cluster, (blob, steps) in batch.snapshots.items():
-            pipe.set(self._key("c", cluster, "snapshot"), blob)
-            pipe.set(self._key("c", cluster, "snapshot_steps"), steps)
+            add(("SET", self._key("c", cluster, "snapshot"), blob))
+            add(("SET", self._key("c", cluster, "snapshot_steps"), steps))
         if batch.offsets:
-            pipe.hset(self._key("offsets"), mapping=batch.offsets)
+            _chunked(add, "HSET", self._key("offsets"), [x for pair in batch.offsets.items() for x in pair], 2)
         if batch.outbox:
             # One field per batch, not per entry: a batch is published and cleared as a whole.
-            pipe.hset(self._key("outbox"), outbox_field(batch.outbox), dumps(batch.outbox))
+            add(("HSET", self._key("outbox"), outbox_field(batch.outbox), dumps(batch.outbox)))
         for cluster, views in batch.views.items():
             for name, fields in views.items():
                 if fields:
-                    pipe.hset(self._key("c", cluster, "view", name), mapping=fields)
+                    _chunked(add, "HSET", self._key("c", cluster, "view", name),
+                             [x for pair in fields.items() for x in pair], 2)
         for cluster, (steps, time, blob) in batch.checkpoints.items():
-            pipe.set(self._key("c", cluster, "checkpoint", str(steps)), blob)
-            pipe.hset(self._key("c", cluster, "checkpoints"), str(steps), repr(time))
+            add(("SET", self._key("c", cluster, "checkpoint", str(steps)), blob))
+            add(("HSET", self._key("c", cluster, "checkpoints"), str(steps), repr(time)))
         for cluster, trim in batch.trims.items():
-            # After this batch's RPUSH, in the same transaction: the head goes, the tail stays.
-            pipe.ltrim(self._key("c", cluster, "log"), trim.new_base - trim.old_base, -1)
-            pipe.set(self._key("c", cluster, "log_base"), trim.new_base)
+            # After this batch's RPUSH, in the same script: the head goes, the tail stays.
+            add(("LTRIM", self._key("c", cluster, "log"), trim.new_base - trim.old_base, -1))
+            add(("SET", self._key("c", cluster, "log_base"), trim.new_base))
             for steps in trim.dropped_checkpoints:
-                pipe.delete(self._key("c", cluster, "checkpoint", str(steps)))
-                pipe.hdel(self._key("c", cluster, "checkpoints"), str(steps))
-        await pipe.execute()
+                add(("DEL", self._key("c", cluster, "checkpoint", str(steps))))
+                add(("HDEL", self._key("c", cluster, "checkpoints"), str(steps)))
+        args: list = [len(batch.expected_steps)]
+        for cluster, expected in batch.expected_steps.items():
+            args += [self._key("c", cluster, "log"), self._key("c", cluster, "log_base"), expected, cluster]
+        for command in commands:
+            args.append(len(command))
+            args.extend(command)
+        if self._checked_commit is None:
+            self._checked_commit = self.redis.register_script(_CHECKED_COMMIT)
+        try:
+            await self._checked_commit(args=args)
+        except ResponseError as exc:
+            stale = _STALE.search(str(exc))
+            if stale is None:
+                raise
+            raise StaleLog(stale["cluster"], int(stale["expected"]), int(stale["found"])) from None
 
     async def outbox(self) -> list[list[OutboxEntry]]:
         """The batches committed but not yet published."""

@@ -48,7 +48,7 @@ from fairstream.events import (
     event_to_json,
 )
 from fairstream.model import Event, NodeLost, TaskSubmitted
-from fairstream.state.store import BatchCommit, StateStore, Trim, republishing_order
+from fairstream.state.store import BatchCommit, StaleLog, StateStore, Trim, republishing_order
 from fairstream.streams.config import Topics
 
 log = structlog.get_logger("fairstream.worker")
@@ -309,6 +309,7 @@ class Processor:
             engine = await self.engine(cluster)
             steps, decisions, touched = self._run(cluster, engine, items, dead)
             commit.steps[cluster] = steps
+            commit.expected_steps[cluster] = self.steps_taken[cluster]  # fencing: the log as this worker left it
             outcome.steps += len(steps)
             outcome.decisions += len(decisions)
             commit.outbox.extend((self.topics.decisions, decision_message(cluster, d)) for d in decisions)
@@ -337,11 +338,18 @@ class Processor:
 
         try:
             await self.store.commit(commit)
-        except Exception:
+        except Exception as exc:
             # The engines have applied a batch that is not durable: forget them, so that the
             # redelivered messages are applied to engines rebuilt from the store, once.
             for cluster in by_cluster:
                 self._drop(cluster)
+            if isinstance(exc, StaleLog):
+                # Another worker moved the log on (it holds the partition now; a rebalance
+                # will tell this one) or the store lost writes: before the batch is tried
+                # again, reload the offsets too, so that what the other applied is skipped.
+                log.warning("worker.log_moved", cluster=exc.cluster, expected_steps=exc.expected,
+                            found_steps=exc.found)
+                self._started = False
             raise
         self.applied.update(commit.offsets)
         # Only now: a snapshot must hold nothing the store does not (a failed commit's steps

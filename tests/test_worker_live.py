@@ -358,6 +358,44 @@ def test_the_redis_store_commits_atomically_and_removes_exactly_the_published_ou
     assert quanta == {"A": 11.0} and clusters == ["c"]
 
 
+@pytest.mark.parametrize("store_kind", ["redis", "memory"])
+@pytest.mark.parametrize("expected, written", [
+    pytest.param(2, True, id="a log where this worker left it takes the batch"),
+    pytest.param(1, False, id="a log another worker appended to takes nothing"),
+    pytest.param(3, False, id="a log shorter than this worker left it (the store lost writes) takes nothing"),
+])
+def test_a_commit_is_fenced_by_the_log_length_the_worker_expects(store_kind, expected, written):
+    # Two steps are in the store (one trimmed into log_base, one in the list): 1 + 1 = 2.
+    from fairstream.state.store import BatchCommit, MemoryStore, RedisStore, StaleLog, Trim, redis_client
+
+    async def scenario():
+        client = redis_client(REDIS) if store_kind == "redis" else None
+        store = RedisStore(client, prefix=f"t{uuid.uuid4().hex[:8]}") if client else MemoryStore()
+        try:
+            await store.commit(BatchCommit(steps={"c": [{"time": 1.0, "events": []}, {"time": 2.0, "events": []}]},
+                                           checkpoints={"c": (1, 1.0, b"engine")}))
+            await store.commit(BatchCommit(trims={"c": Trim(0, 1, [])}, expected_steps={"c": 2}))
+            batch = BatchCommit(steps={"c": [{"time": 3.0, "events": []}]}, offsets={"s:0": 9},
+                                outbox=[("allocations.decisions", {"id": "place:x@3.0", "cluster": "c", "time": 3.0})],
+                                expected_steps={"c": expected})
+            try:
+                await store.commit(batch)
+                error = None
+            except StaleLog as exc:
+                error = exc
+            return error, await store.full_log("c"), await store.offsets(), await store.outbox()
+        finally:
+            if client:
+                await client.aclose()
+
+    error, log, offsets, outbox = asyncio.run(scenario())
+    if written:
+        assert error is None and [s["time"] for s in log.steps] == [2.0, 3.0] and offsets == {"s:0": 9} and len(outbox) == 1
+    else:
+        assert (error.cluster, error.expected, error.found) == ("c", expected, 2)
+        assert [s["time"] for s in log.steps] == [2.0] and offsets == {} and outbox == []
+
+
 def test_the_redis_and_memory_stores_trim_the_log_to_a_checkpoint_alike():
     from fairstream.state.store import BatchCommit, MemoryStore, RedisStore, Trim, redis_client
 

@@ -441,6 +441,32 @@ def test_clearing_the_outbox_removes_only_the_batches_this_worker_published():
                                 ("allocations.decisions", {"id": "c", "time": 2.0})]]
 
 
+def test_a_worker_that_lost_its_cluster_to_another_cannot_append_to_the_log_and_skips_what_the_other_applied():
+    # A rebalance moved the partition from worker "old" to worker "new" while "old" was not
+    # yet told (a long pause). Both read the same partition; the log must stay one history,
+    # every message applied once, every task decided once.
+    from fairstream.state.store import StaleLog
+
+    store, old_wire, new_wire = MemoryStore(), Wire(), Wire()
+    inputs = [old_wire.msg("heartbeat", heartbeat()), old_wire.msg("submitted", task("t1", time=1)),
+              old_wire.msg("submitted", task("t2", time=2)), old_wire.msg("submitted", task("t3", time=3))]
+    new_wire.publish = old_wire.publish  # one decisions topic
+
+    async def scenario():
+        old, new = processor(store, old_wire), processor(store, new_wire)
+        await old.handle(inputs[:1])  # old owns the cluster: the heartbeat is step 1
+        await new.handle(inputs[1:3])  # new took over: loads step 1, applies t1 and t2
+        with pytest.raises(StaleLog):  # old still thinks the log ends at its step 1
+            await old.handle(inputs[1:])
+        await old.handle(inputs[1:])  # tried again (GroupCommit does): skips t1, t2; applies t3
+        return await store.full_log("c1"), old.engines["c1"]
+
+    log, engine = run(scenario())
+    assert [step["time"] for step in log.steps] == [0, 1, 2, 3]  # heartbeat, t1, t2 (new), t3 (old): once each
+    assert [d["task"] for d in old_wire.decisions()] == ["t1", "t2", "t3"] and old_wire.dead() == []
+    assert sorted(engine.tasks) == ["t1", "t2", "t3"]
+
+
 def test_pending_batches_are_republished_in_event_time_order():
     from fairstream.state.store import republishing_order
 
