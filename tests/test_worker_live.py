@@ -80,6 +80,18 @@ async def collect(topic, want, timeout=90.0, key=lambda m: True):
     return seen
 
 
+def scrape_until(port: int, line: str, timeout: float = 15.0) -> str:
+    """The worker's metrics page once it holds ``line`` (or as it is after ``timeout`` s)."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        if line in scraped or time.monotonic() > deadline:
+            return scraped
+        time.sleep(0.1)
+
+
 def placed(decisions):
     """Place decisions, counted once per decision id (ids make republishing idempotent)."""
     unique = {d["id"]: d for d in decisions if d.get("kind") == "place"}
@@ -110,9 +122,9 @@ def test_events_from_our_client_and_from_kcat_and_batch_messages_are_decided_and
             return decisions, dead
 
         decisions, dead = asyncio.run(scenario())
-        import urllib.request
-
-        scraped = urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_port}/metrics", timeout=5).read().decode()
+        # The worker counts a decision once the broker has acknowledged it and the outbox is
+        # cleared, which may come just after a consumer already reads it: scrape until counted.
+        scraped = scrape_until(worker.metrics_port, 'fairstream_decisions_total{kind="place"} 6.0')
     finally:
         worker.stop()
     assert 'fairstream_decisions_total{kind="place"} 6.0' in scraped
