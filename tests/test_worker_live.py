@@ -408,6 +408,27 @@ def test_a_commit_is_fenced_by_the_log_length_the_worker_expects(store_kind, exp
         assert [s["time"] for s in log.steps] == [2.0] and offsets == {} and outbox == []
 
 
+def test_a_batch_larger_than_one_script_call_can_unpack_is_written_whole():
+    # Lua's unpack holds a few thousand values: the commit splits long RPUSH and HSET commands
+    # (1,000 values each), here 9,000 log steps and 5,000 view fields (10,000 arguments) in one batch.
+    from fairstream.state.store import BatchCommit, RedisStore, redis_client
+
+    async def scenario():
+        client = redis_client(REDIS)
+        store = RedisStore(client, prefix=f"t{uuid.uuid4().hex[:8]}")
+        try:
+            steps = [{"time": float(k), "events": []} for k in range(9000)]
+            usage = {f"tenant{k}": str(k) for k in range(5000)}
+            await store.commit(BatchCommit(steps={"c": steps}, views={"c": {"usage:0": usage}}, expected_steps={"c": 0}))
+            return await store.full_log("c"), await store.view("c", "usage:0")
+        finally:
+            await client.aclose()
+
+    log, usage = asyncio.run(scenario())
+    assert [s["time"] for s in log.steps] == [float(k) for k in range(9000)]
+    assert usage == {f"tenant{k}": k for k in range(5000)}
+
+
 def test_the_redis_and_memory_stores_trim_the_log_to_a_checkpoint_alike():
     from fairstream.state.store import BatchCommit, MemoryStore, RedisStore, Trim, redis_client
 
