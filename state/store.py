@@ -236,7 +236,7 @@ class RedisStore:
     def __init__(self, client, prefix: str = "fairstream") -> None:
         self.redis = client
         self.prefix = prefix
-        self._checked_commit = None  # the script, registered on first use
+        self._checked_commit = client.register_script(_CHECKED_COMMIT)  # no I/O: loaded on first call
 
     def _key(self, *parts: str) -> str:
         return ":".join((self.prefix,) + parts)
@@ -298,8 +298,6 @@ class RedisStore:
         for command in commands:
             args.append(len(command))
             args.extend(command)
-        if self._checked_commit is None:
-            self._checked_commit = self.redis.register_script(_CHECKED_COMMIT)
         try:
             await self._checked_commit(args=args)
         except ResponseError as exc:

@@ -29,7 +29,6 @@ class Topics:
                                                             self.decisions, self.deadletter)))
 
 
-
 @dataclass
 class WorkerConfig:
     policy: str = "ltrf"
