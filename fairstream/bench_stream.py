@@ -193,8 +193,7 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
     topics = Topics().with_prefix(app_id)
     # The broker stamps each record when it appends it (LogAppendTime), so the latency is from
     # a submission's append to its decision's, whatever delays either producer had before.
-    await ensure_topics(broker, [topics.submitted, topics.completed, topics.heartbeats, topics.decisions, topics.deadletter],
-                        config={"message.timestamp.type": "LogAppendTime"})
+    await ensure_topics(broker, topics.names, config={"message.timestamp.type": "LogAppendTime"})
     with open(log_path, "w") as log:
         worker = subprocess.Popen(
             [sys.executable, "-m", "fairstream.cli", "worker", "--policy", policy, "--app-id", app_id,

@@ -76,7 +76,9 @@ def cmd_sweep(args) -> int:
         "trace": args.trace, "nodes": args.nodes, "limit": args.limit}
     if args.workload == "google" and not Path(args.trace).exists():
         raise ModelError(f"--trace {args.trace}: not found")
-    document = sweep(args.workload, knobs, users, options, Path(args.out), workers=args.workers, progress=args.progress)
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    document = sweep(args.workload, knobs, users, options, Path(args.out), workers=args.workers, progress=args.progress,
+                     policies=policies)
     print(json.dumps({"workload": args.workload, "runs": len(document["rows"]), "out": args.out,
                       "figures": document["figures"]}))
     return 0
@@ -141,6 +143,17 @@ def positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be above 0 seconds, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number above zero."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
     return value
 
 
@@ -384,6 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("workload", choices=["macro", "google"])
     sweep.add_argument("--out", default="sweep-out")
     sweep.add_argument("--knobs", default="0,0.2,0.4,0.6,0.8,1", help="rho (QKnobler) and f (Tetris) values; must include 1")
+    sweep.add_argument("--policies", default="drf,tetris,qknobler",
+                       help="policies compared with static partitioning (Figures 7 and 9; any of `fairstream policies`)")
     sweep.add_argument("--scale", type=float, default=1.0, help="macro: shrink task counts")
     sweep.add_argument("--seed", type=int, default=1, help="macro: generator seed")
     sweep.add_argument("--trace", default=str(DEFAULT_GOOGLE), help="google: a task_events part")
@@ -435,6 +450,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--node-timeout", type=float, default=None, help="seconds of event time without heartbeat before a node is lost")
     worker.add_argument("--max-lateness", type=float, default=worker_defaults.max_lateness, help="seconds an event may lag the cluster clock")
     worker.add_argument("--topic-prefix", default="", help="prefix every topic name with PREFIX.")
+    worker.add_argument("--partitions", type=positive_int, default=worker_defaults.partitions,
+                        help="partitions of each topic the worker creates at start (existing topics are left as they are)")
     worker.add_argument("--step-window", type=float, default=worker_defaults.step_window,
                         help="events within this many seconds of event time make one scheduling step (0: exact times)")
     worker.add_argument("--fetch-max-wait", type=float, default=worker_defaults.fetch_max_wait,

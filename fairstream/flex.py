@@ -73,6 +73,29 @@ class Tree:
     threshold: list[float]
     leaf_class: list[int]  # the class index a node predicts (used at leaves)
 
+    def check(self, classes: int, features: int = 2) -> None:
+        """Raise ValueError unless this is a tree ``predict`` can walk: arrays of one length,
+        each inner node with two children further down the arrays (scikit-learn numbers nodes
+        depth first, so a walk always ends), features and leaf classes in range."""
+        size = len(self.children_left)
+        if size == 0 or {len(self.children_right), len(self.feature), len(self.threshold), len(self.leaf_class)} != {size}:
+            raise ValueError("inconsistent tree arrays")
+        for node in range(size):
+            left, right = self.children_left[node], self.children_right[node]
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (left, right, self.leaf_class[node])):
+                raise ValueError(f"node {node}: children and classes are whole numbers")
+            if left == -1 and right == -1:
+                if not 0 <= self.leaf_class[node] < classes:
+                    raise ValueError(f"node {node}: leaf class {self.leaf_class[node]} out of range")
+                continue
+            if not (node < left < size and node < right < size):
+                raise ValueError(f"node {node}: children {left}, {right} must come after it in the arrays")
+            threshold = self.threshold[node]
+            if not (isinstance(self.feature[node], int) and 0 <= self.feature[node] < features):
+                raise ValueError(f"node {node}: feature {self.feature[node]!r} out of range")
+            if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not np.isfinite(threshold):
+                raise ValueError(f"node {node}: threshold {threshold!r} is not a finite number")
+
     def predict(self, features: Sequence[float]) -> int:
         node = 0
         while self.children_left[node] != -1:
@@ -88,6 +111,7 @@ class FlexModel:
     classes: list[str]
     trees: dict[str, Tree]
     metadata: dict = field(default_factory=dict)
+    source: str = ""  # the file it was loaded from, as given (a run's record names it)
 
     def choose(self, sla: str, degree: float, threshold: float) -> str:
         if sla not in self.trees:
@@ -109,7 +133,7 @@ def load_model(path: str | Path) -> FlexModel:
         doc = json.loads(Path(path).read_text())
     except OSError as exc:
         raise ModelError(f"--param model={path}: cannot read ({exc.strerror})") from None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep to parse
         raise ModelError(f"--param model={path}: not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != MODEL_FORMAT:
         raise ModelError(f"--param model={path}: not a FLEX model file (format {MODEL_FORMAT!r} expected)")
@@ -117,18 +141,18 @@ def load_model(path: str | Path) -> FlexModel:
         raise ModelError(f"--param model={path}: model version {doc.get('version')!r}, this fairstream reads {MODEL_VERSION}")
     try:
         classes = [str(c) for c in doc["classes"]]
-        trees = {kind: Tree(**{k: list(v) for k, v in tree.items()}) for kind, tree in doc["trees"].items()}
-        for tree in trees.values():
-            sizes = {len(tree.children_left), len(tree.children_right), len(tree.feature), len(tree.threshold),
-                     len(tree.leaf_class)}
-            if len(sizes) != 1 or not tree.children_left or max(tree.leaf_class) >= len(classes):
-                raise ValueError("inconsistent tree arrays")
-    except (KeyError, TypeError, ValueError) as exc:
+        trees = {str(kind): Tree(**{k: list(v) for k, v in tree.items()}) for kind, tree in doc["trees"].items()}
+        for kind, tree in trees.items():
+            try:
+                tree.check(len(classes))
+            except ValueError as exc:
+                raise ValueError(f"tree {kind}: {exc}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ModelError(f"--param model={path}: malformed model ({exc})") from None
     unknown = set(classes) - set(CANDIDATES)
     if unknown:
         raise ModelError(f"--param model={path}: unknown candidate schedulers {sorted(unknown)}")
-    return FlexModel(classes, trees, doc.get("metadata", {}))
+    return FlexModel(classes, trees, doc.get("metadata", {}), source=str(path))
 
 
 def from_sklearn(classifiers: dict, classes: Sequence[str], metadata: dict) -> FlexModel:

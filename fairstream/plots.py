@@ -135,21 +135,20 @@ def sweep_figures(rows: list[dict], out: Path) -> list[Path]:
         written.append(path)
     seven = [r for r in rows if r["figure"] == "fig7"]
     if seven:
-        knobs = sorted({r["knob"] for r in seven if r["knob"] is not None})
+        knobs = sorted({r["knob"] for r in seven if r["knob"] is not None}) or [1.0]
         lines = []
-        for policy in ("static", "drf"):  # no knob: flat lines
-            row = next((r for r in seven if r["policy"] == policy), None)
-            if row:
-                lines.append((policy, knobs, [row["speedup"]] * len(knobs), "--"))
-        for policy in ("tetris", "qknobler"):
-            mine = sorted((r for r in seven if r["policy"] == policy), key=lambda r: r["knob"])
-            lines.append((policy, [r["knob"] for r in mine], [r["speedup"] for r in mine], "-"))
+        for policy in dict.fromkeys(r["policy"] for r in seven):
+            mine = sorted((r for r in seven if r["policy"] == policy), key=lambda r: r["knob"] or 0.0)
+            if mine[0]["knob"] is None:  # no knob: a flat line
+                lines.append((policy, knobs, [mine[0]["speedup"]] * len(knobs), "--"))
+            else:
+                lines.append((policy, [r["knob"] for r in mine], [r["speedup"] for r in mine], "-"))
         written.append(_line_figure(out / "fig7-policies.png", "fig7: makespan speedup over static partitioning",
                                     "knob (rho for QKnobler, f for Tetris)", lines))
     nine = [r for r in rows if r["figure"] == "fig9"]
     if nine:
         lines = []
-        for policy in ("static", "drf", "tetris", "qknobler"):
+        for policy in dict.fromkeys(r["policy"] for r in nine):
             mine = sorted((r for r in nine if r["policy"] == policy), key=lambda r: r["users"])
             lines.append((policy, [r["users"] for r in mine], [r["speedup"] for r in mine], "-"))
         written.append(_line_figure(out / "fig9-users.png", "fig9: makespan speedup over static vs users (knob 0.2)",

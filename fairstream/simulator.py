@@ -12,10 +12,10 @@ The run is a function of the scenario, the policy and its parameters alone.
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from fairstream import policies
 from fairstream.engine import Engine
 from fairstream.metrics import MetricsRecorder, job_statistics
 from fairstream.model import (
@@ -51,7 +51,7 @@ class SimResult:
         unfinished = sum(1 for t in self.tasks.values() if t.get("finish") is None)
         return {
             "policy": self.policy,
-            "params": {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in self.params.items()},
+            "params": policies.get(self.policy).params_json(self.params),
             "metric_resource": self.metrics.metric_resource,
             "tasks": len(self.tasks),
             "unfinished_tasks": unfinished,

@@ -29,6 +29,34 @@ import numpy as np
 TOLERANCE = 1e-6
 
 
+_banner_silenced = False
+
+
+def _new_highs():
+    """A HiGHS solver. The first one built in a process prints HiGHS's banner on the process's
+    standard output from C, before any option can turn it off; our commands print JSON there
+    (``simulate``, ``bench``), so that one is built with the descriptor pointed at /dev/null."""
+    import os
+    import sys
+
+    import highspy
+
+    global _banner_silenced
+    if _banner_silenced:
+        return highspy.Highs()
+    sys.stdout.flush()
+    saved, devnull = os.dup(1), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        solver = highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+    _banner_silenced = True
+    return solver
+
+
 class SolverError(RuntimeError):
     """The solver did not return an optimal solution; the message names its status."""
 
@@ -120,7 +148,7 @@ def solve_packing(
     if integer:
         lp.integrality_ = [highspy.HighsVarType.kInteger] * columns
 
-    solver = highspy.Highs()
+    solver = _new_highs()
     for option, value in (("output_flag", False), ("threads", 1), ("mip_rel_gap", 0.0),
                           ("mip_abs_gap", float(abs_gap))):
         solver.setOptionValue(option, value)

@@ -11,6 +11,10 @@ Two workloads, after the QKnobler paper's evaluation (section 7):
   over rho = 1 and soft fairness against rho, at 100 users. Figure 9: speedup over static against the number
   of users, Tetris and QKnobler at knob 0.2.
 
+The policies compared (Figures 7 and 9) are the paper's, DRF, Tetris and QKnobler, unless
+``policies`` names others: any registered policy; those with a knob parameter (``KNOBS``) are
+run at every knob value, the others once, and ``static`` always runs as the speedup baseline.
+
 Every run is an ordinary simulation (the engine, no Kafka, no Redis); runs go to worker
 processes, one per core. Writes ``sweep.json``, ``table.md``, ``table.csv`` and PNG figures.
 """
@@ -23,6 +27,10 @@ import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
+
+# The knob parameter of the policies that have one (the paper's two).
+KNOBS = {"qknobler": "rho", "tetris": "f"}
+PAPER_POLICIES = ("drf", "tetris", "qknobler")
 
 FIELDS = ("figure", "workload", "users", "policy", "knob", "makespan", "mean_jct", "speedup", "soft_fairness_mean",
           "soft_fairness_max", "theta", "util_cpu", "util_mem")
@@ -41,7 +49,7 @@ class Run:
     def params(self) -> dict[str, str]:
         if self.knob is None:
             return {}
-        return {"rho" if self.policy == "qknobler" else "f": str(self.knob)}
+        return {KNOBS[self.policy]: str(self.knob)}
 
 
 def build_scenario(run: Run):
@@ -78,30 +86,35 @@ def simulate(run: Run) -> dict:
     }
 
 
-def plan(workload: str, knobs: list[float], users: list[int], options: dict) -> list[tuple[str, Run]]:
-    """(figure, run) pairs; a run shared by two figures is listed once per figure. Figure 8 uses
-    100 users (the paper's) if that is among ``users``, else the largest count."""
+def plan(workload: str, knobs: list[float], users: list[int], options: dict,
+         policies: tuple[str, ...] = PAPER_POLICIES) -> list[tuple[str, Run]]:
+    """(figure, run) pairs; a run shared by two figures is listed once per figure. Figure 6/8
+    (QKnobler against its knob) when QKnobler is among ``policies``, at 100 users (the paper's)
+    if that is among ``users``, else the largest count. Figure 7/9: ``static`` and every policy,
+    a knob policy at every knob (macro) or at 0.2 (google, as the paper's Figure 9)."""
     opts = tuple(sorted(options.items()))
     first = (100 if 100 in users else max(users)) if users else None
     fig_knob, fig_policies = ("fig6", "fig7") if workload == "macro" else ("fig8", "fig9")
-    runs = [(fig_knob, Run(workload, "qknobler", k, first, opts)) for k in knobs]
-    if workload == "macro":
-        runs += [(fig_policies, Run(workload, "static", None, None, opts)), (fig_policies, Run(workload, "drf", None, None, opts))]
-        runs += [(fig_policies, Run(workload, "tetris", k, None, opts)) for k in knobs]
-        runs += [(fig_policies, Run(workload, "qknobler", k, None, opts)) for k in knobs]
-    else:
-        for count in users:
-            runs += [(fig_policies, Run(workload, policy, knob, count, opts))
-                     for policy, knob in (("static", None), ("drf", None), ("tetris", 0.2), ("qknobler", 0.2))]
+    compared = ["static"] + [p for p in dict.fromkeys(policies) if p != "static"]
+    runs = [(fig_knob, Run(workload, "qknobler", k, first, opts)) for k in knobs] if "qknobler" in compared else []
+    for count in (users if workload == "google" else [None]):
+        for policy in compared:
+            policy_knobs = ([0.2] if workload == "google" else knobs) if policy in KNOBS else [None]
+            runs += [(fig_policies, Run(workload, policy, knob, count, opts)) for knob in policy_knobs]
     return runs
 
 
 def sweep(workload: str, knobs: list[float], users: list[int], options: dict, out: Path,
-          workers: int | None = None, progress: bool | None = None) -> dict:
+          workers: int | None = None, progress: bool | None = None, policies: tuple[str, ...] = PAPER_POLICIES) -> dict:
+    from fairstream.model import ModelError
+    from fairstream.policies import REGISTRY
     from fairstream.simulator import _progress_bar
 
+    unknown = [p for p in policies if p not in REGISTRY]
+    if unknown:  # one line, before any run starts
+        raise ModelError(f"--policies {','.join(unknown)}: unknown policy (known: {', '.join(REGISTRY)})")
     out.mkdir(parents=True, exist_ok=True)
-    planned = plan(workload, knobs, users, options)
+    planned = plan(workload, knobs, users, options, policies)
     unique = list(dict.fromkeys(run for _, run in planned))
     results: dict[Run, dict] = {}
     bar = _progress_bar(len(unique), progress, unit="run", desc="sweeping")
@@ -114,7 +127,7 @@ def sweep(workload: str, knobs: list[float], users: list[int], options: dict, ou
     rows = [{"figure": figure, **results[run]} for figure, run in planned]
     add_speedups(rows)
     document = {"workload": workload, "options": {k: v for k, v in options.items()}, "knobs": knobs,
-                "users": users, "rows": rows}
+                "users": users, "policies": list(dict.fromkeys(run.policy for _, run in planned)), "rows": rows}
     (out / "sweep.json").write_text(json.dumps(document, indent=1))
     write_tables(rows, out)
     from fairstream.plots import sweep_figures

@@ -44,6 +44,14 @@ class Param:
     default: Any
     parse: Callable[[str], Any]
     doc: str
+    # The parsed value as JSON, for a run's record (metrics.json): by default the value itself,
+    # infinity as null; a parameter parsed into an object (FLEX's model) says how it was given.
+    show: Callable[[Any], Any] | None = None
+
+    def to_json(self, value: Any) -> Any:
+        if self.show is not None:
+            return self.show(value)
+        return None if isinstance(value, float) and math.isinf(value) else value
 
 
 @dataclass(frozen=True)
@@ -71,12 +79,17 @@ class PolicySpec:
                 names = ", ".join(sorted(known)) or "none"
                 raise ModelError(f"--param {name}: unknown parameter for policy {self.name!r} (known: {names})")
             try:
-                out[name] = known[name].parse(str(value)) if isinstance(value, str) else known[name].parse(str(value))
+                out[name] = known[name].parse(str(value))
             except ValueError as exc:
                 raise ModelError(f"--param {name}={value}: {exc}") from None
         if self.check is not None:
             self.check(out)
         return out
+
+    def params_json(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Typed parameters (from ``parse_params``) as JSON, each as its ``Param`` shows it."""
+        shown = {p.name: p for p in self.params}
+        return {name: shown[name].to_json(value) if name in shown else value for name, value in params.items()}
 
 
 def parse_param_pairs(pairs: list[str] | None) -> dict[str, str]:

@@ -41,7 +41,8 @@ PARAMS = (
     Param("max_fairness_loss", None, _optional, "SLA: fairness loss F (formula 8, vs DRF) at most this; "
                                                 "the default SLA is max_fairness_loss=0.1"),
     Param("min_makespan_reduction", None, _optional, "SLA: makespan reduction E (formula 6, vs DRF) at least this"),
-    Param("model", str(DEFAULT_MODEL), _model, "decision-tree model file (fairstream train-flex); a trained one ships"),
+    Param("model", str(DEFAULT_MODEL), _model, "decision-tree model file (fairstream train-flex); a trained one ships",
+          show=lambda model: model.source if isinstance(model, FlexModel) else model),
 )
 
 
@@ -55,10 +56,14 @@ def sla(params: Mapping[str, Any]) -> tuple[str, float]:
 
 
 def prepare(params: dict) -> None:
-    """Check the SLA and load the default model (given models were loaded when parsed)."""
-    sla(params)
+    """Check the SLA and load the default model (given models were loaded when parsed); the
+    model must have a tree for the SLA, or every pass would fail."""
+    kind, _ = sla(params)
     if isinstance(params["model"], str):
         params["model"] = load_model(params["model"])
+    model = params["model"]
+    if kind not in model.trees:
+        raise ModelError(f"--param model={model.source}: no tree for the SLA {kind} (it has: {', '.join(model.trees) or 'none'})")
 
 
 def workload_degree(snapshot: Snapshot) -> float:

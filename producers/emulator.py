@@ -65,24 +65,11 @@ async def run_emulator(
     report = EmulatorReport()
     specs = {t.id: t for t in scenario.tasks}
     gates = _Gates(scenario.tasks)
-    await ensure_topics(broker, [topics.submitted, topics.completed, topics.heartbeats, topics.decisions,
-                                 topics.deadletter])
+    partitions = await ensure_topics(broker, topics.names)  # each with a leader for every partition
     consumer = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False, **kafka_security())
     await consumer.start()
     # Read the decisions topic from its current end, positioned before anything is published.
-    partitions = None
-    for _ in range(100):
-        await consumer._client.force_metadata_update()
-        partitions = consumer.partitions_for_topic(topics.decisions)
-        cluster_meta = consumer._client.cluster
-        # Wait until every partition has a leader: a just-created topic needs a moment.
-        if partitions and all(cluster_meta.leader_for_partition(TopicPartition(topics.decisions, p)) not in (None, -1)
-                              for p in partitions):
-            break
-        await asyncio.sleep(0.1)
-    if not partitions:
-        raise RuntimeError(f"topic {topics.decisions} has no partitions")
-    assigned = [TopicPartition(topics.decisions, p) for p in sorted(partitions)]
+    assigned = [TopicPartition(topics.decisions, p) for p in range(partitions[topics.decisions])]
     consumer.assign(assigned)
     await consumer.seek_to_end(*assigned)
     for tp in assigned:  # resolve the end offsets now, not lazily after our first publish

@@ -36,6 +36,9 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         web_enabled=False,
         topic_partitions=config.partitions,
         topic_allow_declare=True,
+        # Faust's leader election (its "<app-id>-__assignor-__leader" topic) serves timers that
+        # run on one worker only; we have none, so the worker's topics are exactly ours.
+        topic_disable_leader=True,
         consumer_auto_offset_reset="earliest",
         datadir=config.faust_data_dir(),
         **config.kafka_options,
@@ -70,6 +73,13 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
     @app.on_partitions_revoked.connect
     async def on_revoked(app, revoked, **kwargs) -> None:  # noqa: ARG001 - Faust's signal signature
         await processor.forget()
+
+    @app.on_partitions_assigned.connect
+    async def on_assigned(app, assigned, **kwargs) -> None:  # noqa: ARG001 - Faust's signal signature
+        # What this worker now consumes: the line an operator (or a test) waits for.
+        inputs = set(config.topics.inputs)
+        log.info("worker.partitions_assigned",
+                 partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assigned if tp.topic in inputs))
 
     @app.task
     async def recover() -> None:

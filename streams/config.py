@@ -25,8 +25,18 @@ class Topics:
         """``prefix.tasks.submitted`` and so on: several deployments on one Kafka."""
         if not prefix:
             return self
-        return Topics(*(f"{prefix}.{name}" for name in (self.submitted, self.completed, self.heartbeats,
-                                                            self.decisions, self.deadletter)))
+        return Topics(*(f"{prefix}.{name}" for name in self.names))
+
+    @property
+    def inputs(self) -> tuple[str, str, str]:
+        """The topics the worker consumes, keyed by cluster id: they must have one partition
+        count, so that a cluster's events of every kind meet in one worker."""
+        return (self.submitted, self.completed, self.heartbeats)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every topic the worker reads or writes."""
+        return (*self.inputs, self.decisions, self.deadletter)
 
 
 @dataclass
@@ -40,7 +50,7 @@ class WorkerConfig:
     redis_url: str = "redis://127.0.0.1:6379/0"
     app_id: str = "fairstream"
     topics: Topics = field(default_factory=Topics)
-    partitions: int = 4
+    partitions: int = 4  # of each topic the worker creates (existing topics are left as they are)
     batch_size: int = 500
     batch_window: float = 0.01  # longest a batch waits for input Kafka already holds (GroupCommit)
     fetch_max_wait: float = 0.01  # longest the broker may hold a fetch (streams/transport.py)

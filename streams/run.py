@@ -52,6 +52,7 @@ def config_from_args(args) -> WorkerConfig:
         node_timeout=math.inf if args.node_timeout is None else args.node_timeout,
         max_lateness=args.max_lateness,
         topics=Topics().with_prefix(args.topic_prefix),
+        partitions=args.partitions,
         metrics_port=args.metrics_port,
         metrics_address=args.metrics_address,
         step_window=args.step_window,
@@ -101,11 +102,50 @@ def tune_gc() -> None:
     gc.set_threshold(young, middle, FULL_COLLECTION_AFTER)
 
 
+def prepare_topics(config: WorkerConfig, retry_delays: tuple[float, float] = (0.5, 10.0)) -> dict[str, int]:
+    """Create the worker's input and output topics that do not exist (``config.partitions``
+    each; existing ones are left as they are) and wait until each has a leader for every
+    partition; returns their partition counts. Waits, with a log line, while the broker
+    cannot be reached.
+
+    Before Faust's consumer subscribes: a consumer assigned while its topics are missing
+    ignores them until its next metadata refresh, five minutes later, and decides nothing
+    meanwhile. The input topics must have one partition count (``Topics.inputs``); else
+    ``ModelError``."""
+    import asyncio
+
+    from aiokafka.errors import KafkaConnectionError
+
+    from fairstream.model import ModelError
+    from fairstream.producers.client import ensure_topics
+    from fairstream.streams.processor import backoff
+
+    async def until_created() -> dict[str, int]:
+        delays = backoff(*retry_delays)
+        while True:
+            try:
+                return await ensure_topics(config.broker, config.topics.names, config.partitions)
+            except KafkaConnectionError as exc:
+                delay = next(delays)
+                structlog.get_logger("fairstream.worker").warning(
+                    "worker.broker_unavailable", broker=config.broker, error=str(exc), retry_in_s=delay)
+                await asyncio.sleep(delay)
+
+    partitions = asyncio.run(until_created())
+    inputs = {name: partitions[name] for name in config.topics.inputs}
+    if len(set(inputs.values())) > 1:
+        counts = ", ".join(f"{name} {count}" for name, count in inputs.items())
+        raise ModelError(f"the input topics have different partition counts ({counts}): a cluster's events would "
+                         "reach different workers; give them one count")
+    return partitions
+
+
 def run_worker(args) -> int:
     import faust
 
     config = config_from_args(args)
     config.make_engine()  # validates policy, parameters and tenants before anything connects
+    prepare_topics(config)
     store = RedisStore(redis_client(config.redis_url), prefix=args.app_id)
     app, processor = create_app(config, store, **faust_security())
     structlog.get_logger("fairstream.worker").info(
@@ -121,4 +161,4 @@ def run_worker(args) -> int:
     return 0
 
 
-__all__ = ["run_worker", "redact", "load_scenario_tenants"]
+__all__ = ["run_worker", "prepare_topics", "redact", "load_scenario_tenants"]

@@ -5,6 +5,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fairstream.flex import (DEFAULT_MODEL, FlexModel, Tree, complementary_degree, fairness_loss, load_model,
                              long_term_fairness_loss, makespan_reduction)
@@ -45,6 +47,15 @@ def test_a_model_file_round_trips(tmp_path):
     assert [again.choose("max_fairness_loss", 0.5, t) for t in (0.1, 0.5)] == ["drf", "perf"]
 
 
+def _model_text(trees=("max_fairness_loss", "min_makespan_reduction"), **arrays) -> str:
+    """A model file whose trees are ``test_a_model_file_round_trips``'s, with ``arrays`` replaced."""
+    tree = {"children_left": [1, -1, -1], "children_right": [2, -1, -1], "feature": [1, -2, -2],
+            "threshold": [0.15, -2.0, -2.0], "leaf_class": [2, 2, 3], **arrays}
+    kinds = [trees] if isinstance(trees, str) else trees
+    return json.dumps({"format": "fairstream-flex-model", "version": 1, "classes": ["fifo", "fair", "drf", "perf"],
+                       "trees": {kind: tree for kind in kinds}})
+
+
 @pytest.mark.parametrize("content, message", [
     pytest.param(None, "cannot read", id="a missing model file"),
     pytest.param("{not json", "not JSON", id="a file that is not JSON"),
@@ -53,6 +64,18 @@ def test_a_model_file_round_trips(tmp_path):
     pytest.param('{"format": "fairstream-flex-model", "version": 1, "classes": ["drf"], "trees": {"max_fairness_loss": '
                  '{"children_left": [-1], "children_right": [-1], "feature": [0], "threshold": [0], "leaf_class": [5]}}}',
                  "malformed model", id="a tree pointing at a class that is not there"),
+    pytest.param(_model_text(children_left=[5, -1, -1]), "children 5, 2 must come after it",
+                 id="a child outside the arrays"),
+    pytest.param(_model_text(children_left=[0, -1, -1], children_right=[0, -1, -1]), "must come after it",
+                 id="a tree whose walk would never end"),
+    pytest.param(_model_text(feature=[7, -2, -2]), "feature 7 out of range", id="a feature the model does not have"),
+    pytest.param(_model_text(threshold=["x", -2, -2]), "threshold 'x' is not a finite number",
+                 id="a threshold that is not a number"),
+    pytest.param(_model_text(trees="min_makespan_reduction"), "no tree for the SLA max_fairness_loss",
+                 id="no tree for the SLA in use"),
+    pytest.param('{"format": "fairstream-flex-model", "version": 1, "classes": ["drf"], "trees": []}',
+                 "malformed model", id="trees that are not an object"),
+    pytest.param("[" * 100_000, "not JSON", id="JSON nested deeper than the parser goes"),
 ])
 def test_a_bad_model_file_is_one_line_naming_it(tmp_path, content, message):
     from tests.builders import engine, tree as tenants
@@ -63,6 +86,40 @@ def test_a_bad_model_file_is_one_line_naming_it(tmp_path, content, message):
     with pytest.raises(ModelError, match=message) as error:
         engine(tenants("A"), "flex", ("cpu", "mem"), model=str(path))
     assert "\n" not in str(error.value) and "model" in str(error.value)
+
+
+node_index = st.integers(-3, 6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(size=st.integers(0, 5), data=st.data())
+def test_any_tree_in_a_model_file_is_refused_in_one_line_or_predicts_for_any_input(tmp_path_factory, size, data):
+    arrays = {name: data.draw(st.lists(values, min_size=size, max_size=size), label=name) for name, values in (
+        ("children_left", node_index), ("children_right", node_index), ("feature", st.integers(-2, 3)),
+        ("threshold", st.one_of(st.floats(allow_nan=True), st.integers(), st.text(max_size=2))),
+        ("leaf_class", st.integers(-1, 5)))}
+    path = tmp_path_factory.mktemp("model") / "model.json"
+    path.write_text(_model_text(**arrays))
+    try:
+        model = load_model(path)
+    except ModelError as error:
+        assert "\n" not in str(error)
+        return
+    for degree, threshold in data.draw(st.lists(st.tuples(st.floats(0, 10), st.floats(0, 1)), min_size=1, max_size=5)):
+        assert model.choose("max_fairness_loss", degree, threshold) in ("fifo", "fair", "drf", "perf")
+
+
+def test_a_bad_model_file_on_the_command_line_is_one_line_on_stderr_and_exit_2(tmp_path, capsys):
+    from fairstream.cli import main
+
+    path = tmp_path / "model.json"
+    path.write_text(_model_text(children_left=[0, -1, -1], children_right=[0, -1, -1]))
+    code = main(["simulate", "--scenario", "examples/two-tenants.json", "--policy", "flex", "--param", f"model={path}",
+                 "--out", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    [line] = captured.err.splitlines()
+    assert line.startswith(f"fairstream: error: --param model={path}: malformed model (tree max_fairness_loss: node 0")
 
 
 def test_two_slas_at_once_are_refused():

@@ -43,13 +43,25 @@ class Worker:
         self.process = None
 
     def start(self):
-        log = open(self.tmp_path / f"worker-{time.monotonic_ns()}.log", "w")
+        self.log_path = self.tmp_path / f"worker-{time.monotonic_ns()}.log"
+        log = open(self.log_path, "w")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "fairstream.cli", "worker", "--policy", "drf", "--app-id", self.app_id,
              "--topic-prefix", self.app_id, "--broker", BROKER, "--redis", REDIS,
              "--metrics-port", str(self.metrics_port), *self.extra],
             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         return self
+
+    def wait_for_log(self, event: str, timeout: float = 90.0) -> dict:
+        """The worker's first structured log line of ``event`` (waits for it)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.log_path.read_text().splitlines():
+                if f'"event": "{event}"' in line:
+                    return json.loads(line[line.index("{"):])
+            assert self.process.poll() is None, f"the worker exited: {self.log_path.read_text()[-2000:]}"
+            time.sleep(0.1)
+        raise AssertionError(f"no {event} within {timeout} s: {self.log_path.read_text()[-2000:]}")
 
     def kill9(self):
         self.process.send_signal(signal.SIGKILL)
@@ -135,6 +147,56 @@ def test_events_from_our_client_and_from_kcat_and_batch_messages_are_decided_and
     assert any("malformed JSON" in r for r in reasons) and any("completion of an unknown task" in r for r in reasons)
     [bad_element] = [d for d in dead if "index" in d]
     assert bad_element["index"] == 1 and json.loads(bad_element["original"])["task"] == "m1"
+
+
+def test_a_worker_started_before_its_topics_exist_creates_them_and_decides_what_arrives_afterwards(tmp_path):
+    # The README's order on a fresh broker: the worker first, the cluster's events later, from
+    # a client we did not write. A consumer assigned while its topics are missing ignores them
+    # until its next metadata refresh (five minutes): the worker creates them before it subscribes.
+    app_id = f"t{uuid.uuid4().hex[:8]}"
+    topics = Topics().with_prefix(app_id)
+    worker = Worker(app_id, tmp_path, "--partitions", "2").start()
+    try:
+        assigned = worker.wait_for_log("worker.partitions_assigned")["partitions"]
+        # Three input topics of --partitions 2 each, all consumed by the one worker.
+        assert sorted(assigned) == sorted(f"{topic}:{p}" for topic in topics.inputs for p in range(2))
+        sends = [(topics.heartbeats, {"cluster": "c1", "node": "n1", "time": 0, "capacity": {"cpu": 4, "mem": 4}})]
+        sends += [(topics.submitted, {"cluster": "c1", "task": f"t{k}", "tenant": "A", "demand": {"cpu": 1, "mem": 1},
+                                      "time": 1}) for k in range(3)]
+        for topic, message in sends:
+            subprocess.run(["kcat", "-P", "-b", BROKER, "-t", topic, "-k", "c1"], input=json.dumps(message).encode(),
+                           check=True)
+        decisions = asyncio.run(collect(topics.decisions, lambda ms: len(placed(ms)) >= 3))
+    finally:
+        worker.stop()
+    assert sorted(d["task"] for d in placed(decisions)) == ["t0", "t1", "t2"]
+
+
+def test_the_worker_leaves_existing_topics_as_they_are_and_refuses_input_topics_of_different_partition_counts(tmp_path):
+    from fairstream.producers.client import ensure_topics
+
+    app_id = f"t{uuid.uuid4().hex[:8]}"
+    topics = Topics().with_prefix(app_id)
+    asyncio.run(ensure_topics(BROKER, [topics.submitted], partitions=3))
+    worker = [sys.executable, "-m", "fairstream.cli", "worker", "--policy", "drf", "--app-id", app_id,
+              "--topic-prefix", app_id, "--broker", BROKER, "--redis", REDIS, "--metrics-port", "0"]
+    refused = subprocess.run(worker, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert refused.returncode == 2, refused.stderr
+    [error] = [line for line in refused.stderr.splitlines() if line.startswith("fairstream: error:")]
+    assert f"{topics.submitted} 3" in error and f"{topics.completed} 4" in error and "Traceback" not in refused.stderr
+    # The others were created with the default count; the existing one kept its own.
+    assert asyncio.run(ensure_topics(BROKER, topics.names)) == {**{name: 4 for name in topics.names}, topics.submitted: 3}
+
+
+def test_a_topic_the_broker_will_not_create_is_one_line_and_exit_2():
+    # The broker refuses an illegal topic name as it would an unauthorised client: the error
+    # code in its answer is reported (it was ignored before), not waited on.
+    result = subprocess.run([sys.executable, "-m", "fairstream.cli", "worker", "--policy", "drf", "--app-id", "bad",
+                             "--topic-prefix", "no spaces allowed", "--broker", BROKER, "--redis", REDIS,
+                             "--metrics-port", "0"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "topic no spaces allowed.tasks.submitted does not exist and could not be created (InvalidTopicError" \
+        in result.stderr.splitlines()[-1]
 
 
 def test_kill_9_and_restart_loses_nothing_places_nothing_twice_and_replays_to_the_same_decisions(tmp_path):
