@@ -151,6 +151,11 @@ class MetricsRecorder:
             for name in self.integral_g
         }
 
+    def accumulated_at(self, time: float) -> dict[str, float]:
+        """Each tenant's accumulated usage f_raw (formula 1) at ``time``, read off the sampled
+        series (linear between samples, which holds where the allocation does not change)."""
+        return {name: float(np.interp(time, s.time, s.f_raw)) if s.time else 0.0 for name, s in self.series.items()}
+
     def soft_fairness_summary(self) -> dict[str, float]:
         """Time-weighted mean and maximum of the soft fairness degree over the run."""
         mean = self.soft_fairness_integral / self.soft_fairness_time if self.soft_fairness_time > 0 else 0.0

@@ -107,6 +107,26 @@ def plot_comparison(results: dict, speedups: dict, out: Path) -> list[Path]:
     return [out / "figure5_fairness.png", out / "figure6_speedup.png"]
 
 
+def plot_side_by_side(results: dict, marks: dict[str, float], path: Path) -> Path:
+    """Per-tenant accumulated usage (formula 1) and current allocation over time, one row per
+    policy on shared axes, with dashed lines at ``marks`` (label -> time)."""
+    fig, axes = plt.subplots(len(results), 2, figsize=(12, 3.4 * len(results)), squeeze=False, sharex=True,
+                             sharey="col")
+    for (policy, result), (left, right) in zip(results.items(), axes):
+        unit = result.metrics.metric_resource
+        _per_tenant(left, result.metrics.series, "f_raw", f"{policy}: accumulated usage", f"{unit} share x seconds")
+        _per_tenant(right, result.metrics.series, "g", f"{policy}: current allocation", f"{unit} share of cluster")
+        for ax in (left, right):
+            for label, at in marks.items():
+                ax.axvline(at, color="grey", linewidth=0.8, linestyle="--")
+                ax.annotate(label, (at, 1.0), xycoords=("data", "axes fraction"), fontsize=7, ha="left", va="top",
+                            xytext=(3, -3), textcoords="offset points")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def sweep_figures(rows: list[dict], out: Path) -> list[Path]:
     """The QKnobler paper's Figures 6-9 from ``fairstream sweep`` rows (those present)."""
     written = []

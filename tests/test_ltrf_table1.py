@@ -66,3 +66,25 @@ def test_memoryless_totals_are_160_and_240():
     fair.step(5, [])
     raw = fair.accounting.raw_usage
     assert (raw[fair.accounting.row["A"], 0], raw[fair.accounting.row["B"], 0]) == (160.0, 240.0)
+
+
+@pytest.mark.parametrize("nodes, arrives, until, fair_part_of_a", [
+    # Fair: B alone for `arrives` s, then half each: A's part = (until - arrives) / (2 until).
+    # 25 nodes, A from 300 s to 900 s: 600 / 1800 = 1/3 (the demo's shape, at half its size).
+    pytest.param(25, 300.0, 900.0, 1 / 3, id="B alone for a third of the window: fair leaves A a third, ltrf half"),
+    # 10 nodes, A from 100 s to 900 s: 800 / 1800 = 4/9.
+    pytest.param(10, 100.0, 900.0, 4 / 9, id="B alone for a ninth of the window: fair leaves A four ninths, ltrf half"),
+])
+def test_table1_at_cluster_scale_fair_keeps_what_b_was_lent_and_ltrf_pays_it_back(nodes, arrives, until, fair_part_of_a):
+    # LTRF (F-LTMM): A gets everything from `arrives` until the totals meet, then half: at
+    # `until` both have half of what the cluster served, as Table 1(b)'s 200/200.
+    from fairstream.simulator import Simulator
+    from fairstream.traces.come_and_go import come_and_go
+
+    scenario = come_and_go(nodes=nodes, a_arrives=arrives, contended_until=until)
+    parts = {}
+    for policy in ("fair", "ltrf"):
+        used = Simulator(scenario, policy, {}, progress=False).run().metrics.accumulated_at(until)
+        parts[policy] = used["A"] / (used["A"] + used["B"])
+    assert parts["fair"] == pytest.approx(fair_part_of_a, abs=0.005)
+    assert parts["ltrf"] == pytest.approx(0.5, abs=0.005)

@@ -190,6 +190,11 @@ def test_demo_prints_the_per_queue_table_and_writes_figures(tmp_path, capsys):
         assert queue in out
     assert "sharing loss" in out and "speedup" in out
     assert (tmp_path / "figure5_fairness.png").exists() and (tmp_path / "figure6_speedup.png").exists()
+    # Part 2, what long-term fairness buys: Table 1 at cluster scale, stated in one line.
+    assert "of the memory used until 900 s, A got 33% under fair and 50% under ltrf (B: 67% and 50%)" in out
+    assert (tmp_path / "come_and_go.png").stat().st_size > 0
+    parts = json.loads((tmp_path / "summary.json").read_text())["come_and_go"]["share_of_use_until_then"]
+    assert parts["fair"]["A"] == pytest.approx(1 / 3, abs=0.005) and parts["ltrf"]["A"] == pytest.approx(0.5, abs=0.005)
 
 
 def test_explain_prints_qknobler_theory_and_simulate_records_it_with_the_measured_soft_fairness(tmp_path, capsys):
