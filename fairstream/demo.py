@@ -46,7 +46,7 @@ def come_and_go_part(out: Path, progress: bool | None) -> tuple[list[str], dict,
         f"What long-term fairness buys ({scenario.name}; {COME_AND_GO['nodes']} nodes, LTRF Table 1 at cluster scale):",
         f"  of the memory used until {until:g} s, A got {parts['fair']['A']:.0%} under fair and "
         f"{parts['ltrf']['A']:.0%} under ltrf (B: {parts['fair']['B']:.0%} and {parts['ltrf']['B']:.0%}):",
-        f"  fair lends A's idle share to B for good; ltrf pays it back once A asks (Table 1: 160/240 vs 200/200).",
+        "  fair lends A's idle share to B for good; ltrf pays it back once A asks (Table 1: 160/240 vs 200/200).",
     ]
     return lines, {"contended_until": until, "share_of_use_until_then": parts}, figure
 
