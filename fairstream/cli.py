@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import sys
@@ -546,6 +547,10 @@ def main(argv: list[str] | None = None) -> int:
     configure()
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command != "worker":
+        # aiokafka logs a failed connection itself before raising it; the command's one error
+        # line (main) says the same. The worker keeps them: it retries, and they say why.
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         return args.func(args)
     except ModelError as exc:
@@ -560,6 +565,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        unreachable = _unreachable(exc)
+        if unreachable is None:
+            raise
+        print(f"fairstream: error: {unreachable}", file=sys.stderr)
+        return 2
+
+
+def _unreachable(exc: Exception) -> str | None:
+    """One line for a Kafka broker or Redis server the command could not use (a wrong
+    address, a service that is down, credentials it refused), else None."""
+    from aiokafka.errors import KafkaError
+    from redis.exceptions import RedisError
+
+    text = str(exc) if str(exc).startswith(type(exc).__name__) else f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, KafkaError):
+        return f"Kafka: {text} (check --broker / FAIRSTREAM_BROKER and FAIRSTREAM_KAFKA_*)"
+    if isinstance(exc, RedisError):
+        return f"Redis: {text} (check --redis / FAIRSTREAM_REDIS_URL)"
+    return None
 
 
 if __name__ == "__main__":

@@ -183,7 +183,11 @@ async def read_topic(broker: str, topic: str, from_beginning: bool = True, idle_
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=broker, group_id=group,
                                 auto_offset_reset="earliest" if from_beginning else "latest",
                                 enable_auto_commit=group is not None, **kafka_security(kafka_options))
-    await consumer.start()
+    try:
+        await consumer.start()
+    except BaseException:
+        await consumer.stop()  # a failed start (refused, untrusted broker) leaves nothing open
+        raise
     try:
         while True:
             batch = await consumer.getmany(timeout_ms=int((idle_timeout or 1.0) * 1000))

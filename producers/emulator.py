@@ -5,8 +5,10 @@ on a clock ``speed`` times faster than real time. Tasks that wait for something 
 of their job, or a whole other job) are not published by replay: the emulator releases them.
 
 ``emulate``: plays the cluster. It consumes decisions, runs each placed task for its trace
-duration and publishes its completion with event time ``decision time + duration`` when the
-accelerated clock gets there; a requeued task's pending completion is cancelled. It releases
+duration and publishes its completion when the accelerated clock gets there, with that event
+time; a requeued task's pending completion is cancelled. A task starts at its decision's time,
+or, as on a real cluster, when the emulator hears of the decision if that is later (the
+worker's latency times ``speed``): so nothing it publishes goes back in its own time. It releases
 held-back tasks when what they wait for has completed, and sends every node's heartbeat every
 ``heartbeat_interval`` seconds of event time. With ``replay=True`` it also does replay's part,
 so one process drives a whole run (the demo and the end-to-end tests).
@@ -158,7 +160,8 @@ async def run_emulator(
                     for r, u in zip(names, use[node]):
                         peak[r] = max(peak[r], u)
                     report.placed += 1
-                    schedule(decision["time"] + spec.duration, "complete", (task_id, attempts[task_id]))
+                    started = max(decision["time"], (wall.monotonic() - origin) * speed)
+                    schedule(started + spec.duration, "complete", (task_id, attempts[task_id]))
             if deadline is not None and wall.monotonic() > deadline:
                 log.warning("emulator.timeout", completed=report.completed, tasks=len(specs))
                 break

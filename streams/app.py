@@ -91,7 +91,15 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
                     "worker.metrics_unavailable", port=config.metrics_port, error=str(exc))
         for topic in out.values():  # declare the output topics so consumers can subscribe first
             await topic.maybe_declare()
-        await processor.start()
+        delays = backoff(0.5, 10.0)
+        while True:  # a Redis that is not up yet is waited for, as the broker is (streams/run.py)
+            try:
+                await processor.start()
+                return
+            except Exception as exc:
+                delay = next(delays)
+                log.warning("worker.store_unavailable", error=f"{type(exc).__name__}: {exc}", retry_in_s=delay)
+                await asyncio.sleep(delay)
 
     return app, processor
 
@@ -182,7 +190,7 @@ class GroupCommit:
                 events, self.buffer = self.buffer[:self.max_size], self.buffer[self.max_size:]
                 self.room.set()
                 batch = [Incoming(self.kind, bytes(e.value) if e.value is not None else b"", e.message.topic,
-                                  e.message.partition, e.message.offset) for e in events]
+                                  e.message.partition, e.message.offset, e.message.timestamp or 0.0) for e in events]
                 applied = await self._apply(batch)
                 self.last_ack = asyncio.get_running_loop().create_task(
                     self._acknowledge(events, applied.published, self.last_ack))

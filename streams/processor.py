@@ -6,8 +6,9 @@
 3. per cluster, in arrival order, turn events into engine steps: consecutive events within
    ``step_window`` seconds of event time (0: the same time) form one step, taken at the latest
    of their times (a scheduling cycle); an event up to ``max_lateness`` seconds behind the
-   cluster's clock is applied at the clock, one further behind is a dead letter; before each
-   step, nodes silent for more than ``node_timeout`` seconds (event time) are declared lost;
+   cluster's clock is applied at the clock; one further behind is a dead letter only if its
+   producer sent it late (``_late``), else it too is applied at the clock; before each step,
+   nodes silent for more than ``node_timeout`` seconds (event time) are declared lost;
 4. commit the new log steps, offsets, outputs (outbox) and views to the store in one
    transaction, snapshotting an engine when it is due (``_snapshot_due``): in the same
    transaction, or, with ``background_snapshots``, pickled by a forked child after the commit
@@ -47,7 +48,7 @@ from fairstream.events import (
     event_from_json,
     event_to_json,
 )
-from fairstream.model import Event, NodeLost, TaskSubmitted
+from fairstream.model import Event, NodeLost, TaskCompleted, TaskSubmitted
 from fairstream.state.store import BatchCommit, StaleLog, StateStore, Trim, republishing_order
 from fairstream.streams.config import Topics
 
@@ -67,6 +68,10 @@ class Incoming:
     topic: str
     partition: int
     offset: int
+    # When it was produced: the Kafka record's timestamp in seconds (the producer's clock, or
+    # the broker's with LogAppendTime); 0 where unknown. Tells an event its producer sent late
+    # from one the worker read late (``Processor._late``).
+    produced: float = 0.0
 
     @property
     def position(self) -> str:
@@ -126,6 +131,9 @@ class Processor:
         self.events_since_snapshot: dict[str, int] = {}  # replay cost of the log after the snapshot
         self.time_at_snapshot: dict[str, float] = {}
         self.applied: dict[str, int] = {}
+        # Per cluster: the latest ``Incoming.produced`` of the events it applied (kept in the
+        # store's "clock" view, so a restarted worker tells late producers from its own backlog).
+        self.produced: dict[str, float] = {}
         self._lock = asyncio.Lock()
         self._waiting: list[_Ticket] = []  # batches waiting for the lock, applied together
         self._started = False
@@ -154,7 +162,8 @@ class Processor:
 
     def _drop(self, cluster: str) -> None:
         for cache in (self.engines, self.steps_taken, self.steps_at_snapshot, self.log_base, self.checkpoints,
-                      self.events_since_snapshot, self.time_at_snapshot, self.snapshotting, self.written_quanta):
+                      self.events_since_snapshot, self.time_at_snapshot, self.snapshotting, self.written_quanta,
+                      self.produced):
             cache.pop(cluster, None)
 
     def _retain(self, cluster: str, steps: int, now: float, blob: bytes, commit: BatchCommit) -> None:
@@ -189,6 +198,7 @@ class Processor:
             self.time_at_snapshot[cluster] = engine.time or 0.0
             self.log_base[cluster] = record.log_base
             self.checkpoints[cluster] = list(record.checkpoints)
+            self.produced[cluster] = float((await self.store.view(cluster, "clock")).get("produced", 0.0))
             if record.snapshot or record.log:
                 log.info("worker.cluster_recovered", cluster=cluster, snapshot_steps=record.snapshot_steps,
                          replayed_steps=len(record.log))
@@ -315,6 +325,7 @@ class Processor:
             commit.outbox.extend((self.topics.decisions, decision_message(cluster, d)) for d in decisions)
             commit.views[cluster] = views(engine, touched, touched_nodes(steps),
                                           self.written_quanta.setdefault(cluster, {}))
+            commit.views[cluster]["clock"] = {"time": dumps_text(engine.time), "produced": dumps_text(self.produced[cluster])}
             self.steps_taken[cluster] += len(steps)
             self.events_since_snapshot[cluster] += _events_in(steps)
             self._land_snapshot(cluster, commit)
@@ -417,17 +428,20 @@ class Processor:
                     dead.append(_dead_letter(message, index, reason))
             group.clear()
 
+        produced = self.produced.get(cluster, 0.0)
         for event, message, index in items:
             clock = engine.time if group_time is None else group_time
             time = event.time
             if clock is not None and time < clock:
-                if clock - time > self.max_lateness:
+                if clock - time > self.max_lateness and self._late(event, message, produced):
                     dead.append(_dead_letter(message, index,
                                              f"time {time} is {clock - time:.3f} s behind the cluster clock {clock} "
-                                             f"(more than max_lateness {self.max_lateness} s)"))
+                                             f"(more than max_lateness {self.max_lateness} s), and it was produced "
+                                             f"after the events that moved the clock"))
                     continue
-                event = _at(event, clock)  # a little late: applied now, recorded as applied
+                event = _at(event, clock)  # late: applied now, recorded as applied
                 time = clock
+            produced = max(produced, message.produced)
             if group_time is not None and (time > group_start + self.step_window or (self.step_window == 0 and time != group_time)):
                 flush()
                 group_start = None
@@ -436,7 +450,22 @@ class Processor:
             group_time = time if group_time is None else max(group_time, time)
             group.append((event, message, index))
         flush()
+        self.produced[cluster] = produced
         return steps, decisions, touched
+
+    @staticmethod
+    def _late(event: Event, message: Incoming, produced: float) -> bool:
+        """Whether an event more than ``max_lateness`` behind its cluster's clock was sent late
+        by its producer, and so is a dead letter.
+
+        Not a completion: it reports that a known task is done, and dropping it would leave the
+        task holding its resources for ever; it is applied at the clock. Not an event produced
+        before one the cluster already applied (``produced``, the latest record timestamp so
+        far): that one is only late because the worker read it late, catching up after an
+        outage or reading one topic ahead of another, and is applied at the clock too. The
+        record timestamps come from the producers' clocks, so skew between a cluster's
+        producers moves this line by as much."""
+        return not isinstance(event, TaskCompleted) and message.produced >= produced
 
     def _silent_nodes(self, engine: Engine, now: float) -> list[Event]:
         if math.isinf(self.node_timeout):

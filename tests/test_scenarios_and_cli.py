@@ -113,6 +113,50 @@ def test_an_unwritable_output_directory_is_one_line(tmp_path, capsys):
     assert err.startswith("fairstream: error:") and err.count("\n") == 1
 
 
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # bound and closed again: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+TRACE = str(Path(__file__).parent / "data" / "FB-2009_samples_24_times_1hr_1.head60.tsv")
+
+
+@pytest.mark.parametrize("argv, service", [
+    pytest.param(["tail", "--idle-timeout", "1", "--broker", "127.0.0.1:{port}"], "Kafka",
+                 id="tail from a broker that is not there"),
+    pytest.param(["publish", "--topic", "t", "--broker", "127.0.0.1:{port}"], "Kafka",
+                 id="publish to a broker that is not there"),
+    pytest.param(["replay", TRACE, "--format", "swim", "--limit", "2", "--broker", "127.0.0.1:{port}"], "Kafka",
+                 id="replay to a broker that is not there"),
+    pytest.param(["emulate", TRACE, "--format", "swim", "--limit", "2", "--broker", "127.0.0.1:{port}"], "Kafka",
+                 id="emulate on a broker that is not there"),
+    pytest.param(["export-log", "--cluster", "c", "--redis", "redis://127.0.0.1:{port}/0"], "Redis",
+                 id="export-log from a Redis that is not there"),
+])
+def test_a_service_that_cannot_be_reached_is_one_line_naming_it_and_exit_2(argv, service, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"cluster": "c"}\n'))
+    port = _closed_port()
+    assert main([a.format(port=port) for a in argv]) == 2
+    captured = capsys.readouterr()
+    [line] = captured.err.splitlines()
+    assert line.startswith(f"fairstream: error: {service}: ") and str(port) in line
+
+
+def test_the_installed_command_says_an_unreachable_broker_in_one_line_of_its_own():
+    # In a process of its own, where nothing captures aiokafka's log: it would add a line.
+    port = _closed_port()
+    done = subprocess.run([str(Path(sys.executable).parent / "fairstream"), "tail", "--idle-timeout", "1", "--broker",
+                           f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert line.startswith("fairstream: error: Kafka: KafkaConnectionError: Unable to bootstrap")
+
+
 def test_simulate_writes_decisions_metrics_and_plots(tmp_path, capsys):
     path = tmp_path / "macro.json"
     path.write_text(json.dumps(macro_benchmark(seed=3, scale=0.05).to_json()))

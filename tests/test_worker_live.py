@@ -172,6 +172,32 @@ def test_a_worker_started_before_its_topics_exist_creates_them_and_decides_what_
     assert sorted(d["task"] for d in placed(decisions)) == ["t0", "t1", "t2"]
 
 
+def test_a_worker_started_before_its_redis_waits_for_it_and_then_decides(tmp_path):
+    app_id = f"t{uuid.uuid4().hex[:8]}"
+    topics = Topics().with_prefix(app_id)
+    port = free_port()
+    worker = Worker(app_id, tmp_path, "--redis", f"redis://127.0.0.1:{port}/0").start()  # the last --redis counts
+    redis = None
+    try:
+        worker.wait_for_log("worker.store_unavailable")
+        redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                  "--appendonly", "no"], stdout=subprocess.DEVNULL)
+
+        async def cluster():
+            async with Publisher(BROKER, topics) as pub:
+                await pub.heartbeat("c1", "n1", 0, {"cpu": 2, "mem": 2})
+                await pub.submit("c1", "t1", tenant="A", demand={"cpu": 1, "mem": 1}, time=1)
+            return await collect(topics.decisions, lambda ms: len(placed(ms)) >= 1)
+
+        decisions = asyncio.run(cluster())
+    finally:
+        worker.stop()
+        if redis is not None:
+            redis.terminate()
+            redis.wait()
+    assert [d["task"] for d in placed(decisions)] == ["t1"]
+
+
 def test_the_worker_leaves_existing_topics_as_they_are_and_refuses_input_topics_of_different_partition_counts(tmp_path):
     from fairstream.producers.client import ensure_topics
 

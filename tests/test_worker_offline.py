@@ -5,6 +5,7 @@ the Faust agents through ``test_context``. The same behaviour on real Kafka and 
 import asyncio
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,11 +23,12 @@ class Wire:
         self.offsets = {}
         self.published = []
 
-    def msg(self, kind, body, raw=None):
+    def msg(self, kind, body, raw=None, produced=0.0):
+        """The next message of ``kind``'s topic; ``produced``: its record timestamp (s)."""
         offset = self.offsets.get(kind, 0)
         self.offsets[kind] = offset + 1
         data = raw if raw is not None else json.dumps(body).encode()
-        return Incoming(kind, data, TOPIC[kind], 0, offset)
+        return Incoming(kind, data, TOPIC[kind], 0, offset, produced)
 
     async def publish(self, topic, key, message):
         self.published.append((topic, key, message))
@@ -109,6 +111,68 @@ def test_bad_input_goes_to_the_dead_letter_topic_and_the_worker_keeps_going(kind
     assert len(dead) == 1 and reason in dead[0]["reason"]
     assert dead[0]["topic"] == TOPIC[kind] and ("original" in dead[0] or "original_base64" in dead[0])
     assert "after" in [d["task"] for d in wire.decisions()]  # still deciding afterwards
+
+
+LATE_EVENTS = [
+    # The cluster: n1 (1 cpu, 1 GB) runs t1 from time 0; at time 100 (produced at 10 s)
+    # "waiting" arrives and does not fit. Then an event of time 0, 100 s behind the clock
+    # (max_lateness 0.5 s), produced at the time given.
+    pytest.param("submitted", task("old", time=0), 30.0, "dead", None,
+                 id="a submission its producer sent after the events that moved the clock is a dead letter"),
+    pytest.param("submitted", task("old", time=0), 5.0, "applied", None,
+                 id="a submission produced before those events, read late (catching up), is applied at the clock"),
+    pytest.param("heartbeat", heartbeat("n2", time=0, cpu=1, mem=1), 5.0, "applied", "n2",
+                 id="a node's heartbeat produced before those events is applied at the clock and runs what waits"),
+    pytest.param("heartbeat", heartbeat("n2", time=0, cpu=1, mem=1), 30.0, "dead", None,
+                 id="a heartbeat its producer sent late is a dead letter"),
+    pytest.param("completed", done("t1", 0), 30.0, "applied", "n1",
+                 id="a completion is applied at the clock however late it was sent: its task's resources come back"),
+]
+
+
+@pytest.mark.parametrize("kind, body, produced, outcome, waiting_on", LATE_EVENTS)
+def test_an_event_far_behind_the_clock_is_a_dead_letter_only_when_its_producer_sent_it_late(
+        kind, body, produced, outcome, waiting_on):
+    wire = Wire()
+
+    async def scenario():
+        p = processor(wire=wire, max_lateness=0.5, step_window=0.0)
+        await p.handle([wire.msg("heartbeat", heartbeat(cpu=1, mem=1), produced=1.0),
+                        wire.msg("submitted", task("t1", cpu=1, mem=1), produced=1.0)])
+        await p.handle([wire.msg("heartbeat", heartbeat(time=100, cpu=1, mem=1), produced=10.0),
+                        wire.msg("submitted", task("waiting", time=100, cpu=1, mem=1), produced=10.0)])
+        await p.handle([wire.msg(kind, body, produced=produced)])
+        return p.engines["c1"]
+
+    engine = run(scenario())
+    dead = wire.dead()
+    if outcome == "dead":
+        assert len(dead) == 1 and "produced after the events that moved the clock" in dead[0]["reason"]
+    else:
+        assert dead == []
+    if body.get("task") == "old":
+        assert ("old" in engine.tasks) == (outcome == "applied")
+    placed = {d["task"]: (d["node"], d["time"]) for d in wire.decisions() if d["kind"] == "place"}
+    assert placed.get("waiting") == ((waiting_on, 100.0) if waiting_on else None)
+
+
+def test_a_restarted_worker_still_tells_an_event_read_late_from_one_sent_late():
+    # The latest record timestamp a cluster applied is kept with its state (the "clock" view):
+    # after a restart, an event produced before it is still applied at the clock, not dropped.
+    wire, store = Wire(), MemoryStore()
+
+    async def scenario():
+        first = processor(store=store, wire=wire, max_lateness=0.5, step_window=0.0)
+        await first.handle([wire.msg("heartbeat", heartbeat(cpu=1, mem=1), produced=1.0),
+                            wire.msg("submitted", task("t1", cpu=1, mem=1), produced=1.0)])
+        await first.handle([wire.msg("submitted", task("waiting", time=100, cpu=1, mem=1), produced=10.0)])
+        restarted = processor(store=store, wire=wire, max_lateness=0.5, step_window=0.0)
+        await restarted.handle([wire.msg("heartbeat", heartbeat("n2", time=0, cpu=1, mem=1), produced=5.0)])
+        return await store.view("c1", "clock")
+
+    clock = run(scenario())
+    assert wire.dead() == [] and clock == {"time": 100.0, "produced": 10.0}
+    assert [(d["task"], d["node"]) for d in wire.decisions()] == [("t1", "n1"), ("waiting", "n2")]
 
 
 def test_a_batch_message_is_applied_as_its_events_one_by_one():
@@ -566,11 +630,13 @@ def test_the_worker_consumer_fetches_with_the_configured_wait_and_minimum(config
 
 
 class Delivered:
-    """What a Faust agent's stream hands over: the value and the message it came in."""
+    """What a Faust agent's stream hands over: the value and the message it came in (with its
+    topic, partition, offset and record timestamp)."""
 
     def __init__(self, incoming: Incoming):
         self.value = incoming.raw
-        self.message = incoming
+        self.message = SimpleNamespace(topic=incoming.topic, partition=incoming.partition, offset=incoming.offset,
+                                       timestamp=incoming.produced)
 
 
 class GatedStore(MemoryStore):
