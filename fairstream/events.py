@@ -74,8 +74,13 @@ _OPTIONAL = {SUBMITTED: {"job", "constraints", "version"}, COMPLETED: {"status",
 _STRINGS = ("cluster", "task", "tenant", "job", "node")
 
 
+# The largest time, demand or capacity an event may carry (the schemas' "maximum"): far past any
+# real one (10^15 s is thirty million years), and sums of such numbers stay finite floats.
+MAX_NUMBER = 1e15
+
+
 def _number(value) -> bool:
-    return value.__class__ in (int, float) and value >= 0
+    return value.__class__ in (int, float) and 0 <= value <= MAX_NUMBER
 
 
 def _vector(value) -> bool:
@@ -101,15 +106,17 @@ def _looks_valid(kind: str, doc) -> bool:
 
 
 def _parse(raw: bytes, max_bytes: int):
+    """The message's JSON. orjson alone decides, and refuses what must not reach the engine or
+    be written back: invalid UTF-8, lone surrogate escapes (no encoder could write them to
+    Redis or Kafka again), nesting deeper than 1,024, NaN and numbers beyond a double's range.
+    (The standard parser, a fallback once, took all of these and then failed later, outside
+    the decoder, on every retry of the batch.)"""
     if len(raw) > max_bytes:
         raise BadInput(f"oversize message: {len(raw)} bytes > {max_bytes}")
     try:
-        return orjson.loads(raw)  # fast path; it refuses a few things the standard parser takes
-    except orjson.JSONDecodeError:
-        try:  # (NaN, huge integers): the standard parser decides, so behaviour and messages stay its own
-            return json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise BadInput(f"malformed JSON: {exc}") from None
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadInput(f"malformed JSON: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -152,8 +159,53 @@ def element_bytes(raw: bytes, index: int | None) -> bytes:
     element's own JSON for one in a batch (what its dead letter carries)."""
     if index is None:
         return raw
-    doc = json.loads(raw)  # only on the dead-letter path: the standard parser, exact round trip
-    return json.dumps(doc[index], separators=(",", ":")).encode()
+    start, end = _element_spans(raw)[index]
+    return raw[start:end]
+
+
+_WHITESPACE = b" \t\r\n"
+
+
+@lru_cache(maxsize=16)
+def _element_spans(raw: bytes) -> tuple[tuple[int, int], ...]:
+    """Where each element of a message that is a JSON array stands in it, found in one pass
+    however many of them are dead letters (a bytes object keeps its hash, so the cache does not
+    read the message again), without recursion however deep an element nests (orjson's encoder
+    stops at 255 levels, the standard one at Python's recursion limit). ``raw`` is JSON that
+    parsed: strings are the only place a bracket or comma does not count."""
+    spans: list[tuple[int, int]] = []
+    depth, start, in_string, escaped = 0, None, False, False
+    for i, c in enumerate(raw):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == 0x5C:  # backslash
+                escaped = True
+            elif c == 0x22:  # closing quote
+                in_string = False
+            continue
+        if depth == 1 and start is None and c not in _WHITESPACE and c not in b",]":
+            start = i
+        if c == 0x22:
+            in_string = True
+        elif c in b"[{":
+            depth += 1
+        elif c in b"]}":
+            depth -= 1
+            if depth == 0:  # the array's own closing bracket
+                if start is not None:
+                    spans.append((start, _trimmed(raw, i)))
+                break
+        elif c == 0x2C and depth == 1:  # the comma after an element
+            spans.append((start, _trimmed(raw, i)))
+            start = None
+    return tuple(spans)
+
+
+def _trimmed(raw: bytes, end: int) -> int:
+    while raw[end - 1] in _WHITESPACE:
+        end -= 1
+    return end
 
 
 def _event(kind: str, doc: Any) -> tuple[str, Event]:

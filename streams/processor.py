@@ -25,7 +25,6 @@ the engine ends exactly where it was).
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import pickle
@@ -37,7 +36,7 @@ from typing import Awaitable, Callable
 import structlog
 
 from fairstream.engine import Engine
-from fairstream.jsoncodec import dumps_text
+from fairstream.jsoncodec import dumps_text, loads
 from fairstream.events import (
     BadElement,
     BadInput,
@@ -585,10 +584,12 @@ def _at(event: Event, time: float) -> Event:
 
 
 def _cluster_of(message: dict) -> str:
+    """A dead letter's message key: the cluster its original names, if it is a JSON object
+    that does (orjson: any original, however deep, only raises a ValueError)."""
     original = message.get("original")
     if isinstance(original, str):
         try:
-            doc = json.loads(original)
+            doc = loads(original)
             if isinstance(doc, dict) and isinstance(doc.get("cluster"), str):
                 return doc["cluster"]
         except ValueError:

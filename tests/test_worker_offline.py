@@ -94,6 +94,18 @@ BAD_INPUTS = [
     pytest.param("submitted", None, b"\xff\xfe\x00", "malformed JSON", id="bytes that are not UTF-8"),
     pytest.param("heartbeat", {"cluster": "c1", "node": 7, "time": 2, "capacity": {"mem": 1}}, None, "node: 7 is not of type 'string'", id="wrong types"),
     pytest.param("submitted", None, b"{" + b" " * 70000 + b"}", "oversize message", id="oversize message"),
+    # Poison shapes that once escaped the decoder and stalled the partition (issue: hostile input).
+    pytest.param("submitted", None, b'{"cluster":"c1","task":"p","tenant":"A","demand":{"cpu":1},"time":' + b"9" * 400
+                 + b"}", "number is infinity", id="a time of 400 digits"),
+    pytest.param("submitted", None, b'{"cluster":"c1","task":"p","tenant":"A","demand":{"cpu":1},"time":2,"x":'
+                 + b"9" * 5000 + b"}", "number is infinity", id="an integer of 5,000 digits"),
+    pytest.param("submitted", None, b"[" * 5000 + b"]" * 5000, "depth limit exceeded", id="JSON nested 5,000 deep"),
+    pytest.param("submitted", None, b'{"cluster":"c1","task":"\\ud800","tenant":"A","demand":{"cpu":1},"time":2}',
+                 "surrogate", id="a lone surrogate escape in a string"),
+    pytest.param("submitted", task("big", time=2, cpu=1e300), None, "demand.cpu: 1e+300 is greater than the maximum",
+                 id="a demand beyond the largest number an event may carry"),
+    pytest.param("heartbeat", heartbeat("n2", time=2, cpu=1e16, mem=1), None, "capacity.cpu: 1e+16 is greater than the maximum",
+                 id="a capacity beyond the largest number an event may carry"),
 ]
 
 
