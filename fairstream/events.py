@@ -22,6 +22,7 @@ the same way.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -277,11 +278,28 @@ class DeadLetter:
     index: int | None = None  # position in a batch message; its ``raw`` is then that element's JSON
 
     def to_json(self) -> dict[str, Any]:
-        try:
-            text = self.raw.decode("utf-8")
-            original = {"original": text}
-        except UnicodeDecodeError:
-            original = {"original_base64": base64.b64encode(self.raw).decode("ascii")}
         where = {} if self.index is None else {"index": self.index}
         return {"topic": self.topic, "partition": self.partition, "offset": self.offset, **where,
-                "reason": self.reason, **original}
+                "reason": self.reason[:MAX_REASON], **_original(self.raw)}
+
+
+# A dead letter must always be publishable: the original it carries is cut to this many
+# characters (UTF-8) or bytes (base64). Escaped in JSON a control character takes six, so the
+# message stays far under a producer's 1 MB limit whatever the input was.
+MAX_ORIGINAL = 16 * 1024
+MAX_REASON = 1024
+
+
+def _original(raw: bytes) -> dict[str, Any]:
+    """The original bytes as text (UTF-8) or base64; cut to ``MAX_ORIGINAL`` with a marker,
+    the full length and its SHA-256 when longer, so the input can still be found in Kafka."""
+    try:
+        text = raw.decode("utf-8")
+        kept = {"original": text[:MAX_ORIGINAL]}
+        cut = len(text) > MAX_ORIGINAL
+    except UnicodeDecodeError:
+        kept = {"original_base64": base64.b64encode(raw[:MAX_ORIGINAL]).decode("ascii")}
+        cut = len(raw) > MAX_ORIGINAL
+    if cut:
+        kept.update(original_truncated=True, original_bytes=len(raw), original_sha256=hashlib.sha256(raw).hexdigest())
+    return kept

@@ -5,6 +5,7 @@ the Faust agents through ``test_context``. The same behaviour on real Kafka and 
 import asyncio
 import dataclasses
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -185,6 +186,33 @@ def test_a_restarted_worker_still_tells_an_event_read_late_from_one_sent_late():
     clock = run(scenario())
     assert wire.dead() == [] and clock == {"time": 100.0, "produced": 10.0}
     assert [(d["task"], d["node"]) for d in wire.decisions()] == [("t1", "n1"), ("waiting", "n2")]
+
+
+@pytest.mark.parametrize("raw, truncated", [
+    # 200 KB of control characters in a JSON string: six bytes each once escaped, 1.2 MB in all.
+    pytest.param(b'{"cluster": "c1", "task": "' + b"\x01" * 200_000 + b'"}', True,
+                 id="200 KB of control characters is cut, with its length and hash"),
+    pytest.param(b"\xff" * 100_000, True, id="100 KB that is not UTF-8 is cut before base64"),
+    pytest.param(b'{"cluster": "c1", "task": ', False, id="a short original is kept whole"),
+])
+def test_a_dead_letter_is_small_enough_to_publish_whatever_the_input(raw, truncated):
+    import hashlib
+
+    import jsonschema
+
+    from fairstream.jsoncodec import dumps
+
+    wire = Wire()
+    run(processor(wire=wire, max_bytes=1 << 20).handle([wire.msg("submitted", None, raw=raw)]))
+    [dead] = wire.dead()
+    schema = json.loads((Path(__file__).parents[1] / "fairstream" / "schemas" / "deadletter.schema.json").read_text())
+    jsonschema.validate(dead, schema)
+    assert len(dumps(dead)) < 120_000  # under a producer's 1 MB however it escapes
+    if truncated:
+        assert dead["original_truncated"] is True and dead["original_bytes"] == len(raw)
+        assert dead["original_sha256"] == hashlib.sha256(raw).hexdigest()
+    else:
+        assert dead["original"] == raw.decode() and "original_truncated" not in dead
 
 
 def test_a_batch_message_is_applied_as_its_events_one_by_one():
