@@ -190,7 +190,8 @@ class GroupCommit:
                 events, self.buffer = self.buffer[:self.max_size], self.buffer[self.max_size:]
                 self.room.set()
                 batch = [Incoming(self.kind, bytes(e.value) if e.value is not None else b"", e.message.topic,
-                                  e.message.partition, e.message.offset, e.message.timestamp or 0.0) for e in events]
+                                  e.message.partition, e.message.offset, e.message.timestamp or 0.0,
+                                  _key(e.message.key)) for e in events]
                 applied = await self._apply(batch)
                 self.last_ack = asyncio.get_running_loop().create_task(
                     self._acknowledge(events, applied.published, self.last_ack))
@@ -241,6 +242,10 @@ class GroupCommit:
         for event in events:
             await self.ack(event)
         self.on_published(events[-1].message)
+
+
+def _key(key) -> bytes | None:
+    return None if key is None else bytes(key)
 
 
 def _resolve(future: asyncio.Future | None) -> None:

@@ -71,6 +71,8 @@ class Incoming:
     # the broker's with LogAppendTime); 0 where unknown. Tells an event its producer sent late
     # from one the worker read late (``Processor._late``).
     produced: float = 0.0
+    # The Kafka message key: the cluster id (README, Topics); None for a message sent without one.
+    key: bytes | None = None
 
     @property
     def position(self) -> str:
@@ -311,6 +313,11 @@ class Processor:
             for item in decoded:
                 if item.__class__ is BadElement:
                     dead.append(_dead_letter(message, item.index, item.reason))
+                elif message.key is not None and message.key != item.cluster.encode():
+                    # Keyed by another cluster, it sits in that one's partition, which another
+                    # worker may own: its cluster's events would be split between workers.
+                    dead.append(_dead_letter(message, item.index, f"message key {message.key!r} is not the event's "
+                                             f"cluster {item.cluster!r} (key a cluster's events by its id)"))
                 else:
                     by_cluster.setdefault(item.cluster, []).append((item.event, message, item.index))
 

@@ -24,12 +24,13 @@ class Wire:
         self.offsets = {}
         self.published = []
 
-    def msg(self, kind, body, raw=None, produced=0.0):
-        """The next message of ``kind``'s topic; ``produced``: its record timestamp (s)."""
+    def msg(self, kind, body, raw=None, produced=0.0, key=None):
+        """The next message of ``kind``'s topic; ``produced``: its record timestamp (s);
+        ``key``: its Kafka key (None: sent without one)."""
         offset = self.offsets.get(kind, 0)
         self.offsets[kind] = offset + 1
         data = raw if raw is not None else json.dumps(body).encode()
-        return Incoming(kind, data, TOPIC[kind], 0, offset, produced)
+        return Incoming(kind, data, TOPIC[kind], 0, offset, produced, key)
 
     async def publish(self, topic, key, message):
         self.published.append((topic, key, message))
@@ -213,6 +214,19 @@ def test_a_dead_letter_is_small_enough_to_publish_whatever_the_input(raw, trunca
         assert dead["original_sha256"] == hashlib.sha256(raw).hexdigest()
     else:
         assert dead["original"] == raw.decode() and "original_truncated" not in dead
+
+
+@pytest.mark.parametrize("key, applied", [
+    pytest.param(b"c1", True, id="a message keyed by its cluster is applied"),
+    pytest.param(None, True, id="a message sent without a key is applied (one worker reads every partition)"),
+    pytest.param(b"c2", False, id="a message keyed by another cluster is a dead letter naming both"),
+])
+def test_the_message_key_is_checked_against_the_events_cluster(key, applied):
+    wire = Wire()
+    run(processor(wire=wire).handle([wire.msg("heartbeat", heartbeat()), wire.msg("submitted", task("t1"), key=key)]))
+    assert ([d["task"] for d in wire.decisions()] == ["t1"]) == applied
+    assert [d["reason"] for d in wire.dead()] == ([] if applied else [
+        "message key b'c2' is not the event's cluster 'c1' (key a cluster's events by its id)"])
 
 
 def test_a_batch_message_is_applied_as_its_events_one_by_one():
@@ -676,7 +690,7 @@ class Delivered:
     def __init__(self, incoming: Incoming):
         self.value = incoming.raw
         self.message = SimpleNamespace(topic=incoming.topic, partition=incoming.partition, offset=incoming.offset,
-                                       timestamp=incoming.produced)
+                                       timestamp=incoming.produced, key=incoming.key)
 
 
 class GatedStore(MemoryStore):
