@@ -471,6 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--log-retention", type=positive_seconds, default=None,
                         help="seconds of event time of input log kept in Redis (default: all); older steps are "
                              "trimmed to a checkpoint that export-log --snapshot-out writes")
+    worker.add_argument("--max-engines", type=positive_int, default=worker_defaults.max_engines,
+                        help="cluster engines kept in memory; the least recently used is dropped beyond it and "
+                             "recovered from Redis when its cluster is heard from again")
     worker.add_argument("--snapshot-inline", action="store_true",
                         help="pickle engine snapshots in the worker process, pausing it, rather than in a forked child "
                              "(for platforms where fork is unwelcome)")

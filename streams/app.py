@@ -64,6 +64,7 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         log_retention=config.log_retention,
         step_window=config.step_window,
         background_snapshots=config.background_snapshots,
+        max_engines=config.max_engines,
     )
 
     for attribute, kind in KINDS:

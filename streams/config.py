@@ -64,6 +64,7 @@ class WorkerConfig:
     step_window: float = 0.1  # seconds of event time gathered into one scheduling step
     finished_retention: float = 3600.0  # seconds of event time finished task ids are remembered
     log_retention: float = math.inf  # seconds of event time of input log kept in the store
+    max_engines: int = 1000  # cluster engines kept in memory; the least recently used go first
     metrics_port: int = 9464  # 0: no metrics endpoint
     metrics_address: str = "127.0.0.1"
     kafka_options: dict = field(default_factory=dict)  # security settings passed to Faust

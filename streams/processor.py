@@ -104,6 +104,7 @@ class Processor:
         step_window: float = 0.0,
         log_retention: float = math.inf,
         background_snapshots: bool = False,
+        max_engines: int = 1000,
     ) -> None:
         from fairstream.streams.metrics import WorkerMetrics
 
@@ -122,6 +123,7 @@ class Processor:
         # Pickle snapshots in a forked child (copy-on-write, as Redis's BGSAVE does), so the
         # worker goes on answering while it runs: where the platform has fork().
         self.background_snapshots = background_snapshots and hasattr(os, "fork")
+        self.max_engines = max_engines  # cluster engines kept in memory (_evict_idle)
         self.snapshotting: dict[str, _Snapshotting] = {}
         self.written_quanta: dict[str, dict[str, float]] = {}  # per cluster: what the quanta view holds
         self.engines: dict[str, Engine] = {}
@@ -187,8 +189,12 @@ class Processor:
             self.checkpoints[cluster] = [point for point in points if point[0] >= new_base]
 
     async def engine(self, cluster: str) -> Engine:
-        engine = self.engines.get(cluster)
-        if engine is None:
+        """The cluster's engine: cached (moved to the end: ``engines`` is kept in order of last
+        use), or recovered from the store."""
+        engine = self.engines.pop(cluster, None)
+        if engine is not None:
+            self.engines[cluster] = engine
+        else:
             record = await self.store.load(cluster)
             engine = pickle.loads(record.snapshot) if record.snapshot else self.make_engine()
             for step in record.log:
@@ -373,7 +379,20 @@ class Processor:
         # are applied again after a redelivery).
         for cluster, engine, steps, at in fork_after_commit:
             self.snapshotting[cluster] = _Snapshotting(steps, at, _snapshot_in_child(engine))
+        self._evict_idle(keep=by_cluster)
         return outcome, commit.outbox, await self._enqueue(commit.outbox)
+
+    def _evict_idle(self, keep) -> None:
+        """Drop the engines used longest ago while more than ``max_engines`` are cached (never
+        those of the batch just applied). Their state is in the store: a cluster heard from
+        again is recovered as after a restart. So a flood of new cluster ids costs memory for
+        at most ``max_engines`` engines; their keys in Redis stay (they are the clusters' state)."""
+        while len(self.engines) > self.max_engines:
+            oldest = next(iter(self.engines))
+            if oldest in keep:  # a batch of more clusters than the cap keeps them all
+                return
+            self._drop(oldest)
+            log.info("worker.engine_evicted", cluster=oldest, cached=len(self.engines))
 
     def _add_snapshot(self, cluster: str, steps: int, at: float, blob: bytes, commit: BatchCommit) -> None:
         commit.snapshots[cluster] = (blob, steps)

@@ -63,6 +63,7 @@ def config_from_args(args) -> WorkerConfig:
         data_dir=args.data_dir,
         background_snapshots=not args.snapshot_inline,
         log_retention=math.inf if args.log_retention is None else args.log_retention,
+        max_engines=args.max_engines,
     )
 
 

@@ -229,6 +229,35 @@ def test_the_message_key_is_checked_against_the_events_cluster(key, applied):
         "message key b'c2' is not the event's cluster 'c1' (key a cluster's events by its id)"])
 
 
+def test_at_most_max_engines_stay_in_memory_and_an_evicted_cluster_recovers_from_the_store_unchanged():
+    # Five clusters, one batch each, then a second round: by then the first ones were evicted
+    # (cap 2) and are recovered from the store; the decisions are those of an uncapped worker.
+    def batches(wire):
+        rounds = []
+        for cluster in ("c0", "c1", "c2", "c3", "c4"):
+            rounds.append([wire.msg("heartbeat", heartbeat(cluster=cluster, cpu=2, mem=2), key=cluster.encode()),
+                           *(wire.msg("submitted", task(f"{cluster}-t{k}", time=1, cluster=cluster), key=cluster.encode())
+                             for k in range(3))])
+        for cluster in ("c0", "c1", "c2", "c3", "c4"):  # t0 done: t2, waiting, takes its place
+            rounds.append([wire.msg("completed", done(f"{cluster}-t0", 5, cluster=cluster), key=cluster.encode())])
+        return rounds
+
+    async def scenario(wire, **options):
+        p = processor(wire=wire, **options)
+        cached = []
+        for batch in batches(wire):
+            await p.handle(batch)
+            cached.append(len(p.engines))
+        return cached
+
+    capped, unbounded = Wire(), Wire()
+    cached = run(scenario(capped, max_engines=2))
+    run(scenario(unbounded))
+    assert max(cached) == 2
+    assert capped.decisions() == unbounded.decisions() and capped.dead() == unbounded.dead() == []
+    assert sum(d["kind"] == "place" for d in capped.decisions()) == 15  # 2 + the third, per cluster
+
+
 def test_a_batch_message_is_applied_as_its_events_one_by_one():
     # The same input as single messages and as JSON arrays (a job's tasks, an agent's
     # completions) gives the same decisions, in the same order.
