@@ -6,7 +6,6 @@ import gc
 import logging
 import math
 import os
-import re
 
 import structlog
 
@@ -17,8 +16,21 @@ from fairstream.state.store import RedisStore, redis_client
 
 
 def redact(url: str) -> str:
-    """``redis://user:secret@host`` -> ``redis://user:***@host``: no secret in logs."""
-    return re.sub(r"(//[^:/@]*:)[^@]*@", r"\1***@", url)
+    """A connection URL with every password replaced by ``***``, for logs: in the user part
+    (``redis://user:secret@host``, the secret may hold ``@`` itself: the host follows the last
+    one) and in the query (``?password=secret``)."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        name, has_password, _ = user.partition(":")
+        netloc = f"{name}:***@{host}" if has_password else netloc
+    query = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in parse_qsl(parts.query,
+                                                                                          keep_blank_values=True)],
+                      safe="*/")
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def faust_security() -> dict:

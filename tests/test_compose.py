@@ -81,3 +81,11 @@ def test_redis_fsyncs_every_write_to_an_append_only_file_on_a_named_volume():
     assert command[command.index("--appendfsync") + 1] == "always"
     volume = SERVICES["redis"]["volumes"][0].split(":")
     assert volume[1] == "/data" and volume[0] in COMPOSE["volumes"]
+
+
+@pytest.mark.parametrize("service", [name for name, service in SERVICES.items() if service.get("ports")])
+def test_published_ports_are_reachable_from_this_host_only(service):
+    # Kafka and Redis run without authentication here, the metrics page says what the
+    # cluster runs: none of them is published on the host's other interfaces.
+    for mapping in SERVICES[service]["ports"]:
+        assert str(mapping).startswith("127.0.0.1:"), f"{service} publishes {mapping} on every interface"

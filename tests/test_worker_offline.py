@@ -524,11 +524,17 @@ def test_after_a_rebalance_the_worker_reloads_clusters_from_the_store():
     pytest.param("redis://:s3cret@cache:6379/0", "redis://:***@cache:6379/0", id="a password alone is masked"),
     pytest.param("rediss://app:s3cret@cache:6380/1", "rediss://app:***@cache:6380/1", id="user and password: the password is masked"),
     pytest.param("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0", id="a URL without credentials is unchanged"),
+    pytest.param("redis://cache:6379/0?password=s3cret", "redis://cache:6379/0?password=***",
+                 id="a password in the query is masked"),
+    pytest.param("rediss://app:s3@cret@cache:6380/0?ssl_ca_certs=/etc/ca.pem&password=s3cret",
+                 "rediss://app:***@cache:6380/0?ssl_ca_certs=/etc/ca.pem&password=***",
+                 id="a password holding an at sign is masked whole, and so is one in the query"),
+    pytest.param("redis://app@cache/0", "redis://app@cache/0", id="a user without a password is unchanged"),
 ])
 def test_redis_urls_are_logged_without_their_password(url, shown):
     from fairstream.streams.run import redact
 
-    assert redact(url) == shown and "s3cret" not in redact(url)
+    assert redact(url) == shown and "s3cret" not in redact(url) and "cret@" not in redact(url)
 
 
 def test_a_tenants_file_gives_the_worker_its_tree_and_a_bad_one_is_one_line(tmp_path):
