@@ -340,7 +340,20 @@ class RedisStore:
 
 
 def redis_client(url: str, **options):
-    """A ``redis.asyncio`` client; TLS with a ``rediss://`` URL, AUTH from the URL or options."""
+    """A ``redis.asyncio`` client; TLS with a ``rediss://`` URL. The password: the URL's, else
+    the file ``FAIRSTREAM_REDIS_PASSWORD_FILE`` names (a mounted secret; its last newline
+    dropped), else ``FAIRSTREAM_REDIS_PASSWORD``: so it need not be on a command line, where
+    every user of the machine can read it."""
+    import os
+
     import redis.asyncio as aioredis
 
-    return aioredis.from_url(url, **options)
+    env = os.environ
+    if "password" not in options:
+        if env.get("FAIRSTREAM_REDIS_PASSWORD_FILE"):
+            from pathlib import Path
+
+            options["password"] = Path(env["FAIRSTREAM_REDIS_PASSWORD_FILE"]).read_text().removesuffix("\n")
+        elif env.get("FAIRSTREAM_REDIS_PASSWORD"):
+            options["password"] = env["FAIRSTREAM_REDIS_PASSWORD"]
+    return aioredis.from_url(url, **options)  # a password in the URL overrides these

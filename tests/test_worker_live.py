@@ -365,7 +365,11 @@ def run_secured_worker(tmp_path, monkeypatch, broker, env, redis_url=REDIS):
     return [d["task"] for d in decisions], log_path.read_text()
 
 
-def test_the_worker_runs_with_kafka_sasl_and_redis_auth_over_tls_and_logs_no_secret(tmp_path, monkeypatch):
+@pytest.mark.parametrize("password_in", [
+    pytest.param("url", id="the Redis password in the URL"),
+    pytest.param("file", id="the Redis password in FAIRSTREAM_REDIS_PASSWORD_FILE, not on the command line"),
+])
+def test_the_worker_runs_with_kafka_sasl_and_redis_auth_over_tls_and_logs_no_secret(tmp_path, monkeypatch, password_in):
     # Kafka: the SASL/PLAIN listener of scripts/services.sh. Redis: a second real server with
     # TLS (a self-signed certificate made here) and a password, on a free port, for this test.
     redis_port = free_port()
@@ -383,6 +387,11 @@ def test_the_worker_runs_with_kafka_sasl_and_redis_auth_over_tls_and_logs_no_sec
     redis_url = f"rediss://:{redis_secret}@127.0.0.1:{redis_port}/0?ssl_ca_certs={cert}"
     env = {"FAIRSTREAM_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "FAIRSTREAM_KAFKA_SASL_MECHANISM": "PLAIN",
            "FAIRSTREAM_KAFKA_SASL_USERNAME": "fairstream", "FAIRSTREAM_KAFKA_SASL_PASSWORD": KAFKA_SECRET}
+    if password_in == "file":
+        secret_file = tmp_path / "redis-password"
+        secret_file.write_text(redis_secret + "\n")
+        redis_url = redis_url.replace(f":{redis_secret}@", "")
+        env["FAIRSTREAM_REDIS_PASSWORD_FILE"] = str(secret_file)
     try:
         decided, text = run_secured_worker(tmp_path, monkeypatch, "127.0.0.1:9094", env, redis_url)
     finally:
@@ -390,7 +399,7 @@ def test_the_worker_runs_with_kafka_sasl_and_redis_auth_over_tls_and_logs_no_sec
         redis.wait(10)
     # A decision is published only after its batch was committed to Redis: it crossed both.
     assert decided == ["s1"]
-    assert "worker.start" in text and "***" in text, text[-2000:]
+    assert "worker.start" in text and ("***" in text) == (password_in == "url"), text[-2000:]  # masked where given
     assert redis_secret not in text and KAFKA_SECRET not in text
 
 
