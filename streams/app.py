@@ -18,7 +18,9 @@ from faust.exceptions import ConsumerNotStarted
 
 from fairstream.jsoncodec import dumps
 from fairstream.streams.config import WorkerConfig
-from fairstream.streams.processor import Incoming, Processor, backoff
+from fairstream.events import MAX_REASON
+from fairstream.state.store import StaleLog
+from fairstream.streams.processor import Applied, Incoming, Processor, backoff
 from fairstream.streams.transport import kafka_transport
 
 log = structlog.get_logger("fairstream.worker")
@@ -222,19 +224,39 @@ class GroupCommit:
             timer.cancel()
         self.arrival = None
 
-    async def _apply(self, batch: list[Incoming]):
-        """Apply ``batch``, trying again while the store fails (nothing of a failed attempt is
-        kept: the processor rebuilds the clusters from the store); meanwhile input is held
-        back: ``add`` waits once the buffer is full."""
-        delays = backoff(*self.retry_delays)
+    async def _apply(self, batch: list[Incoming], alone: bool = False):
+        """Apply ``batch``, trying again while it fails (nothing of a failed attempt is kept:
+        the processor rebuilds the clusters from the store); meanwhile input is held back:
+        ``add`` waits once the buffer is full.
+
+        A store or broker that cannot be reached is waited for however long. Any other error is
+        a fault some input triggers: after ``MAX_FAULTS`` of them the batch's messages are
+        applied one by one, and one that still fails ``MAX_FAULTS`` times on its own (``alone``)
+        is dead-lettered as ``internal error: ...`` (``Processor.reject``), so one message
+        cannot stall its partition and the others go on."""
+        delays, faults = backoff(*self.retry_delays), 0
         while True:
             try:
                 return await self.processor.apply(batch)
             except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                if not _unavailable(exc):
+                    faults += 1
+                    if faults >= MAX_FAULTS and alone:
+                        return await self.processor.reject(batch[0], f"internal error: {error}"[:MAX_REASON])
+                    if faults >= MAX_FAULTS and len(batch) > 1:
+                        return await self._apply_one_by_one(batch)
                 delay = next(delays)
-                log.error("worker.batch_failed", topic=batch[0].topic, messages=len(batch),
-                          error=f"{type(exc).__name__}: {exc}", retry_in_s=delay)
+                log.error("worker.batch_failed", topic=batch[0].topic, messages=len(batch), error=error,
+                          faults=faults, retry_in_s=delay)
                 await asyncio.sleep(delay)
+
+    async def _apply_one_by_one(self, batch: list[Incoming]):
+        """``batch`` as batches of one message, in order (to find the one a fault comes from);
+        an ``Applied`` whose ``published`` resolves once all of them are published."""
+        applied = [await self._apply([message], alone=True) for message in batch]
+        published = asyncio.ensure_future(asyncio.gather(*(a.published for a in applied)))
+        return Applied(applied[-1].outcome, published)
 
     async def _acknowledge(self, events: list, published: asyncio.Future, previous: asyncio.Task | None) -> None:
         if previous is not None:  # in arrival order
@@ -243,6 +265,18 @@ class GroupCommit:
         for event in events:
             await self.ack(event)
         self.on_published(events[-1].message)
+
+
+MAX_FAULTS = 3  # unexpected failures of a batch, then of one of its messages alone (GroupCommit._apply)
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says a service cannot be reached or moved on (retried for as long as it
+    takes) rather than that applying the input failed."""
+    from aiokafka.errors import KafkaError
+    from redis.exceptions import RedisError
+
+    return isinstance(exc, (OSError, asyncio.TimeoutError, RedisError, KafkaError, StaleLog))
 
 
 def _key(key) -> bytes | None:

@@ -28,6 +28,10 @@ class WorkerMetrics:
         self.lag = Gauge("fairstream_consumer_lag", "Messages behind the end of the partition",
                          ["topic", "partition"], registry=self.registry)
         self.steps = Counter("fairstream_engine_steps_total", "Engine steps (scheduling passes)", registry=self.registry)
+        self.internal_errors = Counter(
+            "fairstream_internal_errors_total",
+            "Input messages dead-lettered because applying them kept failing with an unexpected error",
+            ["topic"], registry=self.registry)
         self.gc_pause = Histogram(
             "fairstream_gc_pause_seconds", "Python garbage collector passes (the worker stops meanwhile)",
             ["generation"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),

@@ -265,6 +265,28 @@ class Processor:
         applied.published.add_done_callback(lambda done: self._count(messages, received, done))
         return applied
 
+    async def reject(self, message: Incoming, reason: str) -> "Applied":
+        """Dead-letter ``message`` without applying it (applying it kept failing with an
+        unexpected error: ``reason``): its offset and the dead letter are committed, so it is
+        skipped from now on, and the dead letter is published like any other output."""
+        if not self._started:
+            await self.start()
+        async with self._lock:
+            commit = BatchCommit()
+            commit.offsets[message.position] = max(self.applied.get(message.position, 0), message.offset + 1)
+            letter = DeadLetter(message.topic, message.partition, message.offset, reason, message.raw)
+            log.error("worker.internal_error", topic=message.topic, partition=message.partition,
+                      offset=message.offset, reason=reason)
+            self.metrics.dead_letters.labels(message.topic).inc()
+            self.metrics.internal_errors.labels(message.topic).inc()
+            commit.outbox.append((self.topics.deadletter, letter.to_json()))
+            await self.store.commit(commit)
+            self.applied.update(commit.offsets)
+            outcome = BatchOutcome(dead_letters=1, reasons=[reason])
+            acks = await self._enqueue(commit.outbox)
+            published = asyncio.get_running_loop().create_task(self._published(commit.outbox, acks, outcome))
+        return Applied(outcome, published)
+
     async def _published(self, outbox: list[tuple[str, dict]], acks: list | None, outcome: BatchOutcome,
                          retry_delays: tuple[float, float] = (0.1, 5.0)) -> None:
         """Wait for the broker to have a batch's outputs, then clear them from the outbox; if
@@ -327,6 +349,42 @@ class Processor:
                 else:
                     by_cluster.setdefault(item.cluster, []).append((item.event, message, item.index))
 
+        try:
+            await self._step_clusters(by_cluster, commit, outcome, dead, fork_after_commit)
+            for letter in dead:
+                log.warning("worker.dead_letter", topic=letter.topic, partition=letter.partition,
+                            offset=letter.offset, reason=letter.reason)
+                self.metrics.dead_letters.labels(letter.topic).inc()
+                commit.outbox.append((self.topics.deadletter, letter.to_json()))
+                outcome.reasons.append(letter.reason)
+            outcome.dead_letters = len(dead)
+            await self.store.commit(commit)
+        except BaseException as exc:
+            # The engines have applied a batch that is not durable, or failed part-way through
+            # it (a fault some input triggered): forget them, so that the redelivered messages
+            # are applied to engines rebuilt from the store, once.
+            for cluster in by_cluster:
+                self._drop(cluster)
+            if isinstance(exc, StaleLog):
+                # Another worker moved the log on (it holds the partition now; a rebalance
+                # will tell this one) or the store lost writes: before the batch is tried
+                # again, reload the offsets too, so that what the other applied is skipped.
+                log.warning("worker.log_moved", cluster=exc.cluster, expected_steps=exc.expected,
+                            found_steps=exc.found)
+                self._started = False
+            raise
+        self.applied.update(commit.offsets)
+        # Only now: a snapshot must hold nothing the store does not (a failed commit's steps
+        # are applied again after a redelivery).
+        for cluster, engine, steps, at in fork_after_commit:
+            self.snapshotting[cluster] = _Snapshotting(steps, at, _snapshot_in_child(engine))
+        self._evict_idle(keep=by_cluster)
+        return outcome, commit.outbox, await self._enqueue(commit.outbox)
+
+    async def _step_clusters(self, by_cluster, commit: BatchCommit, outcome: BatchOutcome, dead: list[DeadLetter],
+                             fork_after_commit: list) -> None:
+        """Each cluster's events through its engine, into ``commit`` (steps, outbox, views,
+        snapshots)."""
         for cluster, items in by_cluster.items():
             engine = await self.engine(cluster)
             steps, decisions, touched = self._run(cluster, engine, items, dead)
@@ -350,37 +408,6 @@ class Processor:
                     fork_after_commit.append((cluster, engine, steps_now, time_now))
                 else:
                     self._add_snapshot(cluster, steps_now, time_now, _pickle(engine), commit)
-
-        for letter in dead:
-            log.warning("worker.dead_letter", topic=letter.topic, partition=letter.partition,
-                        offset=letter.offset, reason=letter.reason)
-            self.metrics.dead_letters.labels(letter.topic).inc()
-            commit.outbox.append((self.topics.deadletter, letter.to_json()))
-            outcome.reasons.append(letter.reason)
-        outcome.dead_letters = len(dead)
-
-        try:
-            await self.store.commit(commit)
-        except Exception as exc:
-            # The engines have applied a batch that is not durable: forget them, so that the
-            # redelivered messages are applied to engines rebuilt from the store, once.
-            for cluster in by_cluster:
-                self._drop(cluster)
-            if isinstance(exc, StaleLog):
-                # Another worker moved the log on (it holds the partition now; a rebalance
-                # will tell this one) or the store lost writes: before the batch is tried
-                # again, reload the offsets too, so that what the other applied is skipped.
-                log.warning("worker.log_moved", cluster=exc.cluster, expected_steps=exc.expected,
-                            found_steps=exc.found)
-                self._started = False
-            raise
-        self.applied.update(commit.offsets)
-        # Only now: a snapshot must hold nothing the store does not (a failed commit's steps
-        # are applied again after a redelivery).
-        for cluster, engine, steps, at in fork_after_commit:
-            self.snapshotting[cluster] = _Snapshotting(steps, at, _snapshot_in_child(engine))
-        self._evict_idle(keep=by_cluster)
-        return outcome, commit.outbox, await self._enqueue(commit.outbox)
 
     def _evict_idle(self, keep) -> None:
         """Drop the engines used longest ago while more than ``max_engines`` are cached (never

@@ -1010,3 +1010,38 @@ def test_a_snapshot_child_that_fails_loses_nothing_and_the_next_snapshot_is_take
     record = run(scenario())
     assert record.snapshot is not None and record.snapshot_steps == 4  # the retry, two steps later
     assert len(record.log) == 2
+
+
+def test_a_message_whose_application_keeps_failing_is_dead_lettered_as_an_internal_error_and_the_rest_go_on(monkeypatch):
+    # A fault the decoder lets through (simulated: the engine half-applies a step holding task
+    # "boom", then raises). Three failed attempts of the batch, then one message at a time:
+    # "boom" fails three times alone and is dead-lettered; the others are applied once.
+    from fairstream.engine import Engine
+
+    step = Engine.step
+
+    def faulty_step(self, time, events):
+        events = list(events)
+        if any(getattr(e, "task", None) == "boom" for e in events):
+            step(self, time, [e for e in events if getattr(e, "task", None) != "boom"])  # half-applied...
+            raise OverflowError("int too large to convert to float")  # ...then the fault
+        return step(self, time, events)
+
+    monkeypatch.setattr(Engine, "step", faulty_step)
+    store, wire, acked = MemoryStore(), Wire(), []
+
+    async def scenario():
+        feed = group_commit(store, wire, acked)
+        await feed.processor.handle([wire.msg("heartbeat", heartbeat())])
+        for name in ("t1", "boom", "t2"):
+            await feed.add(Delivered(wire.msg("submitted", task(name, time=1))))
+        await feed.close()
+        return feed.processor
+
+    p = run(scenario())
+    assert [d["task"] for d in wire.decisions()] == ["t1", "t2"]  # each once: the half-applied steps were forgotten
+    [dead] = wire.dead()
+    assert dead["reason"] == "internal error: OverflowError: int too large to convert to float"
+    assert json.loads(dead["original"])["task"] == "boom" and acked == [0, 1, 2]
+    assert p.metrics.internal_errors.labels("tasks.submitted")._value.get() == 1
+    assert sorted(run(p.engine("c1")).tasks) == ["t1", "t2"]
