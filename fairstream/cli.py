@@ -450,6 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--app-id", default=worker_defaults.app_id, help="Kafka consumer group and Redis key prefix")
     worker.add_argument("--node-timeout", type=float, default=None, help="seconds of event time without heartbeat before a node is lost")
     worker.add_argument("--max-lateness", type=float, default=worker_defaults.max_lateness, help="seconds an event may lag the cluster clock")
+    worker.add_argument("--max-ahead", type=positive_seconds, default=worker_defaults.max_ahead,
+                        help="seconds an event may be ahead of its cluster's clock, beyond how far its producer's clock "
+                             "moved since the cluster's latest event (default a day); one further ahead is a dead letter")
     worker.add_argument("--topic-prefix", default="", help="prefix every topic name with PREFIX.")
     worker.add_argument("--partitions", type=positive_int, default=worker_defaults.partitions,
                         help="partitions of each topic the worker creates at start (existing topics are left as they are)")

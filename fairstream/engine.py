@@ -73,6 +73,44 @@ def accounting_config(resources: ResourceSpace, params: Mapping[str, Any]) -> Ac
     )
 
 
+@dataclass
+class _Earlier:
+    """What the events before one in ``Engine.admissible`` submitted, completed and introduced."""
+
+    submitted: set[str] = field(default_factory=set)
+    completed: set[str] = field(default_factory=set)
+    nodes: set[str] = field(default_factory=set)
+
+    def add(self, event: Event) -> None:
+        if isinstance(event, TaskSubmitted):
+            self.submitted.add(event.task)
+        elif isinstance(event, TaskCompleted):
+            self.completed.add(event.task)
+        elif isinstance(event, NodeHeartbeat):
+            self.nodes.add(event.node)
+
+
+_NOTHING_EARLIER = _Earlier()
+
+
+class Admission:
+    """``Engine.admission()``: events checked one at a time, without changing the engine."""
+
+    def __init__(self, engine: "Engine") -> None:
+        self.engine = engine
+        self.earlier = _Earlier()
+
+    def check(self, event: Event) -> str | None:
+        """Why applying ``event`` after those passed before would reject it, or None (it is
+        then counted as passed)."""
+        try:
+            self.engine._admit(event, self.earlier)
+        except ModelError as exc:
+            return str(exc)
+        self.earlier.add(event)
+        return None
+
+
 class Engine:
     """Cluster state plus the active policy. Not thread-safe; one engine per cluster."""
 
@@ -271,18 +309,53 @@ class Engine:
         else:  # pragma: no cover - the type union is closed
             raise EventRejected(f"unknown event type {type(event).__name__}")
 
+    def admissible(self, events: Iterable[Event]) -> list[str | None]:
+        """Per event, in order, why applying it now would reject it (None: it would apply),
+        taking the events before it as applied; nothing changes ("what if" without mutation)."""
+        admission = self.admission()
+        return [admission.check(event) for event in events]
+
+    def admission(self) -> "Admission":
+        """Checks events one at a time against this state, each as if those it passed before
+        were applied: the same checks ``step`` applies (``_admit``), so a driver can keep an
+        event that would be rejected out of a step, and its time off the clock."""
+        return Admission(self)
+
+    def _admit(self, event: Event, earlier: "_Earlier | None" = None):
+        """Raise ``ModelError`` if ``event`` cannot be applied to this state with ``earlier``'s
+        events applied too; returns what the check parsed (a submission's demand vector and
+        constraints, a heartbeat's capacity vector)."""
+        earlier = earlier or _NOTHING_EARLIER
+        if isinstance(event, TaskSubmitted):
+            task = event.task
+            if task in self.tasks or task in self.finished_ids or task in earlier.submitted or task in earlier.completed:
+                raise EventRejected(f"task {task!r}: duplicate submission")
+            if not self.tree.is_leaf(event.tenant):
+                if event.tenant in self.tree.specs:
+                    raise EventRejected(f"tenant {event.tenant!r}: a queue with children; tasks go to leaves")
+                if not self.auto_tenants:
+                    raise EventRejected(f"tenant {event.tenant!r}: unknown tenant")
+            demand = self.resources.vector(event.demand, where="demand")
+            if not demand.any():
+                raise EventRejected("demand: must ask for some resource (all zero)")
+            return demand, Constraints.from_json(event.constraints)
+        if isinstance(event, TaskCompleted):
+            task = event.task
+            if task in earlier.completed or task in self.finished_ids and task not in self.tasks:
+                raise EventRejected(f"task {task!r}: already completed")
+            if task not in self.tasks and task not in earlier.submitted:
+                raise EventRejected(f"task {task!r}: completion of an unknown task")
+            return None
+        if isinstance(event, NodeHeartbeat):
+            return self.resources.vector(event.capacity, where="capacity")
+        if isinstance(event, NodeLost):
+            if event.node not in self.node_row and event.node not in earlier.nodes:
+                raise EventRejected(f"node {event.node!r}: unknown node")
+            return None
+        raise EventRejected(f"unknown event type {type(event).__name__}")
+
     def _submit(self, event: TaskSubmitted) -> Task:
-        if event.task in self.tasks or event.task in self.finished_ids:
-            raise EventRejected(f"task {event.task!r}: duplicate submission")
-        if not self.tree.is_leaf(event.tenant):
-            if event.tenant in self.tree.specs:
-                raise EventRejected(f"tenant {event.tenant!r}: a queue with children; tasks go to leaves")
-            if not self.auto_tenants:
-                raise EventRejected(f"tenant {event.tenant!r}: unknown tenant")
-        demand = self.resources.vector(event.demand, where="demand")
-        if not demand.any():
-            raise EventRejected("demand: must ask for some resource (all zero)")
-        constraints = Constraints.from_json(event.constraints)
+        demand, constraints = self._admit(event)
         if self.tree.ensure_leaf(event.tenant):
             self.accounting.add_tenant(event.tenant, self.tree.path(event.tenant))
             self._refresh_shares()  # at once: the new tenant's PAR below reads shares
@@ -306,11 +379,8 @@ class Engine:
         return task
 
     def _complete(self, event: TaskCompleted) -> Task:
-        task = self.tasks.get(event.task)
-        if task is None:
-            if event.task in self.finished_ids:
-                raise EventRejected(f"task {event.task!r}: already completed")
-            raise EventRejected(f"task {event.task!r}: completion of an unknown task")
+        self._admit(event)
+        task = self.tasks[event.task]
         row = self.accounting.row[task.tenant]
         self.finished_ids[task.id] = event.time
         del self.tasks[task.id]
@@ -329,7 +399,7 @@ class Engine:
         return task
 
     def _heartbeat(self, event: NodeHeartbeat) -> None:
-        capacity = self.resources.vector(event.capacity, where="capacity")
+        capacity = self._admit(event)
         labels = dict(event.labels or {})
         row = self.node_row.get(event.node)
         if row is None:
@@ -379,9 +449,8 @@ class Engine:
         return self._alive[: len(self.nodes)]
 
     def _lose(self, event: NodeLost) -> list[Decision]:
-        row = self.node_row.get(event.node)
-        if row is None:
-            raise EventRejected(f"node {event.node!r}: unknown node")
+        self._admit(event)
+        row = self.node_row[event.node]
         node = self.nodes[row]
         if not node.alive:
             return []

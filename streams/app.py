@@ -67,6 +67,7 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         step_window=config.step_window,
         background_snapshots=config.background_snapshots,
         max_engines=config.max_engines,
+        max_ahead=config.max_ahead,
     )
 
     for attribute, kind in KINDS:

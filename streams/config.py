@@ -56,6 +56,7 @@ class WorkerConfig:
     fetch_max_wait: float = 0.01  # longest the broker may hold a fetch (streams/transport.py)
     fetch_min_bytes: int = 8192  # records the broker gathers for a fetch within that wait
     max_lateness: float = 60.0
+    max_ahead: float = 86400.0  # seconds an event may be ahead of its cluster's clock (plus its producer's progress)
     node_timeout: float = math.inf
     snapshot_every: int = 500
     snapshot_ratio: float = 2.0  # see Processor._snapshot_due

@@ -105,6 +105,7 @@ class Processor:
         log_retention: float = math.inf,
         background_snapshots: bool = False,
         max_engines: int = 1000,
+        max_ahead: float = 86400.0,
     ) -> None:
         from fairstream.streams.metrics import WorkerMetrics
 
@@ -124,6 +125,7 @@ class Processor:
         # worker goes on answering while it runs: where the platform has fork().
         self.background_snapshots = background_snapshots and hasattr(os, "fork")
         self.max_engines = max_engines  # cluster engines kept in memory (_evict_idle)
+        self.max_ahead = max_ahead  # how far an event may be ahead of its cluster's clock (_run)
         self.snapshotting: dict[str, _Snapshotting] = {}
         self.written_quanta: dict[str, dict[str, float]] = {}  # per cluster: what the quanta view holds
         self.engines: dict[str, Engine] = {}
@@ -481,9 +483,16 @@ class Processor:
             group.clear()
 
         produced = self.produced.get(cluster, 0.0)
+        admission = engine.admission()  # what the engine would reject, before it moves the clock
         for event, message, index in items:
             clock = engine.time if group_time is None else group_time
             time = event.time
+            if clock is not None and time > clock + self.max_ahead + max(0.0, message.produced - produced):
+                dead.append(_dead_letter(message, index,
+                                         f"time {time} is {time - clock:.3f} s ahead of the cluster clock {clock} "
+                                         f"(more than max_ahead {self.max_ahead} s beyond how far its producer's "
+                                         f"clock moved)"))
+                continue
             if clock is not None and time < clock:
                 if clock - time > self.max_lateness and self._late(event, message, produced):
                     dead.append(_dead_letter(message, index,
@@ -493,10 +502,15 @@ class Processor:
                     continue
                 event = _at(event, clock)  # late: applied now, recorded as applied
                 time = clock
-            produced = max(produced, message.produced)
             if group_time is not None and (time > group_start + self.step_window or (self.step_window == 0 and time != group_time)):
-                flush()
-                group_start = None
+                flush()  # the engine's clock is now the group's time
+                group_start = group_time = None
+                admission = engine.admission()  # against the state with the group applied
+            reason = admission.check(event)
+            if reason is not None:  # rejected before its time counts: it moves nothing
+                dead.append(_dead_letter(message, index, reason))
+                continue
+            produced = max(produced, message.produced)
             if group_start is None:
                 group_start = time
             group_time = time if group_time is None else max(group_time, time)

@@ -63,6 +63,7 @@ def config_from_args(args) -> WorkerConfig:
         app_id=args.app_id,
         node_timeout=math.inf if args.node_timeout is None else args.node_timeout,
         max_lateness=args.max_lateness,
+        max_ahead=args.max_ahead,
         topics=Topics().with_prefix(args.topic_prefix),
         partitions=args.partitions,
         metrics_port=args.metrics_port,

@@ -170,6 +170,42 @@ def test_an_event_far_behind_the_clock_is_a_dead_letter_only_when_its_producer_s
     assert placed.get("waiting") == ((waiting_on, 100.0) if waiting_on else None)
 
 
+@pytest.mark.parametrize("kind, body, produced, reason", [
+    # The drill: a completion of a task nobody submitted, at t = 10^12.
+    pytest.param("completed", done("nobody", 1e12), 11.0, "ahead of the cluster clock",
+                 id="a completion of an unknown task at 10^12 is a dead letter and moves nothing"),
+    # An hour ahead, within max_ahead: only the engine's own check keeps it off the clock.
+    pytest.param("completed", done("nobody", 3700), 11.0, "completion of an unknown task",
+                 id="an event the engine rejects moves nothing, even within max_ahead"),
+    pytest.param("submitted", task("far", time=1e12), 11.0, "ahead of the cluster clock",
+                 id="a valid event more than max_ahead ahead of the clock is a dead letter and moves nothing"),
+    pytest.param("submitted", task("later", time=100 + 2 * 86400), 10.0 + 2 * 86400, None,
+                 id="a jump as long as its producer's clock moved (a quiet cluster resuming) is applied"),
+])
+def test_an_event_far_ahead_of_the_clock_cannot_move_it(kind, body, produced, reason):
+    # A cluster at t = 100 (produced at 10 s) with --node-timeout 60: a clock moved to 10^12
+    # would declare every node lost, and every later event would be far behind it.
+    wire = Wire()
+
+    async def scenario():
+        p = processor(wire=wire, max_lateness=0.5, step_window=0.0, node_timeout=60.0)
+        await p.handle([wire.msg("heartbeat", heartbeat(time=100), produced=10.0)])
+        await p.handle([wire.msg(kind, body, produced=produced)])
+        clock = p.engines["c1"].time
+        await p.handle([wire.msg("heartbeat", heartbeat(time=clock + 1), produced=produced + 1),
+                        wire.msg("submitted", task("next", time=clock + 1), produced=produced + 1)])
+        return clock
+
+    clock = run(scenario())
+    dead = [d["reason"] for d in wire.dead()]
+    placed = [d["task"] for d in wire.decisions() if d["kind"] == "place"]
+    if reason is None:
+        assert dead == [] and clock == body["time"] and placed == ["later", "next"]
+    else:
+        assert len(dead) == 1 and reason in dead[0] and clock == 100.0
+        assert placed == ["next"] and not [d for d in wire.decisions() if d["kind"] == "requeue"]
+
+
 def test_a_restarted_worker_still_tells_an_event_read_late_from_one_sent_late():
     # The latest record timestamp a cluster applied is kept with its state (the "clock" view):
     # after a restart, an event produced before it is still applied at the clock, not dropped.
