@@ -20,7 +20,7 @@ from fairstream.jsoncodec import dumps
 from fairstream.streams.config import WorkerConfig
 from fairstream.events import MAX_REASON
 from fairstream.state.store import StaleLog
-from fairstream.streams.processor import Applied, Incoming, Processor, backoff
+from fairstream.streams.processor import Applied, Incoming, Processor, backoff, waiting_for
 from fairstream.streams.transport import kafka_transport
 
 log = structlog.get_logger("fairstream.worker")
@@ -95,15 +95,8 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
                     "worker.metrics_unavailable", port=config.metrics_port, error=str(exc))
         for topic in out.values():  # declare the output topics so consumers can subscribe first
             await topic.maybe_declare()
-        delays = backoff(0.5, 10.0)
-        while True:  # a Redis that is not up yet is waited for, as the broker is (streams/run.py)
-            try:
-                await processor.start()
-                return
-            except Exception as exc:
-                delay = next(delays)
-                log.warning("worker.store_unavailable", error=f"{type(exc).__name__}: {exc}", retry_in_s=delay)
-                await asyncio.sleep(delay)
+        # A Redis that is not up yet is waited for, as the broker is (streams/run.py).
+        await waiting_for(processor.start, "worker.store_unavailable")
 
     return app, processor
 

@@ -569,6 +569,21 @@ def backoff(first: float, longest: float):
         delay = min(2 * delay, longest)
 
 
+async def waiting_for(action, log_event: str, retry_on: type | tuple = Exception,
+                      delays: tuple[float, float] = (0.5, 10.0), **fields):
+    """``await action()`` until it succeeds: for a service that is not up yet. Each failure of
+    ``retry_on`` is logged as ``log_event`` (with ``fields``, the error and the wait) and tried
+    again after ``backoff(*delays)``."""
+    waits = backoff(*delays)
+    while True:
+        try:
+            return await action()
+        except retry_on as exc:
+            delay = next(waits)
+            log.warning(log_event, **fields, error=f"{type(exc).__name__}: {exc}", retry_in_s=delay)
+            await asyncio.sleep(delay)
+
+
 async def _acknowledged(acks: list) -> None:
     if acks:
         await asyncio.gather(*acks)

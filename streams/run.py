@@ -132,20 +132,11 @@ def prepare_topics(config: WorkerConfig, retry_delays: tuple[float, float] = (0.
 
     from fairstream.model import ModelError
     from fairstream.producers.client import ensure_topics
-    from fairstream.streams.processor import backoff
+    from fairstream.streams.processor import waiting_for
 
-    async def until_created() -> dict[str, int]:
-        delays = backoff(*retry_delays)
-        while True:
-            try:
-                return await ensure_topics(config.broker, config.topics.names, config.partitions)
-            except KafkaConnectionError as exc:
-                delay = next(delays)
-                structlog.get_logger("fairstream.worker").warning(
-                    "worker.broker_unavailable", broker=config.broker, error=str(exc), retry_in_s=delay)
-                await asyncio.sleep(delay)
-
-    partitions = asyncio.run(until_created())
+    partitions = asyncio.run(waiting_for(lambda: ensure_topics(config.broker, config.topics.names, config.partitions),
+                                         "worker.broker_unavailable", KafkaConnectionError, retry_delays,
+                                         broker=config.broker))
     inputs = {name: partitions[name] for name in config.topics.inputs}
     if len(set(inputs.values())) > 1:
         counts = ", ".join(f"{name} {count}" for name, count in inputs.items())

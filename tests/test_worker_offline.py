@@ -1081,3 +1081,23 @@ def test_a_message_whose_application_keeps_failing_is_dead_lettered_as_an_intern
     assert json.loads(dead["original"])["task"] == "boom" and acked == [0, 1, 2]
     assert p.metrics.internal_errors.labels("tasks.submitted")._value.get() == 1
     assert sorted(run(p.engine("c1")).tasks) == ["t1", "t2"]
+
+
+def test_waiting_for_a_service_retries_what_it_is_told_to_and_nothing_else():
+    from fairstream.streams.processor import waiting_for
+
+    attempts = []
+
+    async def flaky():
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise ConnectionError("not up yet")
+        return "up"
+
+    async def broken():
+        raise ValueError("a bug, not an outage")
+
+    assert run(waiting_for(flaky, "test.unavailable", ConnectionError, (0.001, 0.001))) == "up"
+    assert len(attempts) == 3
+    with pytest.raises(ValueError):
+        run(waiting_for(broken, "test.unavailable", ConnectionError, (0.001, 0.001)))
