@@ -114,17 +114,6 @@ class _Running:
     recent: bool = True  # inside the top-up suffix (still within its quantum)
     values: tuple[float, ...] = ()  # the demand as plain floats
 
-    # Pickled by the thousand in engine snapshots: a tuple, the demand as floats (as Task).
-    def __getstate__(self) -> tuple:
-        return self.start, self.values, self.done, self.recent
-
-    def __setstate__(self, state) -> None:
-        if isinstance(state, dict):  # pickled before the tuple form
-            self.__dict__.update(state)
-            return
-        self.start, self.values, self.done, self.recent = state
-        self.demand = np.array(self.values, dtype=float)
-
 
 class RecentTasks:
     """A tenant's running tasks in start order, for the quantum top-up (formula 15).
@@ -218,7 +207,7 @@ class RecentTasks:
 
 class _TopUpIndex:
     """Every tenant's quantum and top-up sums as arrays (one row per tenant), and when each
-    row's boundary next moves. Derived from the ledgers, never pickled: a scheduling pass
+    row's boundary next moves. Derived from the ledgers, never in a snapshot: a scheduling pass
     then costs the rows that changed (a task started or finished, a quantum moved, a task
     reached its quantum) instead of a Python loop over every tenant."""
 
@@ -434,7 +423,7 @@ class Accounting:
         return self._index_of_all().quanta
 
     def _index_of_all(self) -> _TopUpIndex:
-        index = getattr(self, "_index", None)  # absent in an unpickled engine: rebuilt here
+        index = getattr(self, "_index", None)  # absent in an engine read from a snapshot: rebuilt here
         if index is None:
             index = self._index = _TopUpIndex(self.n_resources)
         if len(index.quanta) < len(self.ledgers):
@@ -470,12 +459,6 @@ class Accounting:
         index.dirty.clear()
         index.at = now
         return index
-
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        for derived in ("_index", "_quanta", "_quanta_key"):  # rebuilt after unpickling
-            state.pop(derived, None)
-        return state
 
     def accumulated_rows(self, rows: list[int] | None, now: float) -> np.ndarray:
         """Counted accumulated usage in resource-seconds at ``now``, PAR excluded, one row per

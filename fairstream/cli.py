@@ -169,12 +169,14 @@ def _replay_events(args) -> int:
     # The engine the worker builds from the same options (equivalence depends on it), or the
     # checkpoint the retained log starts from.
     if args.snapshot:
-        import pickle
+        from fairstream.state.engine_snapshot import decode_engine
 
         try:
-            engine = pickle.loads(Path(args.snapshot).read_bytes())
-        except (OSError, pickle.UnpicklingError, EOFError) as exc:
-            raise ModelError(f"--snapshot {args.snapshot}: not an engine snapshot ({exc})") from None
+            engine = decode_engine(Path(args.snapshot).read_bytes())
+        except OSError as exc:
+            raise ModelError(f"--snapshot {args.snapshot}: cannot read ({exc.strerror})") from None
+        except ModelError as exc:
+            raise ModelError(f"--snapshot {args.snapshot}: {exc}") from None
     else:
         engine = WorkerConfig(
             policy=args.policy, params=parse_param_pairs(args.param),
@@ -252,6 +254,9 @@ def cmd_export_log(args) -> int:
     if retained.base_steps and not args.snapshot_out:
         raise ModelError(f"the log of cluster {args.cluster} starts at step {retained.base_steps} (older steps were "
                          "trimmed by --log-retention): pass --snapshot-out FILE for the engine it starts from")
+    if retained.base_steps and retained.base_snapshot is None:
+        raise ModelError(f"the log of cluster {args.cluster} starts at step {retained.base_steps}, "
+                         "but the checkpoint there is missing from the store")
     text = "".join(json.dumps(step, separators=(",", ":")) + "\n" for step in retained.steps)
     if args.out == "-":
         sys.stdout.write(text)
@@ -371,8 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--resources", default="cpu,mem", help="with --events: resource names (default cpu,mem)")
     sim.add_argument("--tenants-file", dest="tenants_file", help="with --events: the worker's --tenants file")
     sim.add_argument("--cluster", help="with --events: cluster id to stamp on the decisions")
-    sim.add_argument("--snapshot", help="with --events: the engine the log starts from (export-log --snapshot-out); "
-                                        "a pickle, so only load one you exported from your own Redis")
+    sim.add_argument("--snapshot", help="with --events: the engine the log starts from (export-log --snapshot-out; "
+                                        "plain data in a versioned format, never a pickle)")
     sim.add_argument("--finished-retention", type=float, default=worker_defaults.finished_retention, help="with --events: the worker's --finished-retention")
     sim.add_argument("--policy", required=True)
     sim.add_argument("--param", action="append", metavar="NAME=VALUE", help="policy parameter (repeatable)")
@@ -478,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="cluster engines kept in memory; the least recently used is dropped beyond it and "
                              "recovered from Redis when its cluster is heard from again")
     worker.add_argument("--snapshot-inline", action="store_true",
-                        help="pickle engine snapshots in the worker process, pausing it, rather than in a forked child "
+                        help="encode engine snapshots in the worker process, pausing it, rather than in a forked child "
                              "(for platforms where fork is unwelcome)")
     worker.add_argument("--data-dir", default=None,
                         help="Faust's local directory (default: <tmp>/fairstream-faust/<app-id>; no state of ours is kept there)")

@@ -163,17 +163,6 @@ class Engine:
             self.accounting.add_tenant(leaf, tree.path(leaf))
         self._refresh_shares()
 
-    # Snapshots (the worker's state store) pickle the engine; the policy is stored by name.
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state["spec"] = self.spec.name
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        state["spec"] = get_policy(state["spec"])
-        state.setdefault("_verdicts", {})  # snapshots taken before the verdict cache
-        self.__dict__.update(state)
-
     # ------------------------------------------------------------------ public
 
     @property

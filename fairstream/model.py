@@ -172,22 +172,6 @@ class Task:
     shape: int = -1
     demand_values: tuple[float, ...] = ()  # the demand as plain floats, for cheap comparisons
 
-    # Engine snapshots pickle thousands of tasks; a plain tuple with the demand as floats
-    # pickles several times faster than the instance dict with its numpy array.
-    def __getstate__(self) -> tuple:
-        state = self.__dict__
-        return tuple(state[name] if name != "demand" else state[name].tolist() for name in _TASK_FIELDS)
-
-    def __setstate__(self, state) -> None:
-        if isinstance(state, dict):  # pickled before the tuple form
-            self.__dict__.update(state)
-            return
-        self.__dict__.update(zip(_TASK_FIELDS, state))
-        self.demand = np.array(self.demand, dtype=float)
-
-
-_TASK_FIELDS = tuple(Task.__dataclass_fields__)
-
 
 # ----------------------------------------------------------------------------------- events
 

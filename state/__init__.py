@@ -1,4 +1,4 @@
-"""fairstream.state: where the streaming worker keeps engine state (next milestone).
+"""fairstream.state: where the streaming worker keeps engine state.
 
 A small interface with an in-memory implementation and a Redis one: per-tenant windowed
 accumulated usage and adaptive quanta, task and node registries, tenant configuration; read

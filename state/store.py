@@ -4,8 +4,9 @@ Design (see docs/architecture.md, "State"): the engine is deterministic, so a cl
 fully determined by the ordered input it applied. We store
 
 - the **input log**: every step the engine took, ``{"time", "events"}``, in order;
-- an occasional **snapshot** of the engine (pickled) with the number of log steps it includes,
-  so recovery replays only the log's tail;
+- an occasional **snapshot** of the engine (plain data that cannot run code when read:
+  ``engine_snapshot.py``) with the number of log steps it includes, so recovery replays only
+  the log's tail;
 - with a log retention (``fairstream worker --log-retention``), a few **checkpoints** (engine
   snapshots kept with their step number and event time): the log's head is trimmed up to the
   newest checkpoint older than the retention, which becomes the **base** the retained log
@@ -335,8 +336,8 @@ class RedisStore:
             pipe.get(self._key("c", cluster, "log_base"))
             pipe.get(self._key("c", cluster, "checkpoint", str(base)))
             base_now, blob = await pipe.execute()
-            if int(base_now or 0) == base and blob is not None:  # else a worker trimmed in between: read again
-                return RetainedLog([loads(s) for s in steps], base, blob)
+            if int(base_now or 0) == base:  # else a worker trimmed in between: read again
+                return RetainedLog([loads(s) for s in steps], base, blob)  # blob None: its checkpoint is gone
 
 
 def redis_client(url: str, **options):

@@ -60,7 +60,7 @@ class WorkerConfig:
     node_timeout: float = math.inf
     snapshot_every: int = 500
     snapshot_ratio: float = 2.0  # see Processor._snapshot_due
-    background_snapshots: bool = True  # pickled in a forked child (Processor)
+    background_snapshots: bool = True  # encoded in a forked child (Processor)
     max_bytes: int = 64 * 1024
     step_window: float = 0.1  # seconds of event time gathered into one scheduling step
     finished_retention: float = 3600.0  # seconds of event time finished task ids are remembered

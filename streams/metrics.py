@@ -32,6 +32,11 @@ class WorkerMetrics:
             "fairstream_internal_errors_total",
             "Input messages dead-lettered because applying them kept failing with an unexpected error",
             ["topic"], registry=self.registry)
+        self.snapshots_unreadable = Counter(
+            "fairstream_snapshots_unreadable_total",
+            "Engine snapshots in the store that could not be read (another version, damaged or planted); "
+            "the engine was rebuilt from the retained log instead, or its cluster's events were dead-lettered",
+            registry=self.registry)
         self.gc_pause = Histogram(
             "fairstream_gc_pause_seconds", "Python garbage collector passes (the worker stops meanwhile)",
             ["generation"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),

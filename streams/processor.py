@@ -11,7 +11,7 @@
    nodes silent for more than ``node_timeout`` seconds (event time) are declared lost;
 4. commit the new log steps, offsets, outputs (outbox) and views to the store in one
    transaction, snapshotting an engine when it is due (``_snapshot_due``): in the same
-   transaction, or, with ``background_snapshots``, pickled by a forked child after the commit
+   transaction, or, with ``background_snapshots``, encoded by a forked child after the commit
    and added to the first commit after the child is done (the snapshot is then as of an
    earlier step, and the log after it is replayed as usual);
 5. enqueue the outbox for publishing; then, with the next batch free to start, wait for the
@@ -19,7 +19,8 @@
 
 A cluster seen for the first time since start is loaded from the store: its last snapshot,
 then the log steps after it replayed through a fresh engine (decisions are deterministic, so
-the engine ends exactly where it was).
+the engine ends exactly where it was). Snapshots are plain data (``state/engine_snapshot.py``);
+one that cannot be read is not trusted, and the engine is rebuilt from the retained log instead.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import pickle
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -48,7 +48,8 @@ from fairstream.events import (
     event_to_json,
 )
 from fairstream.model import Event, NodeLost, TaskCompleted, TaskSubmitted
-from fairstream.state.store import BatchCommit, StaleLog, StateStore, Trim, republishing_order
+from fairstream.state.engine_snapshot import SnapshotError, decode_engine, encode_engine
+from fairstream.state.store import BatchCommit, ClusterRecord, StaleLog, StateStore, Trim, republishing_order
 from fairstream.streams.config import Topics
 
 log = structlog.get_logger("fairstream.worker")
@@ -121,7 +122,7 @@ class Processor:
         self.max_bytes = max_bytes
         self.step_window = step_window
         self.log_retention = log_retention
-        # Pickle snapshots in a forked child (copy-on-write, as Redis's BGSAVE does), so the
+        # Encode snapshots in a forked child (copy-on-write, as Redis's BGSAVE does), so the
         # worker goes on answering while it runs: where the platform has fork().
         self.background_snapshots = background_snapshots and hasattr(os, "fork")
         self.max_engines = max_engines  # cluster engines kept in memory (_evict_idle)
@@ -198,20 +199,45 @@ class Processor:
             self.engines[cluster] = engine
         else:
             record = await self.store.load(cluster)
-            engine = pickle.loads(record.snapshot) if record.snapshot else self.make_engine()
-            for step in record.log:
+            engine, snapshot_steps, replay = await self._starting_point(cluster, record)
+            for step in replay:
                 engine.step(step["time"], [event_from_json(e) for e in step["events"]])
             self.engines[cluster] = engine
-            self.steps_taken[cluster] = self.steps_at_snapshot[cluster] = record.snapshot_steps + len(record.log)
-            self.events_since_snapshot[cluster] = _events_in(record.log)
+            self.steps_taken[cluster] = self.steps_at_snapshot[cluster] = snapshot_steps + len(replay)
+            self.events_since_snapshot[cluster] = _events_in(replay)
             self.time_at_snapshot[cluster] = engine.time or 0.0
             self.log_base[cluster] = record.log_base
             self.checkpoints[cluster] = list(record.checkpoints)
             self.produced[cluster] = float((await self.store.view(cluster, "clock")).get("produced", 0.0))
-            if record.snapshot or record.log:
-                log.info("worker.cluster_recovered", cluster=cluster, snapshot_steps=record.snapshot_steps,
-                         replayed_steps=len(record.log))
+            if snapshot_steps or replay:
+                log.info("worker.cluster_recovered", cluster=cluster, snapshot_steps=snapshot_steps,
+                         replayed_steps=len(replay))
         return engine
+
+    async def _starting_point(self, cluster: str, record: ClusterRecord) -> tuple[Engine, int, list[dict]]:
+        """The engine a recovery starts from, the log steps it holds, and the steps to replay
+        on it: the last snapshot and the log after it; if that snapshot cannot be read (another
+        version, damaged, or planted by someone who could write the store), the retained log
+        from its base, a fresh engine or the checkpoint there. Raises ``SnapshotError`` when
+        that checkpoint cannot be read either: the cluster's state is then lost to this worker."""
+        if not record.snapshot:
+            return self.make_engine(), 0, record.log
+        try:
+            return decode_engine(record.snapshot), record.snapshot_steps, record.log
+        except SnapshotError as exc:
+            log.error("worker.snapshot_unreadable", cluster=cluster, steps=record.snapshot_steps, reason=str(exc),
+                      log_base=record.log_base)
+            self.metrics.snapshots_unreadable.inc()
+        retained = await self.store.full_log(cluster)
+        if not retained.base_steps:
+            return self.make_engine(), 0, retained.steps
+        if retained.base_snapshot is None:
+            raise SnapshotError(f"the checkpoint at step {retained.base_steps}, where the retained log starts, is missing")
+        try:
+            return decode_engine(retained.base_snapshot), retained.base_steps, retained.steps
+        except SnapshotError as exc:
+            self.metrics.snapshots_unreadable.inc()
+            raise SnapshotError(f"the checkpoint at step {retained.base_steps}, where the retained log starts: {exc}") from None
 
     def _snapshot_due(self, cluster: str, engine: Engine) -> bool:
         """At least ``snapshot_every`` steps since the last snapshot, and a log after it that
@@ -388,7 +414,16 @@ class Processor:
         """Each cluster's events through its engine, into ``commit`` (steps, outbox, views,
         snapshots)."""
         for cluster, items in by_cluster.items():
-            engine = await self.engine(cluster)
+            try:
+                engine = await self.engine(cluster)
+            except SnapshotError as exc:
+                # Its state is gone to this worker: applying events to a fresh engine would
+                # forget what runs where. Dead-lettered with the reason, not dropped.
+                log.error("worker.cluster_unreadable", cluster=cluster, reason=str(exc))
+                dead.extend(_dead_letter(message, index, f"cluster {cluster}: its state in the store cannot be "
+                                         f"read, so its events are not applied ({exc})")
+                            for _, message, index in items)
+                continue
             steps, decisions, touched = self._run(cluster, engine, items, dead)
             commit.steps[cluster] = steps
             commit.expected_steps[cluster] = self.steps_taken[cluster]  # fencing: the log as this worker left it
@@ -409,7 +444,7 @@ class Processor:
                 if self.background_snapshots:
                     fork_after_commit.append((cluster, engine, steps_now, time_now))
                 else:
-                    self._add_snapshot(cluster, steps_now, time_now, _pickle(engine), commit)
+                    self._add_snapshot(cluster, steps_now, time_now, _encoded(engine), commit)
 
     def _evict_idle(self, keep) -> None:
         """Drop the engines used longest ago while more than ``max_engines`` are cached (never
@@ -591,19 +626,19 @@ async def _acknowledged(acks: list) -> None:
 
 @dataclass
 class _Snapshotting:
-    """A snapshot being pickled in a child process: the engine as of ``steps`` log steps."""
+    """A snapshot being encoded in a child process: the engine as of ``steps`` log steps."""
 
     steps: int
     time: float
-    blob: asyncio.Future  # the pickled engine
+    blob: asyncio.Future  # the encoded engine
 
 
 def _snapshot_in_child(engine: Engine) -> asyncio.Future:
-    """Pickle ``engine`` in a forked child that writes it to a pipe; a thread of the default
+    """Encode ``engine`` in a forked child that writes it to a pipe; a thread of the default
     executor reads it (``os.read`` releases the interpreter lock) and reaps the child.
 
     The child sees the memory as it was at the fork, copy-on-write, whatever the worker does
-    meanwhile; it runs only the pickler and leaves with ``os._exit`` (no finalizers, no
+    meanwhile; it runs only the encoder and leaves with ``os._exit`` (no finalizers, no
     flush of buffers it shares with the parent)."""
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -611,7 +646,7 @@ def _snapshot_in_child(engine: Engine) -> asyncio.Future:
         status = 1
         try:
             os.close(read_end)
-            view = memoryview(_pickle(engine))
+            view = memoryview(_encoded(engine))
             while view:
                 view = view[os.write(write_end, view):]
             status = 0
@@ -637,15 +672,15 @@ def _collect_snapshot(pid: int, read_end: int) -> bytes:
     return b"".join(chunks)
 
 
-def _pickle(engine: Engine) -> bytes:
-    # The collector would walk the whole heap several times while pickle allocates its
-    # tuples; nothing it could free is made here, so it waits until the snapshot is taken.
+def _encoded(engine: Engine) -> bytes:
+    # The collector would walk the whole heap several times while the encoder allocates its
+    # lists; nothing it could free is made here, so it waits until the snapshot is taken.
     import gc
 
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return pickle.dumps(engine, protocol=pickle.HIGHEST_PROTOCOL)
+        return encode_engine(engine)
     finally:
         if enabled:
             gc.enable()

@@ -152,7 +152,7 @@ def top_ups_from_scratch(engine, now):
        round_length=st.sampled_from(["inf", "4"]), lost_at=st.one_of(st.none(), st.integers(1, 12)))
 def test_quantum_top_ups_kept_per_changed_tenant_equal_formula_15_summed_task_by_task(
         document, quantum, mode, round_length, lost_at):
-    import pickle
+    from fairstream.state.engine_snapshot import decode_engine, encode_engine
 
     def check(engine):
         acc, now = engine.accounting, engine.time
@@ -164,7 +164,7 @@ def test_quantum_top_ups_kept_per_changed_tenant_equal_formula_15_summed_task_by
         assert np.allclose(acc.top_ups(None, now + 0.75), top_ups_from_scratch(engine, now + 0.75), atol=1e-9)
         assert np.allclose(acc.top_ups(None, now), expected, atol=1e-9)
         # What is kept per tenant is derived: an engine restored from a snapshot has the same.
-        restored = pickle.loads(pickle.dumps(engine)).accounting
+        restored = decode_engine(encode_engine(engine)).accounting
         assert np.allclose(restored.top_ups(None, now), expected, atol=1e-9)
 
     lost = [(float(lost_at), NodeLost(float(lost_at), "n0"))] if lost_at is not None else []

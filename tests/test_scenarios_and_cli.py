@@ -90,7 +90,7 @@ def test_cli_parameter_errors_are_one_line(tmp_path, capsys, argv, message):
 
 def test_a_replay_from_a_file_that_is_not_an_engine_snapshot_is_one_line(tmp_path, capsys):
     (tmp_path / "steps.jsonl").write_text("")
-    (tmp_path / "snap").write_bytes(b"not a pickle")
+    (tmp_path / "snap").write_bytes(b"not a snapshot")
     assert main(["simulate", "--events", str(tmp_path / "steps.jsonl"), "--snapshot", str(tmp_path / "snap"),
                  "--policy", "drf", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err

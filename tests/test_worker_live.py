@@ -584,6 +584,19 @@ def test_export_log_of_a_trimmed_log_needs_and_writes_the_engine_it_starts_from(
     assert (tmp_path / "base").read_bytes() == b"engine"
     assert [json.loads(line)["time"] for line in (tmp_path / "log").read_text().splitlines()] == [1.0]
 
+    async def checkpoint_lost():
+        client = redis_client(REDIS)
+        try:
+            await client.delete(f"{app_id}:c:c:checkpoint:1")
+        finally:
+            await client.aclose()
+
+    asyncio.run(checkpoint_lost())  # reading the log used to wait for it for ever
+    capsys.readouterr()
+    assert main([*export, "--snapshot-out", str(tmp_path / "base")]) == 2
+    err = capsys.readouterr().err
+    assert "the checkpoint there is missing" in err and err.count("\n") == 1
+
 
 def test_constraints_and_labels_flow_through_kafka_to_tsf_decisions(tmp_path):
     # The TSF paper's toy cluster: labels arrive with heartbeats, constraints with submissions.
