@@ -68,7 +68,9 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         background_snapshots=config.background_snapshots,
         max_engines=config.max_engines,
         max_ahead=config.max_ahead,
+        input_log=KafkaInputLog(config),
     )
+    app.consumer.on_seek = processor.consuming_from
 
     for attribute, kind in KINDS:
         topic = app.topic(getattr(config.topics, attribute), value_serializer="raw", key_serializer="raw")
@@ -99,6 +101,56 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         await waiting_for(processor.start, "worker.store_unavailable")
 
     return app, processor
+
+
+class KafkaInputLog:
+    """The processor's ``InputLog``: ranges of the input topics read with a consumer of its
+    own (no group, nothing committed), besides Faust's."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.kinds = {getattr(config.topics, attribute): kind for attribute, kind in KINDS}
+
+    async def read(self, ranges: dict[str, tuple[int, int]]):
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        from fairstream.producers.client import kafka_security
+
+        wanted = {}
+        for position, (start, end) in ranges.items():
+            topic, _, partition = position.rpartition(":")
+            wanted[TopicPartition(topic, int(partition))] = (position, start, end)
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.config.broker, group_id=None, enable_auto_commit=False,
+                                    auto_offset_reset="earliest", **kafka_security())
+        await consumer.start()
+        try:
+            consumer.assign(list(wanted))
+            begins = await consumer.beginning_offsets(list(wanted))
+            ends = await consumer.end_offsets(list(wanted))
+            left = {}
+            for tp, (position, start, end) in wanted.items():
+                if begins[tp] > start:
+                    log.error("worker.input_expired", position=position, store_offset=start, kafka_starts_at=begins[tp],
+                              messages=begins[tp] - start)
+                start, end = max(start, begins[tp]), min(end, ends[tp])
+                if start >= end:
+                    yield position, [], True
+                    continue
+                consumer.seek(tp, start)
+                left[tp] = end
+            while left:
+                fetched = await consumer.getmany(*left, timeout_ms=1000)
+                for tp, records in fetched.items():
+                    position, end = wanted[tp][0], left[tp]
+                    messages = [Incoming(self.kinds[tp.topic], r.value if r.value is not None else b"", tp.topic,
+                                         tp.partition, r.offset, (r.timestamp or 0) / 1000.0, _key(r.key))
+                                for r in records if r.offset < end]
+                    done = await consumer.position(tp) >= end
+                    if done:
+                        del left[tp]
+                    yield position, messages, done
+        finally:
+            await consumer.stop()
 
 
 def _record_lag(app: faust.App, processor: Processor, message) -> None:

@@ -32,6 +32,10 @@ class WorkerMetrics:
             "fairstream_internal_errors_total",
             "Input messages dead-lettered because applying them kept failing with an unexpected error",
             ["topic"], registry=self.registry)
+        self.read_again = Counter(
+            "fairstream_input_read_again_total",
+            "Input messages read again from Kafka because the state store lost them (it was behind what the "
+            "worker had applied)", registry=self.registry)
         self.snapshots_unreadable = Counter(
             "fairstream_snapshots_unreadable_total",
             "Engine snapshots in the store that could not be read (another version, damaged or planted); "

@@ -29,9 +29,9 @@ import asyncio
 import math
 import os
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, Mapping, Protocol
 
 import structlog
 
@@ -80,6 +80,16 @@ class Incoming:
         return f"{self.topic}:{self.partition}"
 
 
+class InputLog(Protocol):
+    """Kafka's record of the input, as the processor reads it again (``streams/app.py``)."""
+
+    def read(self, ranges: dict[str, tuple[int, int]]) -> AsyncIterator[tuple[str, list["Incoming"], bool]]:
+        """Each position's (``"topic:partition"``) messages from offset ``start`` (or where its
+        log now begins, if retention dropped that) up to ``end``, excluded: chunks of
+        ``(position, messages in offset order, whether the position is done)``."""
+        ...
+
+
 @dataclass
 class BatchOutcome:
     decisions: int = 0
@@ -107,6 +117,7 @@ class Processor:
         background_snapshots: bool = False,
         max_engines: int = 1000,
         max_ahead: float = 86400.0,
+        input_log: InputLog | None = None,
     ) -> None:
         from fairstream.streams.metrics import WorkerMetrics
 
@@ -140,6 +151,9 @@ class Processor:
         # Per cluster: the latest ``Incoming.produced`` of the events it applied (kept in the
         # store's "clock" view, so a restarted worker tells late producers from its own backlog).
         self.produced: dict[str, float] = {}
+        self.input_log = input_log
+        self.consumer_start: dict[str, int] = {}  # consuming_from: Kafka's committed offsets, not yet checked
+        self.owed: dict[str, int] = {}  # per position, how far the store must be read up to again (start)
         self._lock = asyncio.Lock()
         self._waiting: list[_Ticket] = []  # batches waiting for the lock, applied together
         self._started = False
@@ -149,7 +163,15 @@ class Processor:
         async with self._lock:
             if self._started:
                 return
-            self.applied = await self.store.offsets()
+            stored = await self.store.offsets()
+            for position, offset in [*self.applied.items(), *self.consumer_start.items()]:
+                if stored.get(position, 0) < offset:
+                    self.owed[position] = max(self.owed.get(position, 0), offset)
+            self.consumer_start.clear()
+            self.applied = stored
+            if self.owed and self.input_log is not None:
+                await self._read_again({p: (stored.get(p, 0), end) for p, end in self.owed.items()})
+            self.owed.clear()
             pending = await self.store.outbox()
             entries = republishing_order(pending)
             await _acknowledged(await self._enqueue(entries))
@@ -157,6 +179,57 @@ class Processor:
             if entries:
                 log.info("worker.outbox_republished", messages=len(entries))
             self._started = True
+
+    def consuming_from(self, offsets: Mapping[str, int]) -> None:
+        """Where the consumer starts reading partitions (Kafka's committed offsets), at start-up
+        and after every rebalance (``streams/transport.py``): checked against the store's
+        offsets when the store is next read (``start``), before anything of theirs is applied."""
+        self.consumer_start.update(offsets)
+        self._started = False  # the first assignment comes after the worker's own start
+
+    async def _read_again(self, ranges: dict[str, tuple[int, int]]) -> None:
+        """Apply again, from Kafka, what the store lost: ``ranges`` holds, per position, the
+        store's offset and where this worker believed it was (what it had applied, or the
+        committed offset the consumer started from), when the store lost writes (a Redis
+        restarted empty or restored from an older file). Kafka holds the input.
+
+        The three topics are merged in event-time order (heartbeats, then submissions, then
+        completions at one time), each partition in its own order, so a completion comes after
+        the submission it ends, as when they were first applied. Applied, committed and
+        published in batches like any input; a decision taken again has the id it had. Cached
+        engines are dropped first: they may hold what the store lost."""
+        for cluster in list(self.engines):
+            self._drop(cluster)
+        log.warning("worker.reading_again", ranges={p: list(r) for p, r in sorted(ranges.items())})
+        queues: dict[str, deque] = {position: deque() for position in ranges}
+        reading = set(ranges)  # positions with more to come
+        rank = {self.topics.heartbeats: 0, self.topics.submitted: 1, self.topics.completed: 2}
+        batch: list[Incoming] = []
+        read = 0
+        async for position, messages, done in self.input_log.read(ranges):
+            queues[position].extend((_first_time(m, self.max_bytes), rank.get(m.topic, 3), m.offset, m) for m in messages)
+            read += len(messages)
+            if done:
+                reading.discard(position)
+            # The earliest head goes next, once every position that may still send has one.
+            while not any(not queues[p] for p in reading):
+                heads = [queue for queue in queues.values() if queue]
+                if not heads:
+                    break
+                batch.append(min(heads, key=lambda queue: queue[0][:3]).popleft()[3])
+                if len(batch) >= _READ_AGAIN_BATCH:
+                    await self._apply_now(batch)
+                    batch = []
+        if batch:
+            await self._apply_now(batch)
+        self.metrics.read_again.inc(read)
+        log.warning("worker.read_again", messages=read)
+
+    async def _apply_now(self, messages: list[Incoming]) -> None:
+        """Apply, commit and publish ``messages`` while the lock is held (``_read_again``)."""
+        outcome, outbox, acks = await self._handle(messages)
+        await _acknowledged(acks)
+        await self.store.clear_outbox([outbox])
 
     async def forget(self) -> None:
         """Drop cached engines and offsets (partitions were revoked: another worker may now
@@ -590,6 +663,19 @@ class _Ticket:
 
     messages: list[Incoming]
     done: asyncio.Future
+
+
+_READ_AGAIN_BATCH = 500  # messages per commit while reading again what the store lost
+
+
+def _first_time(message: Incoming, max_bytes: int) -> float:
+    """The earliest event time in ``message`` (where ``_read_again`` merges it); a message
+    that does not decode goes first, to be dead-lettered."""
+    try:
+        items = decode_message(message.kind, message.raw, max_bytes)
+    except BadInput:
+        return -math.inf
+    return min((item.event.time for item in items if item.__class__ is not BadElement), default=-math.inf)
 
 
 def _events_in(steps: list[dict]) -> int:

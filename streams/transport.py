@@ -1,5 +1,5 @@
-"""Faust's Kafka transport with two changes: how long the broker may hold a fetch, and how
-much data it waits for.
+"""Faust's Kafka transport with three changes: how long the broker may hold a fetch, how much
+data it waits for, and a hook where the consumer has sought to Kafka's committed offsets.
 
 Faust builds its aiokafka consumer with ``fetch_max_wait_ms=1500`` and no setting to change it.
 aiokafka leaves a partition out of the next fetch while records it already fetched are still
@@ -20,6 +20,11 @@ docs/benchmarks.md).
 
 The transport is installed through ``App.transport``'s public setter; both values are set on
 the aiokafka consumer before it starts (aiokafka reads them when it builds its fetcher).
+
+At start-up and after every rebalance Faust seeks each assigned partition to its committed
+offset (``perform_seek``) before the agents get anything; ``on_seek`` is then told those
+offsets, so the worker can compare them with its state store's and read again what a store
+that lost writes no longer has (``Processor.consuming_from``, ``Processor._read_again``).
 """
 
 from __future__ import annotations
@@ -36,8 +41,17 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 
 
 class _Consumer(faust_aiokafka.Consumer):
+    on_seek = None  # called with {"topic:partition": committed offset} after perform_seek
+
     def _new_consumer_thread(self):
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def perform_seek(self) -> None:
+        await super().perform_seek()
+        if self.on_seek is not None:
+            assigned = self.assignment()
+            self.on_seek({f"{tp.topic}:{tp.partition}": offset
+                          for tp, offset in self._committed_offset.items() if offset and tp in assigned})
 
 
 class Transport(faust_aiokafka.Transport):

@@ -275,6 +275,110 @@ def test_kill_9_and_restart_loses_nothing_places_nothing_twice_and_replays_to_th
     assert [(d["task"], d["node"], d["kind"]) for d in replayed] == [(d["task"], d["node"], d["kind"]) for d in emitted.values()]
 
 
+def forget_everything_in_redis(app_id: str) -> int:
+    """Delete every key of ``app_id``: the worker's Redis as after a restart without its files."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS)
+    try:
+        keys = list(client.scan_iter(f"{app_id}:*"))
+        return client.delete(*keys) if keys else 0
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("while_running", [
+    pytest.param(False, id="while the worker was stopped"),
+    pytest.param(True, id="while the worker runs"),
+])
+def test_a_redis_that_lost_the_workers_state_is_rebuilt_from_kafka(tmp_path, while_running):
+    app_id = f"t{uuid.uuid4().hex[:8]}"
+    topics = Topics().with_prefix(app_id)
+    worker = Worker(app_id, tmp_path).start()
+
+    async def publish_wave(pub, wave, start):
+        for k in range(10):
+            await pub.submit("c1", f"w{wave}-{k}", tenant=f"u{k % 3}", demand={"cpu": 1, "mem": 1}, time=start)
+
+    try:
+        async def first():
+            async with Publisher(BROKER, topics) as pub:
+                await pub.heartbeat("c1", "n1", 0, {"cpu": 8, "mem": 8})
+                await publish_wave(pub, 0, 1)
+            return await collect(topics.decisions, lambda ms: len(placed(ms)) >= 8)
+
+        before = asyncio.run(first())
+        if while_running:
+            assert forget_everything_in_redis(app_id) > 0
+        else:
+            worker.stop()  # Faust commits the offsets it acknowledged
+            assert forget_everything_in_redis(app_id) > 0
+            worker = Worker(app_id, tmp_path).start()
+
+        async def afterwards():
+            # The node and the running tasks exist only in Kafka now: the worker must read
+            # them again to apply these completions and place the second wave.
+            async with Publisher(BROKER, topics) as pub:
+                for d in placed(before):
+                    await pub.complete("c1", d["task"], time=5)
+                await publish_wave(pub, 1, 6)
+            return await collect(topics.decisions, lambda ms: len(placed(ms)) >= 16)
+
+        after = asyncio.run(afterwards())
+        reading = worker.wait_for_log("worker.reading_again")
+    finally:
+        worker.stop()
+
+    tasks = [d["task"] for d in placed(after)]
+    assert len(tasks) == len(set(tasks)) == 16, "every task placed once: decisions read again keep their ids"
+    assert {tuple(r) for r in reading["ranges"].values()} >= {(0, 1), (0, 10)}  # the heartbeat, the first wave
+    dead = asyncio.run(collect(topics.deadletter, lambda ms: False, timeout=0))
+    assert dead == []
+
+
+def test_the_input_log_reads_ranges_of_the_input_topics_again_and_says_what_retention_dropped(tmp_path):
+    from aiokafka import TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+
+    from fairstream.producers.client import ensure_topics
+    from fairstream.streams.app import KafkaInputLog
+    from fairstream.streams.config import WorkerConfig
+
+    app_id = f"t{uuid.uuid4().hex[:8]}"
+    config = WorkerConfig(policy="drf", broker=BROKER, topics=Topics().with_prefix(app_id))
+    topics = config.topics
+
+    async def scenario():
+        await ensure_topics(BROKER, topics.names, 1)
+        async with Publisher(BROKER, topics) as pub:
+            for k in range(10):
+                await pub.submit("c1", f"t{k}", tenant="A", demand={"cpu": 1}, time=k)
+            await pub.complete("c1", "t0", time=3)
+        admin = AIOKafkaAdminClient(bootstrap_servers=BROKER)
+        await admin.start()
+        try:  # retention dropped the submitted topic's first two records
+            await admin.delete_records({TopicPartition(topics.submitted, 0): RecordsToDelete(2)})
+        finally:
+            await admin.close()
+        chunks = []
+        async for chunk in KafkaInputLog(config).read({f"{topics.submitted}:0": (0, 8), f"{topics.completed}:0": (0, 1),
+                                                        f"{topics.heartbeats}:0": (0, 0)}):
+            chunks.append(chunk)
+        return chunks
+
+    chunks = asyncio.run(scenario())
+    read = {}
+    for position, messages, _ in chunks:
+        read.setdefault(position, []).extend(messages)
+    assert [m.offset for m in read[f"{topics.submitted}:0"]] == [2, 3, 4, 5, 6, 7]  # up to 8, from where the log begins
+    assert [json.loads(m.raw)["task"] for m in read[f"{topics.submitted}:0"]] == [f"t{k}" for k in range(2, 8)]
+    [done] = read[f"{topics.completed}:0"]
+    assert done.kind == "completed" and done.key == b"c1" and done.produced > 0
+    assert read.get(f"{topics.heartbeats}:0", []) == []
+    finished = [position for position, _, is_done in chunks if is_done]
+    assert sorted(finished) == sorted(read) + ([f"{topics.heartbeats}:0"] if f"{topics.heartbeats}:0" not in read else [])
+
+
 def test_a_fb2009_sample_through_kafka_with_the_emulator_matches_the_simulator(tmp_path):
     from fairstream.producers.emulator import run_emulator
     from fairstream.state.store import RedisStore, redis_client

@@ -5,6 +5,7 @@ the Faust agents through ``test_context``. The same behaviour on real Kafka and 
 import asyncio
 import dataclasses
 import json
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -653,6 +654,147 @@ def test_a_worker_that_lost_its_cluster_to_another_cannot_append_to_the_log_and_
     assert [step["time"] for step in log.steps] == [0, 1, 2, 3]  # heartbeat, t1, t2 (new), t3 (old): once each
     assert [d["task"] for d in old_wire.decisions()] == ["t1", "t2", "t3"] and old_wire.dead() == []
     assert sorted(engine.tasks) == ["t1", "t2", "t3"]
+
+
+class Partitions:
+    """Kafka as the processor reads it: one partition per input topic holding the messages in
+    order; the agents' read position per partition, and what they fetched but did not yet hand
+    over; and Kafka's log read again by range (``InputLog``), two messages at a time."""
+
+    def __init__(self, wire: Wire, plan: list[tuple[str, dict]]):
+        self.messages = {}
+        for kind, body in plan:
+            message = wire.msg(kind, body)
+            self.messages.setdefault(message.position, []).append(message)
+        self.read = dict.fromkeys(self.messages, 0)
+        self.fetched: list = []
+        self.begins: dict[str, int] = {}  # where retention left each partition's log
+        self.ranges_read: list[dict] = []
+
+    async def read_again(self, ranges):
+        self.ranges_read.append(dict(ranges))
+        cursors = {p: max(start, self.begins.get(p, 0)) for p, (start, end) in ranges.items()}
+        while cursors:
+            for position in list(cursors):
+                start, end = cursors[position], ranges[position][1]
+                chunk = self.messages[position][start:min(start + 2, end)]
+                cursors[position] = start + len(chunk)
+                done = cursors[position] >= end
+                if done:
+                    del cursors[position]
+                yield position, chunk, done
+
+    def poll(self, per_partition: int = 2) -> list:
+        """The agents' next batch: what was fetched before, then up to ``per_partition`` more of each."""
+        batch, self.fetched = self.fetched, []
+        for position, messages in self.messages.items():
+            start = self.read[position]
+            batch += messages[start:start + per_partition]
+            self.read[position] = min(start + per_partition, len(messages))
+        return batch
+
+    def prefetch(self) -> None:
+        self.fetched = self.poll()
+
+
+def a_day_of_work(tasks: int = 30) -> list[tuple[str, dict]]:
+    """A node, then each second a task submitted and the previous one completed."""
+    plan = [("heartbeat", heartbeat(cpu=2, mem=4))]
+    for k in range(tasks):
+        plan.append(("submitted", task(f"t{k}", time=1 + k)))
+        if k:
+            plan.append(("completed", done(f"t{k - 1}", 1 + k)))
+    return plan + [("completed", done(f"t{tasks - 1}", 1 + tasks))]
+
+
+async def consume(p: Processor, kafka: Partitions, batches: int | None = None) -> None:
+    """Hand ``kafka``'s batches to ``p`` as the agents do (a batch the store refused is tried
+    again: GroupCommit), until it is read to the end or ``batches`` were handed over."""
+    from fairstream.state.store import StaleLog
+
+    while batches is None or batches > 0:
+        batch = kafka.poll()
+        if not batch:
+            return
+        while True:
+            try:
+                await p.handle(batch)
+                break
+            except StaleLog:
+                continue
+        batches = None if batches is None else batches - 1
+
+
+@pytest.mark.parametrize("restore", [
+    pytest.param("older", id="a Redis restored from an older file"),
+    pytest.param("empty", id="a Redis restarted empty"),
+])
+@pytest.mark.parametrize("worker", [
+    pytest.param("running", id="while the worker runs (its next commit finds the log shorter)"),
+    pytest.param("restarted", id="and the worker restarted (Kafka's committed offsets are ahead of the store's)"),
+])
+def test_what_the_store_lost_is_read_again_from_kafka_and_every_task_is_done_once(restore, worker):
+    import copy
+
+    store, wire = MemoryStore(), Wire()
+    kafka = Partitions(wire, a_day_of_work())
+
+    async def scenario():
+        nonlocal store
+        p = processor(store, wire, input_log=SimpleNamespace(read=kafka.read_again))
+        await consume(p, kafka, batches=4)
+        saved = copy.deepcopy(store) if restore == "older" else MemoryStore()  # the file Redis is restored from
+        await consume(p, kafka, batches=6)
+        assert len(wire.decisions()) > 3
+        if worker == "running":
+            kafka.prefetch()  # fetched before the loss shows; handed over after it
+            p.store = store = saved
+        else:  # what the worker applied is what Kafka has committed for it at most
+            committed = dict(p.applied)
+            kafka.read.update(committed)
+            p = processor(saved, wire, input_log=SimpleNamespace(read=kafka.read_again))
+            p.consuming_from(committed)  # Faust sought to Kafka's committed offsets
+        await consume(p, kafka)
+        return p
+
+    p = run(scenario())
+    every_task_done_once_by_id(wire)
+    # Each partition the store is behind on, from the store's offset to where the worker was:
+    # the heartbeats' one message is in the older file.
+    [ranges] = kafka.ranges_read
+    start = 8 if restore == "older" else 0
+    assert ranges == {**({} if restore == "older" else {"nodes.heartbeats:0": (0, 1)}),
+                      "tasks.submitted:0": (start, 20), "tasks.completed:0": (start, 20)}
+    assert p.metrics.read_again._value.get() == sum(end - start for start, end in ranges.values())
+    engine = p.engines["c1"]
+    assert engine.tasks == {} and len(engine.finished_ids) == 30 and not engine.used.any()
+
+
+def every_task_done_once_by_id(wire: Wire) -> None:
+    """Each task placed once: a decision published again for input read again has the id it
+    had (the same input in the same order decides the same), so a consumer sees it once."""
+    by_id = {d["id"]: d for d in wire.decisions()}
+    placed = Counter(d["task"] for d in by_id.values() if d["kind"] == "place")
+    assert placed == Counter({f"t{k}": 1 for k in range(30)}), placed
+    assert wire.dead() == []
+
+
+def test_a_restarted_worker_whose_store_kept_everything_reads_nothing_again():
+    store, wire = MemoryStore(), Wire()
+    kafka = Partitions(wire, a_day_of_work())
+
+    async def scenario():
+        await consume(processor(store, wire, input_log=SimpleNamespace(read=kafka.read_again)), kafka, batches=5)
+        committed = dict(kafka.read)
+        p = processor(store, wire, input_log=SimpleNamespace(read=kafka.read_again))
+        p.consuming_from(committed)
+        await consume(p, kafka)
+        return p
+
+    p = run(scenario())
+    assert kafka.ranges_read == [] and p.metrics.read_again._value.get() == 0
+    every_task_done_once_by_id(wire)
+    assert len(wire.decisions()) == len({d["id"] for d in wire.decisions()})  # nothing published twice
 
 
 def test_pending_batches_are_republished_in_event_time_order():
