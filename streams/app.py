@@ -41,6 +41,11 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         # Faust's leader election (its "<app-id>-__assignor-__leader" topic) serves timers that
         # run on one worker only; we have none, so the worker's topics are exactly ours.
         topic_disable_leader=True,
+        # Faust would wait for every message handed to an agent to be acknowledged before a
+        # rebalance or shutdown goes on: with Redis down, for ever (SIGTERM then needed kill -9).
+        # Unacknowledged messages are redelivered and skipped by the store's offsets, and a
+        # batch's commit is fenced (Processor), so nothing depends on that wait.
+        stream_wait_empty=False,
         consumer_auto_offset_reset="earliest",
         datadir=config.faust_data_dir(),
         **config.kafka_options,
@@ -89,6 +94,7 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
 
     @app.task
     async def recover() -> None:
+        processor.metrics.watch_lag(lambda: consumer_lag(app, processor, set(config.topics.inputs)))
         if config.metrics_port:
             try:
                 processor.metrics.serve(config.metrics_port, config.metrics_address)
@@ -153,8 +159,21 @@ class KafkaInputLog:
             await consumer.stop()
 
 
-def _record_lag(app: faust.App, processor: Processor, message) -> None:
-    processor.metrics.lag.labels(message.topic, str(message.partition)).set(max(_backlog(app, message), 0))
+def consumer_lag(app: faust.App, processor: Processor, inputs: set[str]) -> dict[tuple[str, int], int]:
+    """Per input partition assigned to this worker: the records Kafka holds (as of the
+    consumer's last fetch) from the next offset the store says is to be applied. Called from
+    the metrics server's thread: it only reads (a dict copy is one step under the GIL)."""
+    try:
+        assigned = app.consumer.assignment()
+    except ConsumerNotStarted:
+        return {}
+    applied = dict(processor.applied)
+    lag = {}
+    for tp in assigned:
+        highwater = app.consumer.highwater(tp) if tp.topic in inputs else None
+        if highwater is not None:
+            lag[(tp.topic, tp.partition)] = max(0, highwater - applied.get(f"{tp.topic}:{tp.partition}", 0))
+    return lag
 
 
 def _backlog(app: faust.App, message) -> int:
@@ -172,7 +191,7 @@ def _agent(processor: Processor, kind: str, config: WorkerConfig):
         # once its batch is durable and its outputs published.
         stream.enable_acks = False
         batches = GroupCommit(processor, kind, config.batch_size, config.batch_window, stream.ack,
-                              lambda message: _record_lag(stream.app, processor, message), lambda message: _backlog(stream.app, message))
+                              lambda message: _backlog(stream.app, message))
         try:
             async for event in stream.events():
                 await batches.add(event)
@@ -199,7 +218,7 @@ class GroupCommit:
     held back meanwhile (``add`` waits while the buffer is full).
     """
 
-    def __init__(self, processor: Processor, kind: str, max_size: int, window: float, ack, on_published,
+    def __init__(self, processor: Processor, kind: str, max_size: int, window: float, ack,
                  backlog=lambda message: 0, retry_delays: tuple[float, float] = (0.1, 5.0)) -> None:
         self.processor = processor
         self.kind = kind
@@ -207,7 +226,6 @@ class GroupCommit:
         self.window = window
         self.backlog = backlog  # records in Kafka after a message of this agent's
         self.ack = ack
-        self.on_published = on_published
         self.retry_delays = retry_delays  # first and longest wait before a failed batch is tried again
         self.buffer: list = []
         self.room = asyncio.Event()  # set while the buffer has room
@@ -310,7 +328,6 @@ class GroupCommit:
         await asyncio.shield(published)
         for event in events:
             await self.ack(event)
-        self.on_published(events[-1].message)
 
 
 MAX_FAULTS = 3  # unexpected failures of a batch, then of one of its messages alone (GroupCommit._apply)

@@ -9,7 +9,8 @@ import gc
 import time
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
 
 
 class WorkerMetrics:
@@ -25,8 +26,8 @@ class WorkerMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
             registry=self.registry,
         )
-        self.lag = Gauge("fairstream_consumer_lag", "Messages behind the end of the partition",
-                         ["topic", "partition"], registry=self.registry)
+        self.lag = _Lag()
+        self.registry.register(self.lag)
         self.steps = Counter("fairstream_engine_steps_total", "Engine steps (scheduling passes)", registry=self.registry)
         self.internal_errors = Counter(
             "fairstream_internal_errors_total",
@@ -63,5 +64,28 @@ class WorkerMetrics:
         gc.callbacks.append(observe)
         return lambda: gc.callbacks.remove(observe)
 
+    def watch_lag(self, source: Callable[[], dict[tuple[str, int], int]]) -> None:
+        """Report ``source()`` as ``fairstream_consumer_lag`` at every scrape: per input
+        partition this worker consumes, the messages Kafka holds that are not applied yet."""
+        self.lag.source = source
+
     def serve(self, port: int, address: str = "127.0.0.1") -> None:
         start_http_server(port, addr=address, registry=self.registry)
+
+
+class _Lag:
+    """``fairstream_consumer_lag``, computed when scraped (a gauge set per batch went stale:
+    on a partition that went quiet it kept the backlog of its last batch)."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], dict[tuple[str, int], int]] = dict
+
+    def collect(self):
+        family = GaugeMetricFamily(
+            "fairstream_consumer_lag",
+            "Input messages in Kafka not applied yet, per partition this worker consumes (the partition's end "
+            "as of the consumer's last fetch, less the next offset to apply)", labels=["topic", "partition"])
+        for (topic, partition), lag in sorted(self.source().items()):
+            family.add_metric([topic, str(partition)], lag)
+        yield family
+

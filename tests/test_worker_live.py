@@ -140,7 +140,9 @@ def test_events_from_our_client_and_from_kcat_and_batch_messages_are_decided_and
     finally:
         worker.stop()
     assert 'fairstream_decisions_total{kind="place"} 6.0' in scraped
-    assert "fairstream_dead_letters_total" in scraped and "fairstream_consumer_lag" in scraped
+    assert "fairstream_dead_letters_total" in scraped
+    lags = [line for line in scraped.splitlines() if line.startswith("fairstream_consumer_lag{")]
+    assert lags and all(line.endswith(" 0.0") for line in lags), lags  # all applied: nothing behind
     assert sorted(d["task"] for d in placed(decisions)) == ["from-kcat", "m0", "m2", "t0", "t1", "t2"]
     assert all(d["cluster"] == "c1" and d["node"] == "n1" and d["policy"] == "drf" for d in decisions)
     reasons = sorted(d["reason"] for d in dead)
@@ -196,6 +198,36 @@ def test_a_worker_started_before_its_redis_waits_for_it_and_then_decides(tmp_pat
             redis.terminate()
             redis.wait()
     assert [d["task"] for d in placed(decisions)] == ["t1"]
+
+
+def test_sigterm_stops_a_worker_within_seconds_while_its_redis_is_down_and_a_batch_waits_for_it(tmp_path):
+    app_id = f"t{uuid.uuid4().hex[:8]}"
+    topics = Topics().with_prefix(app_id)
+    port = free_port()
+    redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    worker = Worker(app_id, tmp_path, "--redis", f"redis://127.0.0.1:{port}/0").start()
+    try:
+        worker.wait_for_log("worker.partitions_assigned")
+        redis.terminate()
+        redis.wait()
+
+        async def submit():
+            async with Publisher(BROKER, topics) as pub:
+                await pub.submit("c1", "t1", tenant="A", demand={"cpu": 1, "mem": 1}, time=1)
+
+        asyncio.run(submit())
+        worker.wait_for_log("worker.batch_failed")  # the batch is retried while Redis is down
+        stopped_at = time.monotonic()
+        worker.process.send_signal(signal.SIGTERM)
+        worker.process.wait(timeout=30)  # it waited for the store (more than a minute) before
+        took = time.monotonic() - stopped_at
+    finally:
+        worker.stop()
+        if redis.poll() is None:
+            redis.terminate()
+            redis.wait()
+    assert took < 10
 
 
 def test_the_worker_leaves_existing_topics_as_they_are_and_refuses_input_topics_of_different_partition_counts(tmp_path):
@@ -325,13 +357,21 @@ def test_a_redis_that_lost_the_workers_state_is_rebuilt_from_kafka(tmp_path, whi
             return await collect(topics.decisions, lambda ms: len(placed(ms)) >= 16)
 
         after = asyncio.run(afterwards())
-        reading = worker.wait_for_log("worker.reading_again")
+        worker.wait_for_log("worker.reading_again")
+        readings = [json.loads(line[line.index("{"):]) for line in worker.log_path.read_text().splitlines()
+                    if '"event": "worker.reading_again"' in line]
     finally:
         worker.stop()
 
     tasks = [d["task"] for d in placed(after)]
     assert len(tasks) == len(set(tasks)) == 16, "every task placed once: decisions read again keep their ids"
-    assert {tuple(r) for r in reading["ranges"].values()} >= {(0, 1), (0, 10)}  # the heartbeat, the first wave
+    # The heartbeat and the first wave were read again, from offset 0 (Redis kept nothing).
+    starts = {}
+    for reading in readings:
+        for position, (start, _) in reading["ranges"].items():
+            name = position.rsplit(".", 1)[-1]
+            starts[name] = min(starts.get(name, start), start)
+    assert starts["heartbeats:3"] == 0 and starts["submitted:3"] == 0
     dead = asyncio.run(collect(topics.deadletter, lambda ms: False, timeout=0))
     assert dead == []
 

@@ -507,6 +507,34 @@ def test_the_worker_counts_events_decisions_dead_letters_and_latency_for_prometh
     assert sample("fairstream_decision_latency_seconds_count") == 1
 
 
+def test_consumer_lag_is_what_kafka_holds_past_the_store_offsets_when_scraped():
+    from fairstream.streams.app import consumer_lag
+
+    class Consumer:  # Faust's consumer as the gauge reads it
+        highwaters = {("tasks.submitted", 0): 120, ("tasks.submitted", 1): 40, ("nodes.heartbeats", 0): None,
+                      ("allocations.decisions", 0): 99}
+
+        def assignment(self):
+            from faust.types import TP
+
+            return {TP(t, n) for t, n in self.highwaters}
+
+        def highwater(self, tp):
+            return self.highwaters[(tp.topic, tp.partition)]
+
+    p = processor(wire=Wire())
+    p.metrics.watch_lag(lambda: consumer_lag(SimpleNamespace(consumer=Consumer()), p, set(Topics().inputs)))
+    sample = p.metrics.registry.get_sample_value
+    p.applied = {"tasks.submitted:0": 100, "tasks.submitted:1": 40}
+    assert sample("fairstream_consumer_lag", {"topic": "tasks.submitted", "partition": "0"}) == 20
+    assert sample("fairstream_consumer_lag", {"topic": "tasks.submitted", "partition": "1"}) == 0
+    # Not fetched yet, or not an input: not reported.
+    assert sample("fairstream_consumer_lag", {"topic": "nodes.heartbeats", "partition": "0"}) is None
+    assert sample("fairstream_consumer_lag", {"topic": "allocations.decisions", "partition": "0"}) is None
+    p.applied["tasks.submitted:0"] = 120  # caught up: read at the next scrape, not at the last batch
+    assert sample("fairstream_consumer_lag", {"topic": "tasks.submitted", "partition": "0"}) == 0
+
+
 def test_the_worker_reports_every_garbage_collector_pause_by_generation():
     import gc
 
@@ -930,7 +958,7 @@ def group_commit(store, wire, acked, max_size=500, window=0.0, backlog=lambda me
         acked.append(event.message.offset)
 
     return GroupCommit(processor(store, wire, step_window=0.0), "submitted", max_size, window, ack,
-                       lambda message: None, backlog, retry_delays=(0.001, 0.001))
+                       backlog, retry_delays=(0.001, 0.001))
 
 
 def test_a_batch_goes_at_once_and_what_arrives_while_it_is_applied_goes_together_next():
