@@ -301,6 +301,26 @@ def cmd_emulate(args) -> int:
     return 0 if not report.over_committed and report.completed == len(scenario.tasks) else 1
 
 
+DRILLS = ("poison", "oversize", "far-future", "kill-9", "redis-empty", "redis-older", "planted-snapshot")
+
+
+def cmd_drill(args) -> int:
+    from fairstream.producers.drill import FAULTS, print_table, run_drill
+
+    unknown = [name for name in args.names if name not in FAULTS]
+    if unknown:
+        raise ModelError(f"unknown drill {unknown[0]!r} (known: {', '.join(FAULTS)})")
+    reports = []
+    for name in args.names or list(FAULTS):
+        report = run_drill(name, args.broker, args.redis, tasks=args.tasks, speed=args.speed)
+        reports.append(report)
+        if args.json:
+            print(json.dumps(report.to_json()), flush=True)
+    if not args.json:
+        print(print_table(reports))
+    return 0 if all(r.passed for r in reports) else 1
+
+
 def cmd_demo(args) -> int:
     from fairstream.demo import run_demo
 
@@ -519,6 +539,16 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--no-replay", action="store_true", help="do not publish submissions (run `replay` too)")
             cmd.add_argument("--timeout", type=float, default=None, help="give up after this many wall seconds")
         cmd.set_defaults(func=cmd_replay if name == "replay" else cmd_emulate)
+
+    drill = sub.add_parser("drill", help="chaos drills on a real Kafka and Redis: hostile input, kill -9, Redis lost; "
+                                         "prints a table (docs/benchmarks.md, Drills)")
+    drill.add_argument("names", nargs="*", metavar="DRILL", help="which (default: all): " + ", ".join(DRILLS))
+    drill.add_argument("--tasks", type=int, default=300, help="tasks the emulated cluster runs in each drill")
+    drill.add_argument("--speed", type=float, default=20.0, help="the emulator's event time per wall second")
+    drill.add_argument("--broker", default=env_broker)
+    drill.add_argument("--redis", default=env_redis, help="the Redis of the drills without one of their own")
+    drill.add_argument("--json", action="store_true", help="one JSON object per drill instead of the table")
+    drill.set_defaults(func=cmd_drill)
 
     export = sub.add_parser("export-log", help="write a cluster's recorded worker input (for simulate --events)")
     export.add_argument("--cluster", required=True)

@@ -246,8 +246,10 @@ class Decision(NamedTuple):
 
     @property
     def id(self) -> str:
-        """Idempotency key: a task is placed at most once per (task, time, kind)."""
-        return f"{self.kind.value}:{self.task}@{self.time!r}"
+        """Idempotency key: the kind, task, time and node (``place:t1@12.5>n3``). A decision
+        published again has the same id; one that differs in any of these (a placement taken
+        again after the worker's state store lost writes can land elsewhere) has another."""
+        return f"{self.kind.value}:{self.task}@{self.time!r}>{self.node}"
 
     def to_json(self) -> dict:
         return {

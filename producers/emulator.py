@@ -43,6 +43,7 @@ class EmulatorReport:
     completed: int = 0
     requeued: int = 0
     duplicates_ignored: int = 0
+    moved: int = 0  # placed again on another node while running (after the worker lost state)
     max_node_use: dict[str, dict[str, float]] = field(default_factory=dict)
     over_committed: list[str] = field(default_factory=list)
 
@@ -149,6 +150,12 @@ async def run_emulator(
                     spec = specs.get(task_id)
                     if spec is None:
                         continue
+                    if task_id in running:
+                        # Placed again elsewhere (a worker whose Redis lost writes decided it
+                        # again): move it, as the docs ask of an agent, restarting its run.
+                        old_node, old_demand = running.pop(task_id)
+                        use[old_node] = [u - d for u, d in zip(use[old_node], old_demand)]
+                        report.moved += 1
                     attempts[task_id] = attempts.get(task_id, 0) + 1
                     demand = [float(decision["demand"].get(r, 0.0)) for r in names]
                     node = decision["node"]

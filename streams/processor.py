@@ -468,11 +468,14 @@ class Processor:
                 self._drop(cluster)
             if isinstance(exc, StaleLog):
                 # Another worker moved the log on (it holds the partition now; a rebalance
-                # will tell this one) or the store lost writes: before the batch is tried
-                # again, reload the offsets too, so that what the other applied is skipped.
+                # will tell this one) or the store lost writes.
                 log.warning("worker.log_moved", cluster=exc.cluster, expected_steps=exc.expected,
                             found_steps=exc.found)
-                self._started = False
+            # Before the batch is tried again, read the offsets again (start): what another
+            # worker applied is then skipped, and what a store that went down came back
+            # without (restarted empty, or from an older file) is read again from Kafka. The
+            # engines of other clusters are checked by their next commit's fencing.
+            self._started = False
             raise
         self.applied.update(commit.offsets)
         # Only now: a snapshot must hold nothing the store does not (a failed commit's steps
