@@ -301,7 +301,7 @@ def cmd_emulate(args) -> int:
     return 0 if not report.over_committed and report.completed == len(scenario.tasks) else 1
 
 
-DRILLS = ("poison", "oversize", "far-future", "kill-9", "redis-empty", "redis-older", "planted-snapshot")
+DRILLS = ("poison", "oversize", "far-future", "kill-9", "redis-empty", "redis-older", "planted-snapshot", "kafka-restart")
 
 
 def cmd_drill(args) -> int:

@@ -330,6 +330,16 @@ async def fault_planted_snapshot(ctx: Context) -> None:
         ctx.notes.append("the planted snapshot was not reported unreadable")
 
 
+async def fault_kafka_restart(ctx: Context) -> None:
+    # The broker of scripts/services.sh (this project's checkout), stopped and started with its data.
+    script = Path(__file__).resolve().parents[1] / "scripts" / "services.sh"
+    if not script.exists():
+        raise RuntimeError(f"the kafka-restart drill restarts the broker with {script}, which this install lacks")
+    await _after_decisions(ctx, 10)
+    await asyncio.to_thread(subprocess.run, ["bash", str(script), "restart-kafka"], check=True, capture_output=True)
+    ctx.fault_ended = time.monotonic()
+
+
 FAULTS: dict[str, tuple[Callable, tuple[str, ...], bool]] = {
     # name: (fault, extra worker flags, whether it needs a Redis of its own)
     "poison": (fault_poison, (), False),
@@ -339,6 +349,7 @@ FAULTS: dict[str, tuple[Callable, tuple[str, ...], bool]] = {
     "redis-empty": (fault_redis_empty, (), True),
     "redis-older": (fault_redis_older, (), True),
     "planted-snapshot": (fault_planted_snapshot, (), False),
+    "kafka-restart": (fault_kafka_restart, (), False),
 }
 
 

@@ -174,12 +174,16 @@ case "${1:-}" in
     stop_one kafka "$kafka_dir/kafka.pid"
     stop_one redis "$redis_dir/redis.pid"
     ;;
+  restart-kafka)  # the chaos drill's "Kafka restart" (fairstream drill kafka-restart); its data is kept
+    stop_one kafka "$kafka_dir/kafka.pid"
+    start_kafka
+    ;;
   status)
     port_open "$KAFKA_PORT" && echo "kafka: up (127.0.0.1:$KAFKA_PORT)" || echo "kafka: down"
     port_open "$REDIS_PORT" && echo "redis: up (127.0.0.1:$REDIS_PORT)" || echo "redis: down"
     ;;
   *)
-    echo "usage: $0 start|stop|status" >&2
+    echo "usage: $0 start|stop|status|restart-kafka" >&2
     exit 2
     ;;
 esac
