@@ -175,6 +175,9 @@ case "${1:-}" in
     stop_one redis "$redis_dir/redis.pid"
     ;;
   restart-kafka)  # the chaos drill's "Kafka restart" (fairstream drill kafka-restart); its data is kept
+    if ! kill -0 "$(cat "$kafka_dir/kafka.pid" 2>/dev/null || echo none)" 2>/dev/null; then
+      log "kafka on $KAFKA_PORT was not started by this checkout's $0: not restarting it"; exit 1
+    fi
     stop_one kafka "$kafka_dir/kafka.pid"
     start_kafka
     ;;

@@ -196,8 +196,9 @@ class Processor:
         The three topics are merged in event-time order (heartbeats, then submissions, then
         completions at one time), each partition in its own order, so a completion comes after
         the submission it ends, as when they were first applied. Applied, committed and
-        published in batches like any input; a decision taken again has the id it had. Cached
-        engines are dropped first: they may hold what the store lost."""
+        published in batches like any input; a decision taken again keeps its id where it comes
+        out the same (docs/architecture.md, "Redis durability"). Cached engines are dropped
+        first: they may hold what the store lost."""
         for cluster in list(self.engines):
             self._drop(cluster)
         log.warning("worker.reading_again", ranges={p: list(r) for p, r in sorted(ranges.items())})

@@ -257,23 +257,26 @@ def test_a_topic_the_broker_will_not_create_is_one_line_and_exit_2():
         in result.stderr.splitlines()[-1]
 
 
+async def publish_wave(pub, wave, start):
+    """Ten submissions of one cpu and one memory from three tenants, at event time ``start``."""
+    for k in range(10):
+        await pub.submit("c1", f"w{wave}-{k}", tenant=f"u{k % 3}", demand={"cpu": 1, "mem": 1}, time=start)
+
+
+async def first_wave(topics):
+    """A node of 8 cpu and the first wave: the decisions once 8 of its tasks are placed."""
+    async with Publisher(BROKER, topics) as pub:
+        await pub.heartbeat("c1", "n1", 0, {"cpu": 8, "mem": 8})
+        await publish_wave(pub, 0, 1)
+    return await collect(topics.decisions, lambda ms: len(placed(ms)) >= 8)
+
+
 def test_kill_9_and_restart_loses_nothing_places_nothing_twice_and_replays_to_the_same_decisions(tmp_path):
     app_id = f"t{uuid.uuid4().hex[:8]}"
     topics = Topics().with_prefix(app_id)
     worker = Worker(app_id, tmp_path).start()
-
-    async def publish_wave(pub, wave, start):
-        for k in range(10):
-            await pub.submit("c1", f"w{wave}-{k}", tenant=f"u{k % 3}", demand={"cpu": 1, "mem": 1}, time=start)
-
     try:
-        async def first():
-            async with Publisher(BROKER, topics) as pub:
-                await pub.heartbeat("c1", "n1", 0, {"cpu": 8, "mem": 8})
-                await publish_wave(pub, 0, 1)
-            return await collect(topics.decisions, lambda ms: len(placed(ms)) >= 8)
-
-        before = asyncio.run(first())
+        before = asyncio.run(first_wave(topics))
         worker.kill9()
 
         async def while_down():
@@ -327,19 +330,8 @@ def test_a_redis_that_lost_the_workers_state_is_rebuilt_from_kafka(tmp_path, whi
     app_id = f"t{uuid.uuid4().hex[:8]}"
     topics = Topics().with_prefix(app_id)
     worker = Worker(app_id, tmp_path).start()
-
-    async def publish_wave(pub, wave, start):
-        for k in range(10):
-            await pub.submit("c1", f"w{wave}-{k}", tenant=f"u{k % 3}", demand={"cpu": 1, "mem": 1}, time=start)
-
     try:
-        async def first():
-            async with Publisher(BROKER, topics) as pub:
-                await pub.heartbeat("c1", "n1", 0, {"cpu": 8, "mem": 8})
-                await publish_wave(pub, 0, 1)
-            return await collect(topics.decisions, lambda ms: len(placed(ms)) >= 8)
-
-        before = asyncio.run(first())
+        before = asyncio.run(first_wave(topics))
         if while_running:
             assert forget_everything_in_redis(app_id) > 0
         else:
