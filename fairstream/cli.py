@@ -403,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--param", action="append", metavar="NAME=VALUE", help="policy parameter (repeatable)")
     sim.add_argument("--metric-resource", help="resource the fairness metrics are in (default mem, else dominant)")
     sim.add_argument("--out", required=True, help="output directory")
-    sim.add_argument("--no-baseline", action="store_true", help="skip the static run used for speedups")
+    sim.add_argument("--no-baseline", action="store_true", help="skip the second, static run used for speedup_vs_static (it about doubles the run's time)")
     sim.add_argument("--no-plots", action="store_true")
     sim.set_defaults(func=cmd_simulate)
 

@@ -42,6 +42,7 @@ from fairstream.model import (
     NodeLost,
     TaskCompleted,
     TaskSubmitted,
+    event_time,
 )
 
 SUBMITTED, COMPLETED, HEARTBEAT = "submitted", "completed", "heartbeat"
@@ -217,6 +218,7 @@ def _event(kind: str, doc: Any) -> tuple[str, Event]:
     time = float(doc["time"])
     if not math.isfinite(time):
         raise BadInput("time: must be finite")
+    time = event_time(time)  # to the microsecond, as the simulator (fairstream.model.TIME_DECIMALS)
     cluster = doc["cluster"]
     if kind == SUBMITTED:
         return cluster, TaskSubmitted(time, doc["task"], doc.get("job", doc["task"]), doc["tenant"],

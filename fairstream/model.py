@@ -22,6 +22,17 @@ EPSILON = 1e-9
 DEFAULT_RESOURCES = ("cpu", "mem")
 ROOT = "root"
 
+#: Event times are kept to the microsecond, in one place for the simulator and the worker
+#: alike (``event_time``): sums such as a submit time plus a duration otherwise make instants
+#: that differ by float noise (1.14 and 1.1400000000000001), each its own scheduling pass with
+#: its own grouping of events.
+TIME_DECIMALS = 6
+
+
+def event_time(time: float) -> float:
+    """``time`` rounded to ``TIME_DECIMALS`` decimals (the nearest double to it)."""
+    return round(time, TIME_DECIMALS)
+
 
 class ModelError(ValueError):
     """An input that does not fit the model: the message names the offending field."""

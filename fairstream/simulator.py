@@ -26,6 +26,7 @@ from fairstream.model import (
     NodeLost,
     TaskCompleted,
     TaskSubmitted,
+    event_time,
 )
 from fairstream.scenario import Scenario, TaskSpec
 
@@ -106,7 +107,7 @@ class Simulator:
         def push(time: float, kind: int, payload) -> None:
             nonlocal counter
             counter += 1
-            heapq.heappush(heap, (time, kind, counter, payload))
+            heapq.heappush(heap, (event_time(time), kind, counter, payload))
 
         specs = {t.id: t for t in scenario.tasks}
         gates = _Gates(scenario.tasks)

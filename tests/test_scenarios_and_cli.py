@@ -300,3 +300,48 @@ def test_the_stream_bench_places_the_workers_snapshots_on_its_seconds(tmp_path):
         '{"event": "worker.dead_letter", "reason": "worker.snapshot_stored", "timestamp": "2026-11-23T07:56:00Z"}\n')
     first_submission = 1795420490.0  # 2026-11-23T07:54:50Z
     assert _logged_at(log, "worker.snapshot_stored", first_submission) == [62.2]
+
+
+def macro_with_times(factor: float):
+    """The macro-benchmark (a third of it) with times to the hundredth of a second, all times
+    (submissions, durations, delays) multiplied by ``factor``."""
+    from fairstream.scenario import parse_scenario
+    from fairstream.traces.macro import macro_benchmark
+
+    doc = macro_benchmark(seed=1, scale=0.3).to_json()
+    tasks = []
+    for task in doc["tasks"]:
+        scaled = {key: round(task[key], 2) * factor for key in ("submit", "duration", "delay") if key in task}
+        tasks.append({**task, **scaled})
+    return parse_scenario({**doc, "tasks": tasks})
+
+
+@pytest.mark.parametrize("policy, params, params_tenth", [
+    pytest.param("drf", {}, {}, id="drf"),
+    pytest.param("fair", {}, {}, id="fair"),
+    pytest.param("ltrf", {}, {"quantum": "6"}, id="ltrf, its quantum divided by 10 too"),
+])
+def test_every_time_divided_by_ten_gives_the_same_decisions(policy, params, params_tenth):
+    # Times are kept to the microsecond (fairstream.model.event_time): without it 0.7 + 0.3 and
+    # 1.0 are two instants, two passes with other groupings of events, and other decisions.
+    from fairstream.simulator import Simulator
+
+    whole = Simulator(macro_with_times(1.0), policy, params).run().decisions
+    tenth = Simulator(macro_with_times(0.1), policy, params_tenth).run().decisions
+    assert [(d.task, d.node, d.kind) for d in tenth] == [(d.task, d.node, d.kind) for d in whole]
+    assert [d.time for d in tenth] == pytest.approx([d.time / 10 for d in whole], abs=1e-6)
+
+
+def test_python_dash_m_fairstream_is_the_command_line():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "fairstream", "policies"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("fifo:")
+
+
+def test_the_worker_keeps_event_times_to_the_microsecond_as_the_simulator_does():
+    from fairstream.events import decode_message
+
+    [decoded] = decode_message("completed", b'{"cluster": "c", "task": "t", "time": 1.1400000000000001}', 65536)
+    assert decoded.event.time == 1.14

@@ -1,0 +1,7 @@
+"""``python -m fairstream``: the command line (``fairstream.cli``)."""
+
+import sys
+
+from fairstream.cli import main
+
+sys.exit(main())
