@@ -19,7 +19,7 @@ from fairstream.model import ModelError
 
 def _trace_options(args) -> dict:
     """The loader options the command line gave for this trace format (None: the default)."""
-    keys = {"swim": ("limit", "nodes", "tenants"), "google": ("limit", "nodes", "users")}[args.format]
+    keys = {"swim": ("limit", "nodes", "tenants", "max_tasks_per_job"), "google": ("limit", "nodes", "users")}[args.format]
     return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
 
 
@@ -389,6 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     workload.add_argument("--limit", type=int, help="trace: first N jobs (swim) or tasks (google)")
     workload.add_argument("--tenants", type=int, help="swim: number of queues, jobs round robin (default 4)")
     workload.add_argument("--users", type=int, help="google: keep the first N users")
+    workload.add_argument("--max-tasks-per-job", type=int, dest="max_tasks_per_job",
+                          help="swim: at most N maps and N reduces per job (the papers capped their largest jobs so)")
     workload.add_argument("--nodes", type=int, help="trace: number of nodes of the default cluster")
 
     sim = sub.add_parser("simulate", parents=[progress, workload], help="run one policy over a scenario or a trace")

@@ -193,6 +193,22 @@ def test_swim_jobs_become_one_map_per_64mb_block_and_reduces_after_maps():
     assert {t.tenant for t in sc.tasks} == {"q0", "q1", "q2"}
 
 
+@pytest.mark.parametrize("cap, job2_tasks", [
+    pytest.param(None, 16, id="no cap: job2's 16 maps"),
+    pytest.param(5, 5, id="--max-tasks-per-job 5: at most 5 maps and 5 reduces per job"),
+])
+def test_the_command_line_caps_the_tasks_of_a_swim_job_as_the_papers_replays_did(cap, job2_tasks, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["simulate", "--trace", str(DATA / "FB-2009_samples_24_times_1hr_1.head60.tsv"), "--format", "swim",
+            "--limit", "3", "--policy", "drf", "--out", str(out), "--no-baseline", "--no-plots", "--no-progress"]
+    assert main(argv + (["--max-tasks-per-job", str(cap)] if cap else [])) == 0
+    decisions = [json.loads(line) for line in (out / "decisions.jsonl").read_text().splitlines()]
+    assert sum(d["job"] == "job2" for d in decisions) == job2_tasks
+    capsys.readouterr()
+    assert main(argv + ["--max-tasks-per-job", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "fairstream: error: max_tasks_per_job: must be >= 1 (got 0)"
+
+
 def test_swim_trace_simulates_to_completion(tmp_path):
     sc = load_trace(str(DATA / "FB-2009_samples_24_times_1hr_1.head60.tsv"), "swim", limit=40, nodes=5)
     from fairstream.simulator import Simulator

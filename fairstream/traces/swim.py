@@ -70,6 +70,8 @@ def load_swim(
     rows = read_swim(path, limit)
     if tenants < 1:
         raise ModelError("tenants: must be >= 1")
+    if max_tasks_per_job is not None and max_tasks_per_job < 1:
+        raise ModelError(f"max_tasks_per_job: must be >= 1 (got {max_tasks_per_job})")
     block = block_mb * MB
     tasks: list[TaskSpec] = []
     for index, (job, submit, map_bytes, shuffle, output) in enumerate(rows):
