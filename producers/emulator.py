@@ -44,6 +44,7 @@ class EmulatorReport:
     requeued: int = 0
     duplicates_ignored: int = 0
     moved: int = 0  # placed again on another node while running (after the worker lost state)
+    stale_ignored: int = 0  # placed again after it had finished (after the worker lost state)
     max_node_use: dict[str, dict[str, float]] = field(default_factory=dict)
     over_committed: list[str] = field(default_factory=list)
 
@@ -95,6 +96,7 @@ async def run_emulator(
     use: dict[str, list[float]] = {n.id: [0.0] * len(scenario.resources.names) for n in scenario.nodes}
     capacity = {n.id: [n.capacity.get(r, 0.0) for r in scenario.resources.names] for n in scenario.nodes}
     running: dict[str, tuple[str, list[float]]] = {}
+    finished: set[str] = set()
     origin = wall.monotonic()
     deadline = None if timeout is None else origin + timeout
     names = scenario.resources.names
@@ -122,6 +124,7 @@ async def run_emulator(
                     use[node] = [u - d for u, d in zip(use[node], demand)]
                     await pub.complete(cluster, task_id, at)
                     report.completed += 1
+                    finished.add(task_id)
                     spec = specs[task_id]
                     for released in gates.finished(task_id, spec.job, at):
                         schedule(max(released.submit, gates.release_time(released, at)), "submit", released)
@@ -149,6 +152,11 @@ async def run_emulator(
                         continue  # unschedulable: nothing to run
                     spec = specs.get(task_id)
                     if spec is None:
+                        continue
+                    if task_id in finished:
+                        # Decided again after it finished (a worker whose Redis lost writes
+                        # read the input again): nothing to run.
+                        report.stale_ignored += 1
                         continue
                     if task_id in running:
                         # Placed again elsewhere (a worker whose Redis lost writes decided it

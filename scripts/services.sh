@@ -175,11 +175,24 @@ case "${1:-}" in
     stop_one redis "$redis_dir/redis.pid"
     ;;
   restart-kafka)  # the chaos drill's "Kafka restart" (fairstream drill kafka-restart); its data is kept
-    if ! kill -0 "$(cat "$kafka_dir/kafka.pid" 2>/dev/null || echo none)" 2>/dev/null; then
-      log "kafka on $KAFKA_PORT was not started by this checkout's $0: not restarting it"; exit 1
+    if kill -0 "$(cat "$kafka_dir/kafka.pid" 2>/dev/null || echo none)" 2>/dev/null; then
+      stop_one kafka "$kafka_dir/kafka.pid"
+      start_kafka
+      exit 0
     fi
-    stop_one kafka "$kafka_dir/kafka.pid"
-    start_kafka
+    # Another checkout's services.sh started the broker on this port: restart it through that one.
+    owner=""
+    for pid in $(pgrep -f 'kafka\.Kafka ' || true); do
+      props="$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | tail -n 1)"
+      if [[ "$props" == */.services/kafka/server.properties ]] && grep -q "PLAINTEXT://127.0.0.1:$KAFKA_PORT," "$props" 2>/dev/null; then
+        owner="${props%/.services/kafka/server.properties}"
+      fi
+    done
+    if [ -z "$owner" ] || [ "$owner" = "$root" ] || [ ! -f "$owner/scripts/services.sh" ]; then
+      log "kafka on $KAFKA_PORT was not started by a checkout's scripts/services.sh: not restarting it"; exit 1
+    fi
+    log "kafka on $KAFKA_PORT belongs to $owner: restarting it there"
+    exec bash "$owner/scripts/services.sh" restart-kafka
     ;;
   status)
     port_open "$KAFKA_PORT" && echo "kafka: up (127.0.0.1:$KAFKA_PORT)" || echo "kafka: down"
