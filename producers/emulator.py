@@ -97,6 +97,12 @@ async def run_emulator(
     capacity = {n.id: [n.capacity.get(r, 0.0) for r in scenario.resources.names] for n in scenario.nodes}
     running: dict[str, tuple[str, list[float]]] = {}
     finished: set[str] = set()
+
+    def release(task_id: str) -> None:
+        """``task_id`` stops running: its node gets its demand back."""
+        node, demand = running.pop(task_id)
+        use[node] = [u - d for u, d in zip(use[node], demand)]
+
     origin = wall.monotonic()
     deadline = None if timeout is None else origin + timeout
     names = scenario.resources.names
@@ -120,8 +126,7 @@ async def run_emulator(
                     task_id, attempt = payload
                     if attempts.get(task_id) != attempt:
                         continue  # requeued meanwhile
-                    node, demand = running.pop(task_id)
-                    use[node] = [u - d for u, d in zip(use[node], demand)]
+                    release(task_id)
                     await pub.complete(cluster, task_id, at)
                     report.completed += 1
                     finished.add(task_id)
@@ -144,8 +149,7 @@ async def run_emulator(
                     if decision["kind"] == "requeue":
                         attempts[task_id] = attempts.get(task_id, 0) + 1
                         if task_id in running:
-                            node, demand = running.pop(task_id)
-                            use[node] = [u - d for u, d in zip(use[node], demand)]
+                            release(task_id)
                         report.requeued += 1
                         continue
                     if decision["kind"] != "place":
@@ -161,8 +165,7 @@ async def run_emulator(
                     if task_id in running:
                         # Placed again elsewhere (a worker whose Redis lost writes decided it
                         # again): move it, as the docs ask of an agent, restarting its run.
-                        old_node, old_demand = running.pop(task_id)
-                        use[old_node] = [u - d for u, d in zip(use[old_node], old_demand)]
+                        release(task_id)
                         report.moved += 1
                     attempts[task_id] = attempts.get(task_id, 0) + 1
                     demand = [float(decision["demand"].get(r, 0.0)) for r in names]
