@@ -161,24 +161,31 @@ class Processor:
     async def start(self) -> None:
         """Load offsets and publish whatever a previous run committed but did not publish."""
         async with self._lock:
-            if self._started:
-                return
-            stored = await self.store.offsets()
-            for position, offset in [*self.applied.items(), *self.consumer_start.items()]:
-                if stored.get(position, 0) < offset:
-                    self.owed[position] = max(self.owed.get(position, 0), offset)
-            self.consumer_start.clear()
-            self.applied = stored
-            if self.owed and self.input_log is not None:
-                await self._read_again({p: (stored.get(p, 0), end) for p, end in self.owed.items()})
-            self.owed.clear()
-            pending = await self.store.outbox()
-            entries = republishing_order(pending)
-            await _acknowledged(await self._enqueue(entries))
-            await self.store.clear_outbox(pending)
-            if entries:
-                log.info("worker.outbox_republished", messages=len(entries))
-            self._started = True
+            await self._start_locked()
+
+    async def _start_locked(self) -> None:
+        """``start`` with the lock held. Checked by every holder of the lock before it applies
+        anything: a batch that waited for the lock while another failed (the store lost writes,
+        a rebalance) must see the offsets read again, not an engine rebuilt from a store that
+        lost what it had applied."""
+        if self._started:
+            return
+        stored = await self.store.offsets()
+        for position, offset in [*self.applied.items(), *self.consumer_start.items()]:
+            if stored.get(position, 0) < offset:
+                self.owed[position] = max(self.owed.get(position, 0), offset)
+        self.consumer_start.clear()
+        self.applied = stored
+        if self.owed and self.input_log is not None:
+            await self._read_again({p: (stored.get(p, 0), end) for p, end in self.owed.items()})
+        self.owed.clear()
+        pending = await self.store.outbox()
+        entries = republishing_order(pending)
+        await _acknowledged(await self._enqueue(entries))
+        await self.store.clear_outbox(pending)
+        if entries:
+            log.info("worker.outbox_republished", messages=len(entries))
+        self._started = True
 
     def consuming_from(self, offsets: Mapping[str, int]) -> None:
         """Where the consumer starts reading partitions (Kafka's committed offsets), at start-up
@@ -344,8 +351,6 @@ class Processor:
         which is most of a batch's fixed cost. The broker's acknowledgements are awaited
         outside the lock, so the next batch is applied meanwhile: its outputs are enqueued
         after these, which keeps the order on every partition."""
-        if not self._started:
-            await self.start()
         received = time.perf_counter()  # the metric's clock; the engine never reads one
         loop = asyncio.get_running_loop()
         ticket = _Ticket(messages, loop.create_future())
@@ -354,6 +359,7 @@ class Processor:
             if not ticket.done.done():  # else an earlier holder of the lock applied it
                 tickets, self._waiting = self._waiting, []
                 try:
+                    await self._start_locked()
                     outcome, outbox, acks = await self._handle([m for t in tickets for m in t.messages])
                 except BaseException as exc:
                     for other in tickets:
@@ -371,9 +377,8 @@ class Processor:
         """Dead-letter ``message`` without applying it (applying it kept failing with an
         unexpected error: ``reason``): its offset and the dead letter are committed, so it is
         skipped from now on, and the dead letter is published like any other output."""
-        if not self._started:
-            await self.start()
         async with self._lock:
+            await self._start_locked()
             commit = BatchCommit()
             commit.offsets[message.position] = max(self.applied.get(message.position, 0), message.offset + 1)
             letter = DeadLetter(message.topic, message.partition, message.offset, reason, message.raw)

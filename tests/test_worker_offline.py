@@ -798,6 +798,55 @@ def test_what_the_store_lost_is_read_again_from_kafka_and_every_task_is_done_onc
     assert engine.tasks == {} and len(engine.finished_ids) == 30 and not engine.used.any()
 
 
+def test_a_batch_that_waited_for_the_lock_while_the_store_lost_writes_is_applied_after_reading_again():
+    # The submissions' batch is the first to commit after Redis lost everything: it fails
+    # (the log is shorter than the worker's). The completions' batch, already waiting for the
+    # lock, must not be applied to an engine rebuilt from the empty store: its tasks would be
+    # unknown there, and the completions dead-lettered and their offsets committed (lost).
+    from fairstream.state.store import StaleLog
+
+    class HeldStore(MemoryStore):
+        """Its first commit waits until ``release`` is set."""
+
+        def __init__(self):
+            super().__init__()
+            self.release, self.held = asyncio.Event(), asyncio.Event()
+
+        async def commit(self, batch):
+            if not self.held.is_set():
+                self.held.set()
+                await self.release.wait()
+            await super().commit(batch)
+
+    wire = Wire()
+    plan = [("heartbeat", heartbeat(cpu=8, mem=8)), *[("submitted", task(f"t{k}", time=1)) for k in range(4)],
+            ("completed", done("t0", 2))]
+    kafka = Partitions(wire, plan)
+    heartbeats, submitted, completed = (kafka.messages[p] for p in
+                                        ("nodes.heartbeats:0", "tasks.submitted:0", "tasks.completed:0"))
+
+    async def scenario():
+        p = processor(MemoryStore(), wire, input_log=SimpleNamespace(read=kafka.read_again))
+        await p.handle(heartbeats + submitted[:3])
+        p.store = store = HeldStore()  # Redis restarted empty
+        first = asyncio.create_task(p.handle(submitted[3:]))
+        await until(store.held.is_set)
+        second = asyncio.create_task(p.handle(completed))
+        await until(lambda: len(p._lock._waiters or ()) > 0)
+        store.release.set()
+        with pytest.raises(StaleLog):
+            await first
+        await second
+        await p.handle(submitted[3:])  # the agent tries the failed batch again
+        return p
+
+    p = run(scenario())
+    assert wire.dead() == []
+    engine = p.engines["c1"]
+    assert sorted(engine.tasks) == ["t1", "t2", "t3"] and list(engine.finished_ids) == ["t0"]
+    assert kafka.ranges_read == [{"nodes.heartbeats:0": (0, 1), "tasks.submitted:0": (0, 3)}]
+
+
 def every_task_done_once_by_id(wire: Wire) -> None:
     """Each task placed once: a decision published again for input read again has the id it
     had (the same input in the same order decides the same), so a consumer sees it once."""
