@@ -329,14 +329,15 @@ class Accounting:
 
     # ------------------------------------------------------------- task events
 
-    def on_submit(self, row: int, demand: np.ndarray, now: float) -> None:
+    def on_submit(self, row: int, demand: np.ndarray, now: float, count: int = 1) -> None:
+        """``count`` tasks of ``demand`` arrive (a request: one call)."""
         ledger = self.ledgers[row]
         if not ledger.active:
             self._arrive(row, now)
         if ledger.pending == 0:
             ledger.waiting_since = now
-        ledger.pending += 1
-        self.pending_demand[row] += demand
+        ledger.pending += count
+        self.pending_demand[row] += demand * count if count != 1 else demand
 
     def _arrive(self, row: int, now: float) -> None:
         """A tenant becomes active. On its first activity of the round it gets its PAR (16)."""

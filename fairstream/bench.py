@@ -119,10 +119,10 @@ def bench_trace(path: Path, policy: str = "ltrf", progress: bool | None = None) 
         "trace": path.name,
         "policy": policy,
         "jobs": len({t.job for t in scenario.tasks}),
-        "tasks": len(scenario.tasks),
+        "tasks": scenario.task_count,
         "nodes": len(scenario.nodes),
         "wall_s": round(elapsed, 2),
-        "tasks_per_s": round(len(scenario.tasks) / elapsed, 1),
+        "tasks_per_s": round(scenario.task_count / elapsed, 1),
         "unfinished_tasks": summary["unfinished_tasks"],
     }
 

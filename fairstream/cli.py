@@ -297,8 +297,8 @@ def cmd_emulate(args) -> int:
     scenario = _workload(args)
     report = run(scenario, args.cluster, args.broker, Topics().with_prefix(args.topic_prefix), args.speed,
                  args.heartbeat_interval, not args.no_replay, args.timeout)
-    print(json.dumps({"cluster": args.cluster, "tasks": len(scenario.tasks), **report.to_json()}))
-    return 0 if not report.over_committed and report.completed == len(scenario.tasks) else 1
+    print(json.dumps({"cluster": args.cluster, "tasks": scenario.task_count, **report.to_json()}))
+    return 0 if not report.over_committed and report.completed == scenario.task_count else 1
 
 
 DRILLS = ("poison", "oversize", "far-future", "kill-9", "redis-empty", "redis-older", "planted-snapshot", "kafka-restart")

@@ -55,7 +55,7 @@ def run_demo(out: Path, seed: int = 1, scale: float = 1.0, progress: bool | None
     log = structlog.get_logger("fairstream.demo")
     scenario = macro_benchmark(seed=seed, scale=scale, memory_only=True)
     out.mkdir(parents=True, exist_ok=True)
-    log.info("demo.start", scenario=scenario.name, tasks=len(scenario.tasks), nodes=len(scenario.nodes), out=str(out))
+    log.info("demo.start", scenario=scenario.name, tasks=scenario.task_count, nodes=len(scenario.nodes), out=str(out))
     results = {}
     for policy in POLICIES:
         results[policy] = Simulator(scenario, policy, {}, progress=progress).run()
@@ -67,7 +67,7 @@ def run_demo(out: Path, seed: int = 1, scale: float = 1.0, progress: bool | None
     figures = plot_comparison(results, speedup, out)
 
     queues = sorted(static.metrics.series)
-    lines = [f"fairstream demo: {scenario.name}, {len(scenario.tasks)} tasks on {len(scenario.nodes)} nodes", ""]
+    lines = [f"fairstream demo: {scenario.name}, {scenario.task_count} tasks on {len(scenario.nodes)} nodes", ""]
     header = f"{'queue':<10}" + "".join(f"{p + ' rho':>12}{p + ' speedup':>16}" for p in POLICIES)
     lines.append(header)
     degrees = {p: results[p].metrics.degrees() for p in POLICIES}

@@ -39,6 +39,7 @@ from fairstream.model import (
     TaskCompleted,
     TaskState,
     TaskSubmitted,
+    request_task_id,
 )
 from fairstream.policies import get as get_policy
 from fairstream.snapshot import PendingQueue, Snapshot
@@ -83,7 +84,10 @@ class _Earlier:
 
     def add(self, event: Event) -> None:
         if isinstance(event, TaskSubmitted):
-            self.submitted.add(event.task)
+            if event.count is None:
+                self.submitted.add(event.task)
+            else:
+                self.submitted.update(request_task_id(event.task, k) for k in range(event.count))
         elif isinstance(event, TaskCompleted):
             self.completed.add(event.task)
         elif isinstance(event, NodeHeartbeat):
@@ -144,6 +148,7 @@ class Engine:
         self._node_labels: list[dict[str, str]] = []
         self._shares_stale = False
         self.tasks: dict[str, Task] = {}  # pending and running tasks
+        self.requests: dict[str, Task] = {}  # requests with tasks still pending, by request id
         # Finished tasks are forgotten but for their ids, kept ``finished_retention`` seconds of
         # event time (in finish order) to reject duplicate submissions and repeated completions.
         self.finished_ids: OrderedDict[str, float] = OrderedDict()
@@ -201,6 +206,7 @@ class Engine:
             return []
         if self._nodes_changed:
             candidates = [t for t in self.tasks.values() if t.state is TaskState.PENDING]
+            candidates += self.requests.values()
         else:
             candidates = [t for t in self._to_check if t.state is TaskState.PENDING]
         self._to_check.clear()
@@ -219,7 +225,7 @@ class Engine:
             elif task.id not in self._unschedulable:
                 self._unschedulable.add(task.id)
                 decisions.append(Decision(self.time, task.id, task.job, task.tenant, "", task.demand_map,
-                                          self.policy, why, DecisionKind.UNSCHEDULABLE))
+                                          self.policy, why, DecisionKind.UNSCHEDULABLE, task.count))
         return decisions
 
     def _why_unschedulable(self, task: Task, live: np.ndarray, capacity: np.ndarray) -> str | None:
@@ -239,9 +245,10 @@ class Engine:
             return []
         snapshot = self.snapshot()
         decisions = self.spec.decide(snapshot, self.params)
-        for decision in decisions:
-            self._start(decision)
-        return decisions
+        requests = [self._start(decision) for decision in decisions]
+        if not any(requests):
+            return decisions
+        return _grouped(decisions, requests)
 
     def snapshot(self) -> Snapshot:
         acc = self.accounting
@@ -317,8 +324,17 @@ class Engine:
         earlier = earlier or _NOTHING_EARLIER
         if isinstance(event, TaskSubmitted):
             task = event.task
-            if task in self.tasks or task in self.finished_ids or task in earlier.submitted or task in earlier.completed:
-                raise EventRejected(f"task {task!r}: duplicate submission")
+            if event.count is None:
+                if self._known(task, earlier):
+                    raise EventRejected(f"task {task!r}: duplicate submission")
+            else:
+                if not isinstance(event.count, int) or isinstance(event.count, bool) or not 1 <= event.count <= MAX_COUNT:
+                    raise EventRejected(f"count: must be an integer from 1 to {MAX_COUNT}, got {event.count!r}")
+                if task in self.requests:
+                    raise EventRejected(f"task {task!r}: duplicate submission (a request of that id is pending)")
+                for k in range(event.count):
+                    if self._known(request_task_id(task, k), earlier):
+                        raise EventRejected(f"task {request_task_id(task, k)!r}: duplicate submission")
             if not self.tree.is_leaf(event.tenant):
                 if event.tenant in self.tree.specs:
                     raise EventRejected(f"tenant {event.tenant!r}: a queue with children; tasks go to leaves")
@@ -332,7 +348,7 @@ class Engine:
             task = event.task
             if task in earlier.completed or task in self.finished_ids and task not in self.tasks:
                 raise EventRejected(f"task {task!r}: already completed")
-            if task not in self.tasks and task not in earlier.submitted:
+            if task not in self.tasks and task not in earlier.submitted and self._in_request(task) is None:
                 raise EventRejected(f"task {task!r}: completion of an unknown task")
             return None
         if isinstance(event, NodeHeartbeat):
@@ -343,11 +359,28 @@ class Engine:
             return None
         raise EventRejected(f"unknown event type {type(event).__name__}")
 
+    def _known(self, task: str, earlier: "_Earlier") -> bool:
+        """``task`` is pending, running, recently finished, or pending in a request."""
+        return (task in self.tasks or task in self.finished_ids or task in earlier.submitted
+                or task in earlier.completed or self._in_request(task) is not None)
+
+    def _in_request(self, task: str) -> tuple[Task, int] | None:
+        """The pending request that holds ``task`` (``<request>-<k>``, not yet placed) and k."""
+        base, dash, number = task.rpartition("-")
+        request = self.requests.get(base) if dash else None
+        if request is None or not number.isdigit() or number != str(int(number)):
+            return None
+        k = int(number)
+        if k < request.index or k in request.cancelled:
+            return None
+        return (request, k) if k < request.index + request.count + len(request.cancelled) else None
+
     def _submit(self, event: TaskSubmitted) -> Task:
         demand, constraints = self._admit(event)
         if self.tree.ensure_leaf(event.tenant):
             self.accounting.add_tenant(event.tenant, self.tree.path(event.tenant))
             self._refresh_shares()  # at once: the new tenant's PAR below reads shares
+        count = 1 if event.count is None else event.count
         self._seq += 1
         task = Task(
             id=event.task,
@@ -360,15 +393,23 @@ class Engine:
             demand_map=self.resources.as_dict(demand),
             shape=self._shapes.setdefault((demand.tobytes(), constraints), len(self._shapes)),
             demand_values=tuple(demand.tolist()),
+            count=count,
+            index=-1 if event.count is None else 0,
         )
-        self.tasks[task.id] = task
+        self._seq += count - 1  # one number per task: a request orders as its tasks would
+        if event.count is None:
+            self.tasks[task.id] = task
+        else:
+            self.requests[task.id] = task
         self._to_check.append(task)
         self.pending.setdefault(task.tenant, PendingQueue()).add(task)
-        self.accounting.on_submit(self.accounting.row[task.tenant], demand, event.time)
+        self.accounting.on_submit(self.accounting.row[task.tenant], demand, event.time, count)
         return task
 
     def _complete(self, event: TaskCompleted) -> Task:
         self._admit(event)
+        if event.task not in self.tasks:
+            return self._cancel_in_request(event)
         task = self.tasks[event.task]
         row = self.accounting.row[task.tenant]
         self.finished_ids[task.id] = event.time
@@ -386,6 +427,39 @@ class Engine:
         task.state = TaskState.DONE
         self.accounting.on_finish(row, task.running_entry, event.time, self.tree)
         return task
+
+    def _cancel_in_request(self, event: TaskCompleted) -> Task:
+        """A task of a pending request completed (killed or failed) before it ran: the
+        request holds one task less."""
+        request, k = self._in_request(event.task)
+        self.finished_ids[event.task] = event.time
+        if k == request.index:
+            self._advance_request(request)
+        else:
+            request.cancelled = request.cancelled | {k}
+            request.count -= 1
+        self._retire_request(request)
+        self.pending[request.tenant].removed(request)
+        self.accounting.on_cancel_pending(self.accounting.row[request.tenant], request.demand)
+        return Task(event.task, request.job, request.tenant, request.demand, request.submit, request.constraints,
+                    seq=request.seq, demand_map=request.demand_map, state=TaskState.DONE, shape=request.shape,
+                    demand_values=request.demand_values)
+
+    def _advance_request(self, request: Task) -> None:
+        """The request's next task left it: move on to the next index not cancelled."""
+        k = request.index + 1
+        while k in request.cancelled:
+            k += 1
+        request.seq += k - request.index
+        request.cancelled = frozenset(c for c in request.cancelled if c >= k) if request.cancelled else request.cancelled
+        request.index = k
+        request.count -= 1
+
+    def _retire_request(self, request: Task) -> None:
+        if request.count == 0:
+            request.state = TaskState.DONE
+            del self.requests[request.id]
+            self._unschedulable.discard(request.id)
 
     def _heartbeat(self, event: NodeHeartbeat) -> None:
         capacity = self._admit(event)
@@ -467,9 +541,19 @@ class Engine:
 
     # --------------------------------------------------------------- decisions
 
-    def _start(self, decision: Decision) -> None:
+    def _start(self, decision: Decision) -> str | None:
+        """Apply one placement; returns the id of the request it took a task of (or None)."""
         task = self.tasks.get(decision.task)
-        if task is None or task.state is not TaskState.PENDING:
+        request = None
+        if task is None:
+            found = self._in_request(decision.task)
+            if found is None or found[1] != found[0].index:
+                raise PolicyViolation(f"{decision.policy} placed task {decision.task!r} that is not pending")
+            request = found[0]
+            task = Task(decision.task, request.job, request.tenant, request.demand, request.submit, request.constraints,
+                        seq=request.seq, demand_map=request.demand_map, shape=request.shape,
+                        demand_values=request.demand_values)
+        elif task.state is not TaskState.PENDING:
             raise PolicyViolation(f"{decision.policy} placed task {decision.task!r} that is not pending")
         row = self.node_row[decision.node]
         node = self.nodes[row]
@@ -480,15 +564,53 @@ class Engine:
         if ((self._used[row] + task.demand) > self._capacity[row] + EPSILON).any():
             raise PolicyViolation(f"{decision.policy} over-commits node {node.id} with {task.id}")
         self._used[row] += task.demand
-        self._unschedulable.discard(task.id)
         task.state, task.node, task.start = TaskState.RUNNING, node.id, decision.time
-        self.pending[task.tenant].removed(task)
+        if request is None:
+            self._unschedulable.discard(task.id)
+            self.pending[task.tenant].removed(task)
+        else:
+            self.tasks[task.id] = task
+            self._advance_request(request)
+            self._retire_request(request)
+            self.pending[task.tenant].removed(request)
         task.running_entry = self.accounting.on_start(self.accounting.row[task.tenant], task.demand, decision.time)
+        return request.id if request is not None else None
 
     def _refresh_shares(self) -> None:
         total = self.capacity[self.alive].sum(axis=0)
         self.accounting.set_shares(total, self.tree.effective_share)
         self._shares_stale = False
 
+
+def _grouped(decisions: list[Decision], requests: list[str | None]) -> list[Decision]:
+    """One decision per request and node: the placements of a pass that took tasks of one
+    request to one node become one decision listing them (``Decision.tasks``), where the first
+    of them was; single tasks stay as they are."""
+    groups: dict[tuple[str, str], list[Decision]] = {}
+    order: list = []
+    for decision, request in zip(decisions, requests):
+        if request is None:
+            order.append(decision)
+            continue
+        key = (request, decision.node)
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(decision)
+    out = []
+    for item in order:
+        if isinstance(item, Decision):
+            out.append(item)
+            continue
+        group = groups[item]
+        if len(group) == 1:
+            out.append(group[0])
+        else:
+            out.append(group[0]._replace(count=len(group), tasks=tuple(d.task for d in group)))
+    return out
+
+
+#: The most tasks one request may hold.
+MAX_COUNT = 10_000_000
 
 __all__ = ["Engine", "EventRejected", "PolicyViolation", "StepResult", "CompletionStatus"]

@@ -22,8 +22,8 @@ def scenario_demands(scenario: Scenario) -> tuple[list[str], np.ndarray, np.ndar
     sums: dict[str, np.ndarray] = {}
     counts: dict[str, int] = {}
     for task in scenario.tasks:
-        sums[task.tenant] = sums.get(task.tenant, 0) + scenario.resources.vector(task.demand)
-        counts[task.tenant] = counts.get(task.tenant, 0) + 1
+        sums[task.tenant] = sums.get(task.tenant, 0) + scenario.resources.vector(task.demand) * task.tasks
+        counts[task.tenant] = counts.get(task.tenant, 0) + task.tasks
     tenants = sorted(sums)
     demands = np.array([sums[t] / counts[t] for t in tenants]) if tenants else np.zeros((0, len(scenario.resources)))
     fractions = np.array([scenario.tree.effective_share.get(t, 0.0) for t in tenants])

@@ -157,13 +157,27 @@ class TaskState(str, Enum):
     DONE = "done"
 
 
+def request_task_id(request: str, index: int) -> str:
+    """The id of task ``index`` of request ``request`` (``j1-m`` and 3: ``j1-m-3``), as scenario
+    files expand ``count``."""
+    return f"{request}-{index}"
+
+
 @dataclass(eq=False)
 class Task:
-    """A unit of work. ``duration`` is the true run time, known to the simulator only.
+    """A unit of work, or a *request*: ``count`` identical pending tasks (YARN's
+    ResourceRequest, Kueue's PodSet count). ``duration`` is the true run time, known to the
+    simulator only.
 
-    ``seq`` is the global arrival sequence number: the last tie-break everywhere.
+    ``seq`` is the global arrival sequence number: the last tie-break everywhere. A request
+    takes one number per task, and its ``seq`` is always that of its next task, so that
+    requests and single tasks order exactly as the tasks would one by one.
     ``shape`` is an engine-interned id shared by tasks that fit exactly the same nodes (same
     demand and constraints): placement remembers per shape what fits where within a pass.
+
+    A request (``index >= 0``) hands out tasks ``<id>-<index>``, ``<id>-<index + 1>``, ...
+    skipping ``cancelled`` ones (completed while pending); each placed one becomes a ``Task``
+    of its own, with count 1. A single task has ``index == -1`` and ``count == 1``.
     """
 
     id: str
@@ -182,6 +196,25 @@ class Task:
     running_entry: object = None
     shape: int = -1
     demand_values: tuple[float, ...] = ()  # the demand as plain floats, for cheap comparisons
+    count: int = 1  # pending tasks this entry stands for
+    index: int = -1  # a request's next task index; -1: a single task
+    cancelled: frozenset[int] = frozenset()  # a request's indices completed while pending
+
+    def task_ids(self, skip: int, n: int) -> list[str]:
+        """The ids of the ``n`` pending tasks after the first ``skip`` (a single task: its id)."""
+        if self.index < 0:
+            return [self.id]
+        if not self.cancelled:
+            return [request_task_id(self.id, k) for k in range(self.index + skip, self.index + skip + n)]
+        out, k, cancelled = [], self.index, self.cancelled
+        while len(out) < n:
+            if k not in cancelled:
+                if skip:
+                    skip -= 1
+                else:
+                    out.append(request_task_id(self.id, k))
+            k += 1
+        return out
 
 
 # ----------------------------------------------------------------------------------- events
@@ -195,12 +228,16 @@ class CompletionStatus(str, Enum):
 
 @dataclass(frozen=True)
 class TaskSubmitted:
+    """A task, or with ``count`` a request of ``count`` identical tasks ``<task>-0`` ...
+    ``<task>-<count - 1>`` (one event and one pending entry for a job's maps)."""
+
     time: float
     task: str
     job: str
     tenant: str
     demand: Mapping[str, float]
     constraints: Mapping | None = None
+    count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -243,6 +280,10 @@ class Decision(NamedTuple):
     ``UNSCHEDULABLE``: no live node its constraints allow is large enough for it, however idle
     (``node`` is empty); it stays pending, in case such a node joins, and is reported again only
     after it became schedulable in between.
+
+    ``count``: how many tasks the decision is about. A placement of several tasks of one
+    request on one node lists them in ``tasks`` (``task`` is the first); an unschedulable
+    request names the request as submitted in ``task`` and its pending tasks in ``count``.
     """
 
     time: float
@@ -254,16 +295,25 @@ class Decision(NamedTuple):
     policy: str
     reason: str
     kind: DecisionKind = DecisionKind.PLACE
+    count: int = 1
+    tasks: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
-        """Idempotency key: the kind, task, time and node (``place:t1@12.5>n3``). A decision
-        published again has the same id; one that differs in any of these (a placement taken
-        again after the worker's state store lost writes can land elsewhere) has another."""
-        return f"{self.kind.value}:{self.task}@{self.time!r}>{self.node}"
+        """Idempotency key: the kind, task, count, time and node (``place:t1@12.5>n3``,
+        ``place:j1-m-0*4@12.5>n3``). A decision published again has the same id; one that
+        differs in any of these (a placement taken again after the worker's state store lost
+        writes can land elsewhere) has another."""
+        many = f"*{self.count}" if self.count != 1 else ""
+        return f"{self.kind.value}:{self.task}{many}@{self.time!r}>{self.node}"
+
+    @property
+    def task_ids(self) -> tuple[str, ...]:
+        """The ids of the tasks this decision places or requeues."""
+        return self.tasks or (self.task,)
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "id": self.id,
             "kind": self.kind.value,
             "time": self.time,
@@ -275,3 +325,8 @@ class Decision(NamedTuple):
             "policy": self.policy,
             "reason": self.reason,
         }
+        if self.count != 1:
+            out["count"] = self.count
+        if self.tasks:
+            out["tasks"] = list(self.tasks)
+        return out

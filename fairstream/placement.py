@@ -19,8 +19,10 @@ from typing import Callable
 import numpy as np
 
 from fairstream.fairness import dominant_share, fair_key
-from fairstream.model import EPSILON, Constraints, Decision, Task
+from fairstream.model import EPSILON, Constraints, Decision, Task, TaskState
 from fairstream.snapshot import Snapshot
+
+_START = (0, 0)
 
 
 class Cycle:
@@ -47,6 +49,9 @@ class Cycle:
         self._too_large: list[tuple[float, ...]] = []
         self._failed_for: dict[str, set[int]] = {}
         self._heads: dict[str, list] = {}
+        # Per (tenant, shape): the pass's cursor in the queue (``TaskList.next_from``) and how
+        # many tasks it took there.
+        self._cursor: dict[tuple[str, int], tuple[int, int]] = {}
         self._taken: dict[tuple[str, int], int] = {}
         self._eligible: dict[Constraints, np.ndarray] = {}
         tree = snapshot.tree
@@ -62,7 +67,8 @@ class Cycle:
     # ------------------------------------------------------------------- tasks
 
     def next_task(self, tenant: str) -> Task | None:
-        """The tenant's earliest pending task whose shape can still fit, or None."""
+        """The entry (task or request) of the tenant's earliest pending task whose shape can
+        still fit, or None."""
         heads = self._heads.get(tenant)
         if heads is None:
             queue = self.snapshot.pending.get(tenant)
@@ -81,38 +87,44 @@ class Cycle:
                 heapq.heappop(heads)
                 continue
             group = self.snapshot.pending[tenant].groups[shape]
-            task, _ = group.pending_at(self._taken.get((tenant, shape), 0))
+            task, _, _ = group.next_from(*self._cursor.get((tenant, shape), _START))
             if task is None:
                 heapq.heappop(heads)
                 continue
             return task
         return None
 
-    def _advance(self, tenant: str, task: Task) -> None:
+    def _advance(self, tenant: str, task: Task) -> int:
+        """Take the next task of ``task``'s shape for ``tenant``; returns how many tasks of
+        the entry ``task`` this pass took before it (its place in a request)."""
         if tenant not in self._heads:  # placed without next_task (Tetris picks tasks itself)
             self.next_task(tenant)
         shape = task.shape
         group = self.snapshot.pending[tenant].groups[shape]
-        taken_key = (tenant, shape)
-        _, offset = group.pending_at(self._taken.get(taken_key, 0))
-        self._taken[taken_key] = offset + 1
+        key = (tenant, shape)
+        _, offset, within = group.next_from(*self._cursor.get(key, _START))
+        self._cursor[key] = (offset, within + 1)
+        self._taken[key] = self._taken.get(key, 0) + 1
+        if within + 1 < task.count:
+            return within  # the request has more: its entry stays the shape's head, same seq
         heads = self._heads[tenant]
-        nxt, _ = group.pending_at(offset + 1)
+        nxt, _, _ = group.next_from(offset, within + 1)
         if heads and heads[0][1] == shape:  # the usual case: the tenant's earliest shape was placed
             if nxt is None:
                 heapq.heappop(heads)
             else:
                 heapq.heapreplace(heads, (nxt.seq, shape))
-            return
+            return within
         # Another shape was placed (Tetris): update its entry wherever it is.
         rest = [entry for entry in heads if entry[1] != shape]
         if nxt is not None:
             rest.append((nxt.seq, shape))
         heapq.heapify(rest)
         self._heads[tenant] = rest
+        return within
 
     def shape_heads(self, tenant: str) -> list[Task]:
-        """The next pending task of each of the tenant's shapes still worth trying, in arrival order."""
+        """The next pending entry of each of the tenant's shapes still worth trying, in arrival order."""
         queue = self.snapshot.pending.get(tenant)
         if queue is None:
             return []
@@ -121,7 +133,7 @@ class Cycle:
         for shape, group in queue.groups.items():
             if shape in self._failed_shapes or shape in failed_here:
                 continue
-            task, _ = group.pending_at(self._taken.get((tenant, shape), 0))
+            task, _, _ = group.next_from(*self._cursor.get((tenant, shape), _START))
             if task is not None:
                 heads.append(task)
         heads.sort(key=lambda task: task.seq)
@@ -132,17 +144,21 @@ class Cycle:
         queue = self.snapshot.pending.get(tenant)
         if queue is None:
             return 0
-        return sum(len(g.tasks) - g.head - self._taken.get((tenant, shape), 0) for shape, g in queue.groups.items())
+        return sum(g.count - self._taken.get((tenant, shape), 0) for shape, g in queue.groups.items())
 
     def rank_in_queue(self, tenant: str, task: Task) -> int:
-        """How many of the tenant's tasks not yet placed arrived before ``task`` (its position
-        in the tenant's queue, counted over all shapes)."""
+        """How many of the tenant's tasks not yet placed arrived before ``task`` (the next task
+        of that entry: its position in the tenant's queue, counted over all shapes)."""
         import bisect
 
         rank = 0
         for shape, group in self.snapshot.pending[tenant].groups.items():
-            start = group.head + self._taken.get((tenant, shape), 0)
-            rank += bisect.bisect_left(group.tasks, task.seq, lo=start, key=lambda t: t.seq) - start
+            offset, within = self._cursor.get((tenant, shape), _START)
+            start = group.head + offset
+            end = bisect.bisect_left(group.tasks, task.seq, lo=start, key=lambda t: t.seq)
+            for entry in group.tasks[start:end]:
+                if entry.state is TaskState.PENDING:
+                    rank += entry.count - (within if entry is group.tasks[start] else 0)
         return rank
 
     def skip_for(self, tenant: str, task: Task) -> None:
@@ -262,11 +278,11 @@ class Cycle:
         if self._capped:
             for group in self.snapshot.tree.path(tenant):
                 self.group_allocation[group] += task.demand
-        self._advance(tenant, task)
+        within = self._advance(tenant, task)
         self.decisions.append(
             Decision(
                 time=self.snapshot.time,
-                task=task.id,
+                task=task.id if task.index < 0 else task.task_ids(within, 1)[0],
                 job=task.job,
                 tenant=tenant,
                 node=self.snapshot.node_ids[node],

@@ -9,7 +9,7 @@ schema cannot express (unknown tenants, duplicate ids, resource names). Every pr
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources as package_files
 from pathlib import Path
@@ -17,7 +17,7 @@ from typing import Any
 
 import jsonschema
 
-from fairstream.model import DEFAULT_RESOURCES, ROOT, Constraints, ModelError, ResourceSpace, TenantSpec
+from fairstream.model import DEFAULT_RESOURCES, ROOT, Constraints, ModelError, ResourceSpace, TenantSpec, request_task_id
 from fairstream.tenants import TenantTree
 
 
@@ -30,7 +30,9 @@ class NodeSpec:
 
 @dataclass
 class TaskSpec:
-    """A task of the workload as the simulator releases it (``duration`` stays with the simulator)."""
+    """A task of the workload as the simulator releases it (``duration`` stays with the
+    simulator); with ``count``, a request of that many identical tasks ``<id>-0``,
+    ``<id>-1``, ... submitted as one event."""
 
     id: str
     job: str
@@ -42,6 +44,14 @@ class TaskSpec:
     stage: int = 0
     after_job: str | None = None
     delay: float = 0.0
+    count: int | None = None
+
+    @property
+    def tasks(self) -> int:
+        return 1 if self.count is None else self.count
+
+    def task_ids(self) -> list[str]:
+        return [self.id] if self.count is None else [request_task_id(self.id, k) for k in range(self.count)]
 
 
 @dataclass
@@ -61,6 +71,25 @@ class Scenario:
     tasks: list[TaskSpec]
     events: list[NodeEventSpec] = field(default_factory=list)
     name: str = "scenario"
+
+    @property
+    def task_count(self) -> int:
+        """How many tasks the workload holds (a request counts its tasks)."""
+        return sum(spec.tasks for spec in self.tasks)
+
+    def expanded_tasks(self) -> list[TaskSpec]:
+        """The workload one task per spec: each request as its tasks, ``<id>-<k>``."""
+        out = []
+        for spec in self.tasks:
+            if spec.count is None:
+                out.append(spec)
+            else:
+                out.extend(replace(spec, id=name, count=None) for name in spec.task_ids())
+        return out
+
+    def one_by_one(self) -> "Scenario":
+        """This scenario with every request submitted as its tasks one by one."""
+        return replace(self, tasks=self.expanded_tasks())
 
     def to_json(self) -> dict:
         """The scenario as a document that ``load_scenario`` accepts."""
@@ -90,6 +119,8 @@ def _task_json(t: TaskSpec) -> dict:
     if t.after_job is not None:
         out["after_job"] = t.after_job
         out["delay"] = t.delay
+    if t.count is not None:
+        out["count"] = t.count
     return out
 
 
@@ -173,17 +204,17 @@ def parse_scenario(document: Any) -> Scenario:
         if not any(demand.values()):
             raise ModelError(f"{where}.demand: must ask for some resource (all zero)")
         Constraints.from_json(raw.get("constraints"), where=f"{where}.constraints")
-        count = raw.get("count")
-        names = [raw["id"]] if count is None else [f"{raw['id']}-{k}" for k in range(count)]
-        for name in names:
+        spec = TaskSpec(
+            id=raw["id"], job=raw.get("job", raw["id"]), tenant=raw["tenant"], submit=float(raw["submit"]),
+            duration=float(raw["duration"]), demand=dict(demand), constraints=raw.get("constraints"),
+            stage=int(raw.get("stage", 0)), after_job=raw.get("after_job"), delay=float(raw.get("delay", 0.0)),
+            count=raw.get("count"),
+        )
+        for name in spec.task_ids():
             if name in ids:
                 raise ModelError(f"{where}.id: duplicate task id {name!r}")
             ids.add(name)
-            tasks.append(TaskSpec(
-                id=name, job=raw.get("job", raw["id"]), tenant=raw["tenant"], submit=float(raw["submit"]),
-                duration=float(raw["duration"]), demand=dict(demand), constraints=raw.get("constraints"),
-                stage=int(raw.get("stage", 0)), after_job=raw.get("after_job"), delay=float(raw.get("delay", 0.0)),
-            ))
+        tasks.append(spec)  # a request stays one spec: one submission, one pending entry
     jobs = {t.job for t in tasks}
     for i, t in enumerate(tasks):
         if t.after_job is not None and t.after_job not in jobs:

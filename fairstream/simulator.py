@@ -57,6 +57,7 @@ class SimResult:
             "tasks": len(self.tasks),
             "unfinished_tasks": unfinished,
             "decisions": sum(1 for d in self.decisions if d.kind is DecisionKind.PLACE),
+            "placed_tasks": sum(d.count for d in self.decisions if d.kind is DecisionKind.PLACE),
             "makespan": (max(finishes) - min(submits)) if finishes else None,
             "utilisation": self.metrics.utilisation(),
             "sharing_benefit": sum(max(r - 1, 0) for r in degrees.values()),
@@ -110,6 +111,11 @@ class Simulator:
             heapq.heappush(heap, (event_time(time), kind, counter, payload))
 
         specs = {t.id: t for t in scenario.tasks}
+
+        def spec_of(task_id: str) -> TaskSpec:
+            spec = specs.get(task_id)
+            return spec if spec is not None else specs[task_id.rpartition("-")[0]]
+
         gates = _Gates(scenario.tasks)
         for node in scenario.nodes:
             push(0.0, _NODE, NodeHeartbeat(0.0, node.id, node.capacity, node.labels))
@@ -123,7 +129,7 @@ class Simulator:
         decisions: list[Decision] = []
         recorded: list = []
         now = 0.0
-        bar = _progress_bar(len(scenario.tasks), self.progress)
+        bar = _progress_bar(scenario.task_count, self.progress)
         while heap:
             now = heap[0][0]
             batch = []
@@ -136,8 +142,10 @@ class Simulator:
                     batch.append(TaskCompleted(now, task_id))
                 elif kind == _SUBMIT:
                     spec: TaskSpec = payload
-                    records[spec.id] = {"job": spec.job, "tenant": spec.tenant, "submit": now, "start": None, "finish": None}
-                    batch.append(TaskSubmitted(now, spec.id, spec.job, spec.tenant, spec.demand, spec.constraints))
+                    for name in spec.task_ids():
+                        records[name] = {"job": spec.job, "tenant": spec.tenant, "submit": now, "start": None, "finish": None}
+                    batch.append(TaskSubmitted(now, spec.id, spec.job, spec.tenant, spec.demand, spec.constraints,
+                                               spec.count))
                 else:
                     batch.append(payload)
             self.metrics.advance(now)
@@ -150,7 +158,7 @@ class Simulator:
             for task in result.finished:
                 records[task.id]["finish"] = now
                 bar.update(1)
-                for spec in gates.finished(task.id, task.job, now):
+                for spec in gates.finished(spec_of(task.id), now):
                     push(max(spec.submit, gates.release_time(spec, now)), _SUBMIT, spec)
             for decision in result.decisions:
                 decisions.append(decision)
@@ -160,16 +168,19 @@ class Simulator:
                     continue
                 if decision.kind is not DecisionKind.PLACE:
                     continue  # unschedulable: reported, still pending
-                attempts[decision.task] = attempts.get(decision.task, 0) + 1
-                records[decision.task]["start"] = now
-                push(now + specs[decision.task].duration, _COMPLETE, (decision.task, attempts[decision.task]))
+                duration = spec_of(decision.task).duration
+                for task_id in decision.task_ids:
+                    attempts[task_id] = attempts.get(task_id, 0) + 1
+                    records[task_id]["start"] = now
+                    push(now + duration, _COMPLETE, (task_id, attempts[task_id]))
         bar.close()
         self.metrics.advance(now + self.metrics.sample_interval)
         return SimResult(self.engine.policy, dict(self.engine.params), decisions, records, self.metrics, now, recorded)
 
 
 class _Gates:
-    """Holds back tasks of later stages and chained jobs until what they wait for finished."""
+    """Holds back tasks of later stages and chained jobs until what they wait for finished.
+    Specs may be requests: they count as their tasks and are released whole."""
 
     def __init__(self, tasks: Iterable[TaskSpec]) -> None:
         self.remaining: dict[str, dict[int, int]] = {}
@@ -177,12 +188,10 @@ class _Gates:
         self.held_stage: dict[str, dict[int, list[TaskSpec]]] = {}
         self.held_after: dict[str, list[TaskSpec]] = {}
         self.tasks = list(tasks)
-        self.stage_of: dict[str, int] = {}
         for t in self.tasks:
             self.remaining.setdefault(t.job, {}).setdefault(t.stage, 0)
-            self.remaining[t.job][t.stage] += 1
-            self.job_left[t.job] = self.job_left.get(t.job, 0) + 1
-            self.stage_of[t.id] = t.stage
+            self.remaining[t.job][t.stage] += t.tasks
+            self.job_left[t.job] = self.job_left.get(t.job, 0) + t.tasks
         self.released_stages: dict[str, set[int]] = {}
 
     def _first_stage(self, job: str) -> int:
@@ -202,9 +211,10 @@ class _Gates:
     def release_time(self, spec: TaskSpec, now: float) -> float:
         return now + spec.delay if spec.after_job is not None else now
 
-    def finished(self, task_id: str, job: str, now: float) -> list[TaskSpec]:
+    def finished(self, spec: TaskSpec, now: float) -> list[TaskSpec]:
+        """One task of ``spec`` finished: the specs this releases."""
         released: list[TaskSpec] = []
-        stage = self.stage_of[task_id]
+        job, stage = spec.job, spec.stage
         self.remaining[job][stage] -= 1
         self.job_left[job] -= 1
         if self.remaining[job][stage] == 0:

@@ -18,13 +18,15 @@ from fairstream.tenants import TenantTree
 
 
 class TaskList:
-    """Tasks of one shape in arrival order; ``head`` skips tasks that left the queue."""
+    """Pending entries of one shape in arrival order: single tasks and requests (``Task.count``
+    tasks each). ``head`` skips entries that left the queue; ``count`` is the pending tasks."""
 
-    __slots__ = ("tasks", "head")
+    __slots__ = ("tasks", "head", "count")
 
     def __init__(self) -> None:
         self.tasks: list[Task] = []
         self.head = 0
+        self.count = 0
 
     def compact(self) -> None:
         while self.head < len(self.tasks) and self.tasks[self.head].state is not TaskState.PENDING:
@@ -34,16 +36,31 @@ class TaskList:
             self.head = 0
 
     def pending_at(self, offset: int) -> tuple[Task | None, int]:
-        """The first pending task at or after ``head + offset``, and its offset."""
+        """The first pending entry at or after ``head + offset``, and its offset."""
         i = self.head + offset
         tasks = self.tasks
         while i < len(tasks) and tasks[i].state is not TaskState.PENDING:
             i += 1
         return (tasks[i], i - self.head) if i < len(tasks) else (None, i - self.head)
 
+    def next_from(self, offset: int, within: int) -> tuple[Task | None, int, int]:
+        """The first task not yet taken when the entries before ``head + offset`` and
+        ``within`` tasks of the one there are: ``(entry, offset, within)``, the entry None at
+        the end. A pass walks the queue with this cursor (``placement.Cycle``)."""
+        i = self.head + offset
+        tasks = self.tasks
+        while i < len(tasks):
+            entry = tasks[i]
+            if entry.state is TaskState.PENDING and within < entry.count:
+                return entry, i - self.head, within
+            i += 1
+            within = 0
+        return None, i - self.head, 0
+
 
 class PendingQueue:
-    """A tenant's pending tasks, grouped by shape so a shape that fits nowhere is skipped whole."""
+    """A tenant's pending tasks, grouped by shape so a shape that fits nowhere is skipped whole.
+    ``count`` is the pending tasks, requests counted by their ``count``."""
 
     def __init__(self) -> None:
         self.groups: dict[int, TaskList] = {}
@@ -60,18 +77,22 @@ class PendingQueue:
             group.tasks, group.head = live, 0
         else:
             group.tasks.append(task)
-        self.count += 1
+        group.count += task.count
+        self.count += task.count
 
-    def removed(self, task: Task) -> None:
-        """Call after ``task`` left the pending state (placed or cancelled)."""
-        self.count -= 1
+    def removed(self, task: Task, n: int = 1) -> None:
+        """Call after ``n`` tasks of entry ``task`` left the pending state (placed or
+        cancelled); the entry leaves the queue once it is no longer pending."""
+        self.count -= n
         group = self.groups.get(task.shape)
         if group is not None:
+            group.count -= n
             group.compact()
             if group.head >= len(group.tasks):
                 del self.groups[task.shape]
 
     def __iter__(self) -> Iterator[Task]:
+        """The pending entries (single tasks and requests)."""
         for group in self.groups.values():
             for task in group.tasks[group.head :]:
                 if task.state is TaskState.PENDING:

@@ -67,7 +67,16 @@ async def run_emulator(
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     report = EmulatorReport()
-    specs = {t.id: t for t in scenario.tasks}
+    specs = {t.id: t for t in scenario.tasks}  # a request's tasks are <id>-<k>: spec_of
+    total = scenario.task_count
+
+    def spec_of(task_id: str) -> TaskSpec | None:
+        spec = specs.get(task_id)
+        if spec is None:
+            spec = specs.get(task_id.rpartition("-")[0])
+            spec = spec if spec is not None and spec.count is not None else None
+        return spec
+
     gates = _Gates(scenario.tasks)
     partitions = await ensure_topics(broker, topics.names)  # each with a leader for every partition
     consumer = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False, **kafka_security())
@@ -107,21 +116,58 @@ async def run_emulator(
     deadline = None if timeout is None else origin + timeout
     names = scenario.resources.names
 
+    def place(decision: dict, task_id: str):
+        """Apply ``decision`` to one of its tasks; returns the completion to schedule, if any."""
+        if decision["kind"] == "requeue":
+            attempts[task_id] = attempts.get(task_id, 0) + 1
+            if task_id in running:
+                release(task_id)
+            report.requeued += 1
+            return None
+        if decision["kind"] != "place":
+            return None  # unschedulable: nothing to run
+        spec = spec_of(task_id)
+        if spec is None:
+            return None
+        if task_id in finished:
+            # Decided again after it finished (a worker whose Redis lost writes read the
+            # input again): nothing to run.
+            report.stale_ignored += 1
+            return None
+        if task_id in running:
+            # Placed again elsewhere (a worker whose Redis lost writes decided it again):
+            # move it, as the docs ask of an agent, restarting its run.
+            release(task_id)
+            report.moved += 1
+        attempts[task_id] = attempts.get(task_id, 0) + 1
+        demand = [float(decision["demand"].get(r, 0.0)) for r in names]
+        node = decision["node"]
+        running[task_id] = (node, demand)
+        use[node] = [u + d for u, d in zip(use[node], demand)]
+        if any(u > c + 1e-9 for u, c in zip(use[node], capacity[node])):
+            report.over_committed.append(f"{node} at t={decision['time']}: {use[node]} > {capacity[node]}")
+        peak = report.max_node_use.setdefault(node, dict.fromkeys(names, 0.0))
+        for r, u in zip(names, use[node]):
+            peak[r] = max(peak[r], u)
+        report.placed += 1
+        started = max(decision["time"], (wall.monotonic() - origin) * speed)
+        return started + spec.duration, "complete", (task_id, attempts[task_id])
+
     async with Publisher(broker, topics) as pub:
-        while report.completed < len(specs):
+        while report.completed < total:
             now_event = (wall.monotonic() - origin) * speed
             while heap and heap[0][0] <= now_event:
                 at, _, kind, payload = heapq.heappop(heap)
                 if kind == "heartbeat":
                     for node in scenario.nodes:
                         await pub.heartbeat(cluster, node.id, at, node.capacity, node.labels or None)
-                    if report.completed < len(specs):
+                    if report.completed < total:
                         schedule(at + heartbeat_interval, "heartbeat", None)
                 elif kind == "submit":
                     spec: TaskSpec = payload
                     await pub.submit(cluster, spec.id, spec.tenant, spec.demand, at, job=spec.job,
-                                     constraints=spec.constraints)
-                    report.submitted += 1
+                                     constraints=spec.constraints, count=spec.count)
+                    report.submitted += spec.tasks
                 elif kind == "complete":
                     task_id, attempt = payload
                     if attempts.get(task_id) != attempt:
@@ -130,8 +176,7 @@ async def run_emulator(
                     await pub.complete(cluster, task_id, at)
                     report.completed += 1
                     finished.add(task_id)
-                    spec = specs[task_id]
-                    for released in gates.finished(task_id, spec.job, at):
+                    for released in gates.finished(spec_of(task_id), at):
                         schedule(max(released.submit, gates.release_time(released, at)), "submit", released)
             next_at = heap[0][0] if heap else now_event + speed
             wait = max(0.0, min((next_at - now_event) / speed, 0.2))
@@ -145,43 +190,12 @@ async def run_emulator(
                         report.duplicates_ignored += 1
                         continue
                     seen.add(decision["id"])
-                    task_id = decision["task"]
-                    if decision["kind"] == "requeue":
-                        attempts[task_id] = attempts.get(task_id, 0) + 1
-                        if task_id in running:
-                            release(task_id)
-                        report.requeued += 1
-                        continue
-                    if decision["kind"] != "place":
-                        continue  # unschedulable: nothing to run
-                    spec = specs.get(task_id)
-                    if spec is None:
-                        continue
-                    if task_id in finished:
-                        # Decided again after it finished (a worker whose Redis lost writes
-                        # read the input again): nothing to run.
-                        report.stale_ignored += 1
-                        continue
-                    if task_id in running:
-                        # Placed again elsewhere (a worker whose Redis lost writes decided it
-                        # again): move it, as the docs ask of an agent, restarting its run.
-                        release(task_id)
-                        report.moved += 1
-                    attempts[task_id] = attempts.get(task_id, 0) + 1
-                    demand = [float(decision["demand"].get(r, 0.0)) for r in names]
-                    node = decision["node"]
-                    running[task_id] = (node, demand)
-                    use[node] = [u + d for u, d in zip(use[node], demand)]
-                    if any(u > c + 1e-9 for u, c in zip(use[node], capacity[node])):
-                        report.over_committed.append(f"{node} at t={decision['time']}: {use[node]} > {capacity[node]}")
-                    peak = report.max_node_use.setdefault(node, dict.fromkeys(names, 0.0))
-                    for r, u in zip(names, use[node]):
-                        peak[r] = max(peak[r], u)
-                    report.placed += 1
-                    started = max(decision["time"], (wall.monotonic() - origin) * speed)
-                    schedule(started + spec.duration, "complete", (task_id, attempts[task_id]))
+                    for task_id in decision.get("tasks") or [decision["task"]]:
+                        completion = place(decision, task_id)
+                        if completion is not None:
+                            schedule(*completion)
             if deadline is not None and wall.monotonic() > deadline:
-                log.warning("emulator.timeout", completed=report.completed, tasks=len(specs))
+                log.warning("emulator.timeout", completed=report.completed, tasks=total)
                 break
     await consumer.stop()
     return report
@@ -204,5 +218,6 @@ async def replay_only(scenario: Scenario, cluster: str, broker: str, topics: Top
             delay = spec.submit / speed - (wall.monotonic() - origin) if math.isfinite(speed) else 0
             if delay > 0:
                 await asyncio.sleep(delay)
-            await pub.submit(cluster, spec.id, spec.tenant, spec.demand, spec.submit, job=spec.job, constraints=spec.constraints)
-    return len(released)
+            await pub.submit(cluster, spec.id, spec.tenant, spec.demand, spec.submit, job=spec.job,
+                             constraints=spec.constraints, count=spec.count)
+    return sum(spec.tasks for spec in released)

@@ -67,7 +67,7 @@ from fairstream.snapshot import PendingQueue, TaskList
 from fairstream.tenants import TenantTree
 
 MAGIC = b"FSENGINE"
-VERSION = 1
+VERSION = 2
 
 REF, LIST, TUPLE, DICT, SET, FROZENSET, OBJECT, ARRAY, ENUM, ORDERED, POLICY, NUMBER = range(12)
 
@@ -99,10 +99,10 @@ class _Class:
         self.stored = frozenset(self.fields) | self.derived  # what an instance may have
 
 
-# Version 1. Changing a list (a field added, removed or renamed) changes the format: raise VERSION.
+# Version 2 (requests: Task.count, index, cancelled). Changing a list (a field added, removed or renamed) changes the format: raise VERSION.
 CLASSES: tuple[_Class, ...] = (
     _Class(Engine, "resources tree spec params auto_tenants accounting time nodes node_row _capacity _used _alive "
-                   "_node_ids _node_labels _shares_stale tasks finished_ids finished_retention pending _seq _shapes "
+                   "_node_ids _node_labels _shares_stale tasks requests finished_ids finished_retention pending _seq _shapes "
                    "_unschedulable _to_check _nodes_changed _verdicts"),
     _Class(ResourceSpace, "names _position"),
     _Class(TenantTree, "specs children effective_share has_limits _paths"),
@@ -117,10 +117,10 @@ CLASSES: tuple[_Class, ...] = (
     _Class(_Running, "start done recent values", derived="demand", rebuild=_rebuild_running),
     _Class(Node, "id capacity labels alive last_heartbeat"),
     _Class(Task, "id job tenant submit constraints duration seq demand_map state node start running_entry shape "
-                 "demand_values", derived="demand", rebuild=_rebuild_demand),
+                 "demand_values count index cancelled", derived="demand", rebuild=_rebuild_demand),
     _Class(Constraints, "nodes labels"),
     _Class(PendingQueue, "groups count"),
-    _Class(TaskList, "tasks head"),
+    _Class(TaskList, "tasks head count"),
     _Class(FlexModel, "classes trees metadata source"),
     _Class(Tree, "children_left children_right feature threshold leaf_class"),
 )

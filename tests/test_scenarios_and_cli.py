@@ -40,9 +40,12 @@ def test_the_issues_example_scenario_loads():
     assert [n.id for n in sc.nodes] == ["n1"] and sc.tree.path("A") == ("G1", "A")
 
 
-def test_bulk_tasks_expand_to_numbered_ids():
+def test_a_task_with_a_count_is_one_request_of_numbered_tasks():
     doc = with_changes(tasks__0__count=3)
-    assert [t.id for t in parse_scenario(doc).tasks] == ["t1-0", "t1-1", "t1-2"]
+    scenario = parse_scenario(doc)
+    [request] = scenario.tasks
+    assert request.count == 3 and request.task_ids() == ["t1-0", "t1-1", "t1-2"] and scenario.task_count == 3
+    assert [t.id for t in scenario.expanded_tasks()] == ["t1-0", "t1-1", "t1-2"]
 
 
 @pytest.mark.parametrize(
@@ -185,8 +188,11 @@ def test_simulate_writes_decisions_metrics_and_plots(tmp_path, capsys):
 def test_swim_jobs_become_one_map_per_64mb_block_and_reduces_after_maps():
     sc = load_trace(str(DATA / "FB-2009_samples_24_times_1hr_1.head60.tsv"), "swim", limit=3)
     # job2 reads 1,048,668,636 bytes: ceil(1048668636 / 64 MiB) = 16 maps; shuffle 0: map only.
+    # The 15 that read a full block are one request, job2-m-0 .. job2-m-14; the last, which
+    # reads the rest, is job2-m-15.
     job2 = [t for t in sc.tasks if t.job == "job2"]
-    assert len(job2) == 16 and all(t.stage == 0 for t in job2)
+    assert [(t.id, t.count) for t in job2] == [("job2-m", 15), ("job2-m-15", None)]
+    assert all(t.stage == 0 for t in job2)
     # A map-only job's maps also write its output (149,442,587 bytes / 16 maps): a full block
     # takes 3 s + (64 MiB + 9,340,162 B) / 8 MiB/s = 3 + 8 + 1.113 = 12.113 s.
     assert job2[0].duration == 12.113
@@ -203,7 +209,7 @@ def test_the_command_line_caps_the_tasks_of_a_swim_job_as_the_papers_replays_did
             "--limit", "3", "--policy", "drf", "--out", str(out), "--no-baseline", "--no-plots", "--no-progress"]
     assert main(argv + (["--max-tasks-per-job", str(cap)] if cap else [])) == 0
     decisions = [json.loads(line) for line in (out / "decisions.jsonl").read_text().splitlines()]
-    assert sum(d["job"] == "job2" for d in decisions) == job2_tasks
+    assert sum(d.get("count", 1) for d in decisions if d["job"] == "job2") == job2_tasks
     capsys.readouterr()
     assert main(argv + ["--max-tasks-per-job", "0"]) == 2
     assert capsys.readouterr().err.strip() == "fairstream: error: max_tasks_per_job: must be >= 1 (got 0)"

@@ -40,7 +40,8 @@ def come_and_go(nodes: int = 25, task_seconds: float = 10.0, a_arrives: float = 
         wave, submit = 0, start
         while submit < contended_until:
             job = f"{tenant}-{wave}"
-            tasks += [TaskSpec(f"{job}-{k}", job, tenant, submit, task_seconds, {"mem": 1.0}) for k in range(capacity)]
+            # One request of the wave's tasks, ids <job>-<k>.
+            tasks.append(TaskSpec(job, job, tenant, submit, task_seconds, {"mem": 1.0}, count=capacity))
             wave += 1
             submit = start + wave * task_seconds
     return Scenario(

@@ -82,13 +82,20 @@ def load_swim(
             maps = min(maps, max_tasks_per_job)
             reduces = min(reduces, max_tasks_per_job)
         map_written = output / maps if reduces == 0 else 0.0
-        for k in range(maps):
-            read = min(block, max(map_bytes - k * block, 0)) if k < maps - 1 else map_bytes - (maps - 1) * block
-            seconds = overhead_s + (max(read, 0) + map_written) / (rate_mb_s * MB)
-            tasks.append(TaskSpec(f"{job}-m{k}", job, tenant, submit, round(seconds, 3), {"cpu": 1.0, "mem": 1.0}))
-        for k in range(reduces):
+        # Requests with a count: the maps that read a full block are one request (ids
+        # <job>-m-<k>), the last map, which reads the rest, a task of its own; the reduces are
+        # one request (<job>-r-<k>).
+        if maps > 1:
+            seconds = overhead_s + (block + map_written) / (rate_mb_s * MB)
+            tasks.append(TaskSpec(f"{job}-m", job, tenant, submit, round(seconds, 3), {"cpu": 1.0, "mem": 1.0},
+                                  count=maps - 1))
+        rest = max(map_bytes - (maps - 1) * block, 0)
+        seconds = overhead_s + (rest + map_written) / (rate_mb_s * MB)
+        tasks.append(TaskSpec(f"{job}-m-{maps - 1}", job, tenant, submit, round(seconds, 3), {"cpu": 1.0, "mem": 1.0}))
+        if reduces:
             seconds = overhead_s + (shuffle + output) / reduces / (rate_mb_s * MB)
-            tasks.append(TaskSpec(f"{job}-r{k}", job, tenant, submit, round(seconds, 3), {"cpu": 1.0, "mem": 2.0}, stage=1))
+            tasks.append(TaskSpec(f"{job}-r", job, tenant, submit, round(seconds, 3), {"cpu": 1.0, "mem": 2.0}, stage=1,
+                                  count=reduces))
     tree = TenantTree.from_specs([TenantSpec(f"q{k}") for k in range(min(tenants, max(len(rows), 1)))])
     return Scenario(
         ResourceSpace(("cpu", "mem")), tree, uniform_nodes(nodes, {"cpu": node_cpu, "mem": node_mem}), tasks,
