@@ -2,7 +2,8 @@
 
 Input topics carry JSON objects (schemas in ``fairstream/schemas/*.schema.json``, version 1):
 
-- ``tasks.submitted``: ``{"cluster", "task", "job", "tenant", "demand", "time", "constraints"?}``
+- ``tasks.submitted``: ``{"cluster", "task", "job", "tenant", "demand", "time", "constraints"?, "count"?}``
+  (with ``count``: a request of that many tasks ``<task>-0`` ... ``<task>-<count - 1>``)
 - ``tasks.completed``: ``{"cluster", "task", "time", "status"}``
 - ``nodes.heartbeats``: ``{"cluster", "node", "time", "capacity", "labels"?}``
 
@@ -71,7 +72,7 @@ _REQUIRED = {
     COMPLETED: ("cluster", "task", "time"),
     HEARTBEAT: ("cluster", "node", "time", "capacity"),
 }
-_OPTIONAL = {SUBMITTED: {"job", "constraints", "version"}, COMPLETED: {"status", "version"},
+_OPTIONAL = {SUBMITTED: {"job", "constraints", "version", "count"}, COMPLETED: {"status", "version"},
              HEARTBEAT: {"labels", "version"}}
 _STRINGS = ("cluster", "task", "tenant", "job", "node")
 
@@ -97,7 +98,7 @@ def _looks_valid(kind: str, doc) -> bool:
     required = _REQUIRED[kind]
     if not all(k in doc for k in required) or not set(doc) <= set(required) | _OPTIONAL[kind]:
         return False
-    if "constraints" in doc or "labels" in doc or "status" in doc or "version" in doc:
+    if "constraints" in doc or "labels" in doc or "status" in doc or "version" in doc or "count" in doc:
         return False
     for key in _STRINGS:
         if key in doc and not (doc[key].__class__ is str and 0 < len(doc[key]) <= 256):
@@ -222,7 +223,7 @@ def _event(kind: str, doc: Any) -> tuple[str, Event]:
     cluster = doc["cluster"]
     if kind == SUBMITTED:
         return cluster, TaskSubmitted(time, doc["task"], doc.get("job", doc["task"]), doc["tenant"],
-                                      doc["demand"], doc.get("constraints"))
+                                      doc["demand"], doc.get("constraints"), doc.get("count"))
     if kind == COMPLETED:
         return cluster, TaskCompleted(time, doc["task"], CompletionStatus(doc.get("status", "succeeded")))
     return cluster, NodeHeartbeat(time, doc["node"], doc["capacity"], doc.get("labels"))
@@ -238,6 +239,8 @@ def event_to_json(event: Event) -> dict[str, Any]:
                "tenant": event.tenant, "demand": dict(event.demand)}
         if event.constraints:
             out["constraints"] = dict(event.constraints)
+        if event.count is not None:
+            out["count"] = event.count
         return out
     if isinstance(event, TaskCompleted):
         return {"type": COMPLETED, "time": event.time, "task": event.task, "status": event.status.value}
@@ -254,7 +257,8 @@ def event_to_json(event: Event) -> dict[str, Any]:
 def event_from_json(doc: dict[str, Any]) -> Event:
     kind = doc.get("type")
     if kind == SUBMITTED:
-        return TaskSubmitted(doc["time"], doc["task"], doc["job"], doc["tenant"], doc["demand"], doc.get("constraints"))
+        return TaskSubmitted(doc["time"], doc["task"], doc["job"], doc["tenant"], doc["demand"], doc.get("constraints"),
+                             doc.get("count"))
     if kind == COMPLETED:
         return TaskCompleted(doc["time"], doc["task"], CompletionStatus(doc["status"]))
     if kind == HEARTBEAT:

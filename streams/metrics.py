@@ -17,7 +17,7 @@ class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.events = Counter("fairstream_events_total", "Input messages received", ["topic"], registry=self.registry)
-        self.decisions = Counter("fairstream_decisions_total", "Decisions published", ["kind"], registry=self.registry)
+        self.decisions = Counter("fairstream_decisions_total", "Tasks decided (a decision of several tasks counts each)", ["kind"], registry=self.registry)
         self.dead_letters = Counter("fairstream_dead_letters_total", "Inputs sent to the dead-letter topic", ["topic"],
                                     registry=self.registry)
         self.latency = Histogram(

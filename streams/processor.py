@@ -414,7 +414,10 @@ class Processor:
                 await asyncio.sleep(delay)
                 if not acknowledged:
                     acks = None
-        kinds = Counter(message["kind"] for topic, message in outbox if topic == self.topics.decisions)
+        kinds: Counter = Counter()
+        for topic, message in outbox:
+            if topic == self.topics.decisions:
+                kinds[message["kind"]] += message.get("count", 1)  # a decision of a request's tasks
         for kind, count in kinds.items():
             self.metrics.decisions.labels(kind).inc(count)
         self.metrics.steps.inc(outcome.steps)

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from fairstream.engine import EventRejected
 from fairstream.model import DecisionKind, TaskCompleted, TaskSubmitted
 from fairstream.policies import REGISTRY
 from fairstream.scenario import load_scenario

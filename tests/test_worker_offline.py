@@ -109,6 +109,12 @@ BAD_INPUTS = [
                  id="a demand beyond the largest number an event may carry"),
     pytest.param("heartbeat", heartbeat("n2", time=2, cpu=1e16, mem=1), None, "capacity.cpu: 1e+16 is greater than the maximum",
                  id="a capacity beyond the largest number an event may carry"),
+    pytest.param("submitted", {**task("r", time=2), "count": 0}, None, "count: 0 is less than the minimum of 1",
+                 id="a request of no tasks"),
+    pytest.param("submitted", {**task("r", time=2), "count": 2.5}, None, "count: 2.5 is not of type 'integer'",
+                 id="a request of a fractional count"),
+    pytest.param("submitted", {**task("r", time=2), "count": 10**8}, None, "count: 100000000 is greater than the maximum",
+                 id="a request beyond the largest count"),
 ]
 
 
@@ -293,6 +299,39 @@ def test_at_most_max_engines_stay_in_memory_and_an_evicted_cluster_recovers_from
     assert max(cached) == 2
     assert capped.decisions() == unbounded.decisions() and capped.dead() == unbounded.dead() == []
     assert sum(d["kind"] == "place" for d in capped.decisions()) == 15  # 2 + the third, per cluster
+
+
+def test_a_request_with_a_count_is_one_message_and_its_placements_one_decision_per_node():
+    wire = Wire()
+
+    store = MemoryStore()
+
+    async def scenario():
+        p = processor(store, wire=wire)
+        # 100,000 maps in one message; two nodes of 4 GB take 8 of them, 4 to a decision.
+        await p.handle([wire.msg("heartbeat", heartbeat("n1", cpu=4, mem=4)), wire.msg("heartbeat", heartbeat("n2", cpu=4, mem=4)),
+                        wire.msg("submitted", {**task("j1-m", time=1), "count": 100_000})])
+        await p.handle([wire.msg("completed", done("j1-m-0", 2)), wire.msg("completed", done("j1-m-5", 2))])
+        # A restarted worker recovers the request from the store's log, where it is one entry.
+        restarted = processor(store, wire=wire)
+        await restarted.handle([wire.msg("completed", done("j1-m-1", 3))])
+        return p
+
+    p = run(scenario())
+    assert wire.decisions()[-1]["task"] == "j1-m-10"
+    log = run(store.full_log("c1"))
+    assert [event.get("count") for step in log.steps for event in step["events"]] == [None, None, 100_000, None, None, None]
+    wire.published = wire.published[:-1]
+    first, second = wire.decisions()[:2], wire.decisions()[2:]
+    assert [(d["node"], d["count"], d["tasks"]) for d in first] == [
+        ("n1", 4, [f"j1-m-{k}" for k in range(4)]), ("n2", 4, [f"j1-m-{k}" for k in range(4, 8)])]
+    assert first[0]["id"] == "place:j1-m-0*4@1.0>n1"
+    # Each task completes by its own id; the freed slots take the request's next two tasks.
+    assert [(d["task"], d["node"], d.get("count", 1)) for d in second] == [("j1-m-8", "n1", 1), ("j1-m-9", "n2", 1)]
+    engine = p.engines["c1"]
+    assert engine.pending["A"].count == 100_000 - 10 and len(engine.tasks) == 8  # pending: one entry
+    assert p.metrics.decisions.labels("place")._value.get() == 10  # the metric counts tasks
+    assert wire.dead() == []
 
 
 def test_a_batch_message_is_applied_as_its_events_one_by_one():
