@@ -110,7 +110,7 @@ def cmd_explain(args) -> int:
 
 
 def cmd_simulate(args) -> int:
-    from fairstream.output import write_run
+    from fairstream.output import DecisionWriter, write_run
     from fairstream.policies.base import parse_param_pairs
     from fairstream.simulator import Simulator
 
@@ -119,13 +119,18 @@ def cmd_simulate(args) -> int:
     scenario = _scenario_from_args(args)
     params = parse_param_pairs(args.param)
     progress = None if args.progress is None else args.progress
-    result = Simulator(scenario, args.policy, params, metric_resource=args.metric_resource,
-                       progress=progress).run()
+    out = Path(args.out)
+    writer = DecisionWriter(out)  # decisions go to disk as they are taken, not into memory
+    try:
+        result = Simulator(scenario, args.policy, params, metric_resource=args.metric_resource,
+                           progress=progress, on_decision=writer).run()
+    finally:
+        writer.close()
     baseline = None
     if args.policy != "static" and not args.no_baseline:
-        baseline = Simulator(scenario, "static", {}, metric_resource=args.metric_resource, progress=progress).run()
-    out = Path(args.out)
-    write_run(result, out, baseline, plots=not args.no_plots, theory=run_theory(scenario, result))
+        baseline = Simulator(scenario, "static", {}, metric_resource=args.metric_resource, progress=progress,
+                             on_decision=lambda decision: None).run()
+    write_run(result, out, baseline, plots=not args.no_plots, theory=run_theory(scenario, result), decisions_written=True)
     summary = result.summary()
     print(json.dumps({
         "policy": summary["policy"], "scenario": scenario.name, "tasks": summary["tasks"],

@@ -169,19 +169,16 @@ class MetricsRecorder:
         }
 
 
-def job_statistics(records: dict[str, dict]) -> tuple[dict[str, dict], dict[str, dict]]:
-    """From per-task records ``{submit, start, finish, job, tenant}``: per-job and per-tenant
-    completion figures. A job's completion time runs from its first submission to its last
-    finish; a tenant's makespan from its first submission to its last finish."""
+def job_statistics(records: dict) -> tuple[dict[str, dict], dict[str, dict]]:
+    """From per-job records (``simulator.JobRecord``: tenant, submit, tasks, finished,
+    finish): per-job and per-tenant completion figures. A job's completion time runs from its
+    first submission to its last finish; a tenant's makespan from its first submission to its
+    last finish."""
     jobs: dict[str, dict] = {}
-    for rec in records.values():
-        job = jobs.setdefault(rec["job"], {"tenant": rec["tenant"], "submit": math.inf, "finish": -math.inf, "tasks": 0, "done": True})
-        job["submit"] = min(job["submit"], rec["submit"])
-        job["tasks"] += 1
-        if rec.get("finish") is None:
-            job["done"] = False
-        else:
-            job["finish"] = max(job["finish"], rec["finish"])
+    for name, rec in records.items():
+        done = rec.finished == rec.tasks
+        jobs[name] = {"tenant": rec.tenant, "submit": rec.submit, "tasks": rec.tasks, "done": done,
+                      "finish": rec.finish if rec.finish is not None else -math.inf}
     tenants: dict[str, dict] = {}
     for name, job in jobs.items():
         job["completion_time"] = job["finish"] - job["submit"] if job["done"] else None

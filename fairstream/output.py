@@ -37,7 +37,7 @@ def speedups(result: SimResult, baseline: SimResult) -> dict:
 
 def metrics_document(result: SimResult, baseline: SimResult | None = None, theory: dict | None = None) -> dict:
     m = result.metrics
-    jobs, _ = job_statistics(result.tasks)
+    jobs, _ = job_statistics(result.jobs)
     doc = {
         "summary": result.summary(),
         "sample_interval": m.sample_interval,
@@ -56,12 +56,31 @@ def metrics_document(result: SimResult, baseline: SimResult | None = None, theor
     return _clean(doc)
 
 
+class DecisionWriter:
+    """Writes decisions to ``decisions.jsonl`` as a run takes them (``Simulator(on_decision=)``),
+    so a day-long run never holds them all."""
+
+    def __init__(self, out: Path) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self.handle = open(out / "decisions.jsonl", "w")
+
+    def __call__(self, decision) -> None:
+        self.handle.write(json.dumps(decision.to_json(), separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        self.handle.close()
+
+
 def write_run(result: SimResult, out: Path, baseline: SimResult | None = None, plots: bool = True,
-              theory: dict | None = None) -> list[Path]:
+              theory: dict | None = None, decisions_written: bool = False) -> list[Path]:
+    """Write ``result`` to ``out``; ``decisions_written``: a ``DecisionWriter`` wrote
+    decisions.jsonl during the run."""
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "decisions.jsonl", "w") as handle:
+    if not decisions_written:
+        writer = DecisionWriter(out)
         for decision in result.decisions:
-            handle.write(json.dumps(decision.to_json(), separators=(",", ":")) + "\n")
+            writer(decision)
+        writer.close()
     (out / "metrics.json").write_text(json.dumps(metrics_document(result, baseline, theory), indent=1))
     written = [out / "decisions.jsonl", out / "metrics.json"]
     if plots:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 from fairstream import policies
 from fairstream.engine import Engine
@@ -35,29 +35,42 @@ _COMPLETE, _NODE, _SUBMIT = 0, 1, 2
 
 
 @dataclass
+class JobRecord:
+    """What a run keeps of a job: memory per job, not per task (a day of millions of tasks)."""
+
+    tenant: str
+    submit: float  # its first task's submission
+    tasks: int = 0  # submitted so far
+    finished: int = 0
+    finish: float | None = None  # its last task's finish so far
+
+
+@dataclass
 class SimResult:
     policy: str
     params: dict
-    decisions: list[Decision]
-    tasks: dict[str, dict]
+    decisions: list[Decision]  # empty when the run handed them to ``on_decision`` instead
+    jobs: dict[str, JobRecord]
     metrics: MetricsRecorder
     end_time: float
     events: list = field(default_factory=list)  # the ordered engine input, when recorded
+    placements: int = 0  # place decisions
+    placed_tasks: int = 0  # tasks they placed
 
     def summary(self) -> dict:
-        jobs, tenants = job_statistics(self.tasks)
+        jobs, tenants = job_statistics(self.jobs)
         degrees = self.metrics.degrees()
-        submits = [t["submit"] for t in self.tasks.values()]
-        finishes = [t["finish"] for t in self.tasks.values() if t.get("finish") is not None]
-        unfinished = sum(1 for t in self.tasks.values() if t.get("finish") is None)
+        submits = [job.submit for job in self.jobs.values()]
+        finishes = [job.finish for job in self.jobs.values() if job.finish is not None]
+        unfinished = sum(job.tasks - job.finished for job in self.jobs.values())
         return {
             "policy": self.policy,
             "params": policies.get(self.policy).params_json(self.params),
             "metric_resource": self.metrics.metric_resource,
-            "tasks": len(self.tasks),
+            "tasks": sum(job.tasks for job in self.jobs.values()),
             "unfinished_tasks": unfinished,
-            "decisions": sum(1 for d in self.decisions if d.kind is DecisionKind.PLACE),
-            "placed_tasks": sum(d.count for d in self.decisions if d.kind is DecisionKind.PLACE),
+            "decisions": self.placements,
+            "placed_tasks": self.placed_tasks,
             "makespan": (max(finishes) - min(submits)) if finishes else None,
             "utilisation": self.metrics.utilisation(),
             "sharing_benefit": sum(max(r - 1, 0) for r in degrees.values()),
@@ -87,7 +100,10 @@ class Simulator:
         sample_interval: float | None = None,
         progress: bool | None = False,
         record_events: bool = False,
+        on_decision: Callable[[Decision], None] | None = None,
     ) -> None:
+        """``on_decision``: given, each decision goes to it as it is taken and the result keeps
+        none (a day-long run writes them out instead of holding millions)."""
         self.scenario = scenario
         self.engine = Engine(scenario.resources, _fresh_tree(scenario), policy, params)
         if metric_resource is None:
@@ -99,6 +115,7 @@ class Simulator:
         self.metrics = MetricsRecorder(self.engine, metric_resource, sample_interval)
         self.progress = progress
         self.record_events = record_events
+        self.on_decision = on_decision
 
     def run(self) -> SimResult:
         scenario, engine = self.scenario, self.engine
@@ -124,9 +141,11 @@ class Simulator:
         for spec in gates.initially_released():
             push(spec.submit, _SUBMIT, spec)
 
-        records: dict[str, dict] = {}
-        attempts: dict[str, int] = {}
+        jobs: dict[str, JobRecord] = {}
+        attempts: dict[str, int] = {}  # running tasks' attempt numbers (a requeue makes another)
         decisions: list[Decision] = []
+        keep = decisions.append if self.on_decision is None else self.on_decision
+        placements = placed_tasks = 0
         recorded: list = []
         now = 0.0
         bar = _progress_bar(scenario.task_count, self.progress)
@@ -139,11 +158,14 @@ class Simulator:
                     task_id, attempt = payload
                     if attempts.get(task_id) != attempt:
                         continue  # the attempt was requeued by a node loss
+                    del attempts[task_id]
                     batch.append(TaskCompleted(now, task_id))
                 elif kind == _SUBMIT:
                     spec: TaskSpec = payload
-                    for name in spec.task_ids():
-                        records[name] = {"job": spec.job, "tenant": spec.tenant, "submit": now, "start": None, "finish": None}
+                    job = jobs.get(spec.job)
+                    if job is None:
+                        job = jobs[spec.job] = JobRecord(spec.tenant, now)
+                    job.tasks += spec.tasks
                     batch.append(TaskSubmitted(now, spec.id, spec.job, spec.tenant, spec.demand, spec.constraints,
                                                spec.count))
                 else:
@@ -156,26 +178,29 @@ class Simulator:
                 event, why = result.rejected[0]
                 raise ModelError(f"event at t={now}: {why}")
             for task in result.finished:
-                records[task.id]["finish"] = now
+                job = jobs[task.job]
+                job.finished += 1
+                job.finish = now
                 bar.update(1)
                 for spec in gates.finished(spec_of(task.id), now):
                     push(max(spec.submit, gates.release_time(spec, now)), _SUBMIT, spec)
             for decision in result.decisions:
-                decisions.append(decision)
+                keep(decision)
                 if decision.kind is DecisionKind.REQUEUE:
-                    attempts[decision.task] = attempts.get(decision.task, 0) + 1
-                    records[decision.task]["start"] = None
+                    attempts[decision.task] += 1
                     continue
                 if decision.kind is not DecisionKind.PLACE:
                     continue  # unschedulable: reported, still pending
+                placements += 1
+                placed_tasks += decision.count
                 duration = spec_of(decision.task).duration
                 for task_id in decision.task_ids:
                     attempts[task_id] = attempts.get(task_id, 0) + 1
-                    records[task_id]["start"] = now
                     push(now + duration, _COMPLETE, (task_id, attempts[task_id]))
         bar.close()
         self.metrics.advance(now + self.metrics.sample_interval)
-        return SimResult(self.engine.policy, dict(self.engine.params), decisions, records, self.metrics, now, recorded)
+        return SimResult(self.engine.policy, dict(self.engine.params), decisions, jobs, self.metrics, now, recorded,
+                         placements, placed_tasks)
 
 
 class _Gates:
