@@ -148,3 +148,62 @@ def bench_engine(tenants: int, nodes: int, pending: int, policies: list[str], tr
     else:
         out["trace_simulation"] = {"skipped": f"{path} not found (pass --trace FILE)"}
     return out
+
+
+DAY_TRACES = [DEFAULT_TRACE, DEFAULT_TRACE.with_name("FB-2009_samples_24_times_1hr_1.tsv")]
+
+
+def _day_run(args: tuple) -> dict:
+    """One policy over the SWIM day, in a process of its own so its peak memory is its own."""
+    import resource
+
+    from fairstream.simulator import Simulator
+    from fairstream.traces.swim import swim_day
+
+    paths, scale, nodes, policy, progress = args
+    started = time.perf_counter()
+    scenario = swim_day([str(p) for p in paths], scale=scale, nodes=nodes)
+    decisions = 0
+
+    def count(decision) -> None:  # decisions are counted, not kept: memory grows with what runs
+        nonlocal decisions
+        decisions += 1
+
+    result = Simulator(scenario, policy, {}, progress=progress, on_decision=count).run()
+    elapsed = time.perf_counter() - started
+    summary = result.summary()
+    return {
+        "policy": policy,
+        "jobs": len({t.job for t in scenario.tasks}),
+        "requests": len(scenario.tasks),
+        "tasks": scenario.task_count,
+        "decisions": decisions,
+        "unfinished_tasks": summary["unfinished_tasks"],
+        "simulated_s": round(result.end_time, 1),
+        "wall_s": round(elapsed, 1),
+        "tasks_per_s": round(scenario.task_count / elapsed, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
+def bench_day(policies: list[str], scale: float = 1.0, nodes: int = 50, paths: list[Path] | None = None,
+              progress: bool | None = None) -> dict:
+    """``fairstream bench day``: the SWIM FB-2009 samples played as one 24-hour day
+    (``traces.swim.swim_day``), byte counts times ``scale``, on ``nodes`` nodes of <12 cpu,
+    24 GB>, each policy simulated whole in a fresh process: wall time, tasks per second and
+    peak memory (``ru_maxrss``, the trace loaded included)."""
+    import multiprocessing
+
+    paths = paths or DAY_TRACES
+    missing = [str(p) for p in paths if not Path(p).exists()]
+    if missing:
+        return {"benchmark": "day", "skipped": f"{', '.join(missing)} not found"}
+    context = multiprocessing.get_context("spawn")
+    runs = {}
+    for policy in policies:
+        with context.Pool(1) as pool:
+            runs[policy] = pool.apply(_day_run, ((paths, scale, nodes, policy, progress),))
+    return {"benchmark": "day", "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+            "setup": {"traces": [Path(p).name for p in paths], "scale": scale, "nodes": nodes,
+                      "node_capacity": {"cpu": 12, "mem": 24}},
+            "policies": runs}

@@ -365,6 +365,12 @@ def cmd_bench(args) -> int:
                                       batch_window=args.batch_window, per_message=args.events_per_message,
                                       send_interval=args.send_interval)))
         return 0
+    if args.target == "day":
+        from fairstream.bench import bench_day
+
+        print(json.dumps(bench_day(args.policies.split(","), scale=args.scale, nodes=args.day_nodes,
+                                   progress=args.progress)))
+        return 0
     from fairstream.bench import bench_engine
 
     result = bench_engine(
@@ -567,7 +573,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(func=cmd_export_log)
 
     bench = sub.add_parser("bench", parents=[progress], help="benchmarks (JSON on stdout)")
-    bench.add_argument("target", choices=["engine", "stream"])
+    bench.add_argument("target", choices=["engine", "stream", "day"])
+    bench.add_argument("--scale", type=float, default=1.0,
+                       help="day: multiply the SWIM byte counts (16: about 15 million tasks)")
+    bench.add_argument("--day-nodes", type=int, default=50, help="day: nodes of <12 cpu, 24 GB>")
     bench.add_argument("--rate", type=float, default=5000, help="stream: input events per second")
     bench.add_argument("--duration", type=float, default=60, help="stream: seconds of load (600 for the memory check)")
     bench.add_argument("--stream-nodes", type=int, default=200)

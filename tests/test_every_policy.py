@@ -136,3 +136,15 @@ def test_the_registry_is_what_fairstream_policies_lists(capsys):
     assert main(["policies"]) == 0
     listed = [line.split(":")[0] for line in capsys.readouterr().out.splitlines() if not line.startswith(" ")]
     assert listed == list(REGISTRY)
+
+
+def test_bench_day_plays_the_swim_samples_as_one_day_and_reports_time_and_peak_memory(capsys):
+    from fairstream.bench import DAY_TRACES
+
+    if not all(path.exists() for path in DAY_TRACES):
+        pytest.skip("the SWIM FB-2009 samples are in ../shared/traces/swim/")
+    # Both samples, bytes times 0.02: every job of the day, a few tasks each.
+    assert main(["bench", "day", "--policies", "drf", "--scale", "0.02", "--day-nodes", "4", "--no-progress"]) == 0
+    run = printed_json(capsys)["policies"]["drf"]
+    assert run["jobs"] == 12532 and run["unfinished_tasks"] == 0 and run["tasks"] >= run["requests"]
+    assert run["simulated_s"] > 86_400 * 0.9 and run["peak_rss_mb"] > 0 and run["tasks_per_s"] > 0

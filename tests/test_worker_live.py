@@ -425,7 +425,7 @@ def test_a_fb2009_sample_through_kafka_with_the_emulator_matches_the_simulator(t
         report = asyncio.run(run_emulator(scenario, "fb", BROKER, topics, speed=50, timeout=240))
     finally:
         worker.stop()
-    assert report.completed == report.placed == len(scenario.tasks), report.to_json()
+    assert report.completed == report.placed == scenario.task_count, report.to_json()
     assert report.over_committed == []
 
     # The worker's accumulated usage in Redis equals the simulator's on the same (recorded) input.
