@@ -47,7 +47,10 @@ class TenantSeries:
 
 
 class MetricsRecorder:
-    """Integrates per-tenant allocations between events and samples them on a grid."""
+    """Integrates per-tenant allocations between events and samples them on a grid.
+
+    Per step it costs a few array operations over the tenants (one row per tenant, as the
+    accounting's), not a Python loop: the simulator calls it at every event instant."""
 
     def __init__(self, engine, metric_resource: str, sample_interval: float) -> None:
         self.engine = engine
@@ -57,9 +60,9 @@ class MetricsRecorder:
         self.sample_interval = sample_interval
         self.clock: float | None = None
         self.next_sample = 0.0
-        self.integral_g: dict[str, float] = {}
-        self.integral_entitled: dict[str, float] = {}
-        self.integral_counted: dict[str, float] = {}
+        # Per tenant row: int g, int min(d, S), int g' (grown as tenants arrive).
+        self._integrals = np.zeros((3, 0))
+        self._entitled_shares: tuple | None = None  # (tree's share table, tenants) -> S per row
         self.series: dict[str, TenantSeries] = {}
         self.cluster = {"time": [], "psi": [], "omega": [], "soft_fairness": [], **{f"util_{r}": [] for r in names}}
         self.soft_fairness_integral = 0.0
@@ -68,19 +71,37 @@ class MetricsRecorder:
         self.busy_integral = np.zeros(len(names))
         self.capacity_integral = np.zeros(len(names))
 
-    def _state(self):
-        """Per-tenant (name, g, d, S, counted g') in metric units, from the engine's accounting."""
+    def _by_name(self, which: int) -> dict[str, float]:
+        ledgers = self.engine.accounting.ledgers
+        values = self._integrals[which].tolist()
+        return {ledgers[row].name: value for row, value in enumerate(values)}
+
+    @property
+    def integral_g(self) -> dict[str, float]:
+        return self._by_name(0)
+
+    @property
+    def integral_entitled(self) -> dict[str, float]:
+        return self._by_name(1)
+
+    @property
+    def integral_counted(self) -> dict[str, float]:
+        return self._by_name(2)
+
+    def _state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per tenant row: g, d, S and counted g', in metric units."""
         acc = self.engine.accounting
         cap = acc.capacity
-        out = []
-        counted = counted_allocation(acc.allocation, acc.share, acc.config.discount) if acc.ledgers else acc.allocation
-        for row, ledger in enumerate(acc.ledgers):
-            alloc = acc.allocation[row]
-            g = resource_share(alloc, cap, self.resource)
-            d = resource_share(alloc + acc.pending_demand[row], cap, self.resource)
-            s = float(self.engine.tree.effective_share.get(ledger.name, 0.0))
-            out.append((ledger.name, g, d, s, resource_share(counted[row], cap, self.resource)))
-        return out
+        n = len(acc.ledgers)
+        allocation = acc.allocation[:n]
+        counted = counted_allocation(allocation, acc.share[:n], acc.config.discount) if n else allocation
+        g = resource_shares(allocation, cap, self.resource)
+        d = resource_shares(allocation + acc.pending_demand[:n], cap, self.resource)
+        table = self.engine.tree.effective_share
+        if self._entitled_shares is None or self._entitled_shares[0] is not table or len(self._entitled_shares[1]) != n:
+            shares = np.array([float(table.get(ledger.name, 0.0)) for ledger in acc.ledgers])
+            self._entitled_shares = (table, shares)
+        return g, d, self._entitled_shares[1], resource_shares(counted, cap, self.resource)
 
     def soft_fairness(self) -> float:
         """Formula 12's degree now, over the active tenants (QKnobler's C1: those with pending
@@ -100,15 +121,20 @@ class MetricsRecorder:
             self.clock = now
             self.next_sample = now
         state = self._state()
+        n = len(state[0])
+        if self._integrals.shape[1] < n:
+            grown = np.zeros((3, n))
+            grown[:, : self._integrals.shape[1]] = self._integrals
+            self._integrals = grown
         while self.next_sample < now:
             self._sample(self.next_sample, state)
             self.next_sample += self.sample_interval
         dt = now - self.clock
         if dt > 0:
-            for name, g, d, s, counted in state:
-                self.integral_g[name] = self.integral_g.get(name, 0.0) + dt * g
-                self.integral_entitled[name] = self.integral_entitled.get(name, 0.0) + dt * min(d, s)
-                self.integral_counted[name] = self.integral_counted.get(name, 0.0) + dt * counted
+            g, d, entitled, counted = state
+            self._integrals[0] += dt * g
+            self._integrals[1] += dt * np.minimum(d, entitled)
+            self._integrals[2] += dt * counted
             self.busy_integral += dt * self.engine.used.sum(axis=0) if len(self.engine.used) else 0.0
             degree = self.soft_fairness()
             self.soft_fairness_integral += dt * degree
@@ -120,20 +146,22 @@ class MetricsRecorder:
     def _sample(self, at: float, state) -> None:
         dt = at - self.clock
         engine = self.engine
+        g, d, entitled, counted = state
+        f_raw = self._integrals[0] + dt * g
+        owed = self._integrals[1] + dt * np.minimum(d, entitled)
+        f_counted = self._integrals[2] + dt * counted
         degrees = []
-        for name, g, d, s, counted in state:
+        for row, ledger in enumerate(engine.accounting.ledgers):
+            name = ledger.name
             series = self.series.setdefault(name, TenantSeries())
-            f_raw = self.integral_g.get(name, 0.0) + dt * g
-            entitled = self.integral_entitled.get(name, 0.0) + dt * min(d, s)
-            rho = fairness_degree(f_raw, entitled)
+            rho = fairness_degree(float(f_raw[row]), float(owed[row]))
             degrees.append(rho)
-            row = engine.accounting.row[name]
             series.time.append(at)
-            series.g.append(g)
-            series.d.append(d)
-            series.S.append(s)
-            series.f_raw.append(f_raw)
-            series.f_counted.append(self.integral_counted.get(name, 0.0) + dt * counted)
+            series.g.append(float(g[row]))
+            series.d.append(float(d[row]))
+            series.S.append(float(entitled[row]))
+            series.f_raw.append(float(f_raw[row]))
+            series.f_counted.append(float(f_counted[row]))
             series.f_policy.append(engine.accounting.usage_key(row, max(at, engine.accounting.clock or at)))
             series.rho.append(rho)
         self.cluster["time"].append(at)
@@ -146,10 +174,8 @@ class MetricsRecorder:
             self.cluster[f"util_{r}"].append(float(used[i] / cap[i]) if cap[i] > 0 else 0.0)
 
     def degrees(self) -> dict[str, float]:
-        return {
-            name: fairness_degree(self.integral_g.get(name, 0.0), self.integral_entitled.get(name, 0.0))
-            for name in self.integral_g
-        }
+        owed = self.integral_entitled
+        return {name: fairness_degree(used, owed[name]) for name, used in self.integral_g.items()}
 
     def accumulated_at(self, time: float) -> dict[str, float]:
         """Each tenant's accumulated usage f_raw (formula 1) at ``time``, read off the sampled
