@@ -15,6 +15,7 @@ it is random.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -164,6 +165,14 @@ class Engine:
         # Verdict per task shape (demand, constraints), valid until the set of nodes changes:
         # most tasks share a few shapes, so checking a new task is usually a lookup.
         self._verdicts: dict[int, str | None] = {}
+        # For tenant-local policies (PolicySpec.tenant_local): what changed since the last
+        # pass. ``_grown``: node rows that gained free capacity; ``_touched``: tenants with an
+        # event of their own. ``_passed``: a pass ran since the start (before it, all are new).
+        self._grown: set[int] = set()
+        self._touched: set[str] = set()
+        self._passed = False
+        self._fresh: set[int] = set()  # shapes queued since the last pass
+        self._shape_demands: list[np.ndarray] = []  # per shape id, its demand
         for leaf in tree.leaves:
             self.accounting.add_tenant(leaf, tree.path(leaf))
         self._refresh_shares()
@@ -244,11 +253,36 @@ class Engine:
         if not self.nodes or not any(queue.count for queue in self.pending.values()):
             return []
         snapshot = self.snapshot()
+        if self.spec.tenant_local:
+            if self._passed and not self.tree.has_limits:
+                grown = np.array(sorted(row for row in self._grown if self.alive[row]), dtype=np.int64)
+                snapshot = dataclasses.replace(snapshot, candidates=self._candidates(snapshot, grown),
+                                               grown_rows=grown, fresh_shapes=frozenset(self._fresh))
+            self._grown.clear()
+            self._touched.clear()
+            self._fresh.clear()
+            self._passed = True
         decisions = self.spec.decide(snapshot, self.params)
         requests = [self._start(decision) for decision in decisions]
         if not any(requests):
             return decisions
         return _grouped(decisions, requests)
+
+    def _candidates(self, snapshot: Snapshot, rows: np.ndarray) -> frozenset[str]:
+        """The demanding tenants that may place anything now (``Snapshot.candidates``): those
+        with an event since the last pass, and those with a task shape that fits the free room
+        of a node that gained some since (constraints aside: a superset). Every other tenant's
+        shapes fitted no node when the last pass ended, and no node has more room now."""
+        out = set(self._touched)
+        if not len(rows):
+            return frozenset(out)
+        free = snapshot.free[rows] + EPSILON
+        demands = np.array(self._shape_demands)
+        fits = (demands[:, None, :] <= free[None, :, :]).all(axis=2).any(axis=1).tolist()
+        for tenant, queue in snapshot.pending.items():
+            if tenant not in out and any(fits[shape] for shape in queue.groups):
+                out.add(tenant)
+        return frozenset(out)
 
     def snapshot(self) -> Snapshot:
         acc = self.accounting
@@ -391,7 +425,7 @@ class Engine:
             constraints=constraints,
             seq=self._seq,
             demand_map=self.resources.as_dict(demand),
-            shape=self._shapes.setdefault((demand.tobytes(), constraints), len(self._shapes)),
+            shape=self._shape_of(demand, constraints),
             demand_values=tuple(demand.tolist()),
             count=count,
             index=-1 if event.count is None else 0,
@@ -402,9 +436,19 @@ class Engine:
         else:
             self.requests[task.id] = task
         self._to_check.append(task)
+        self._touched.add(task.tenant)
+        self._fresh.add(task.shape)
         self.pending.setdefault(task.tenant, PendingQueue()).add(task)
         self.accounting.on_submit(self.accounting.row[task.tenant], demand, event.time, count)
         return task
+
+    def _shape_of(self, demand: np.ndarray, constraints: Constraints) -> int:
+        key = (demand.tobytes(), constraints)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = len(self._shapes)
+            self._shape_demands.append(demand)
+        return shape
 
     def _complete(self, event: TaskCompleted) -> Task:
         self._admit(event)
@@ -424,6 +468,8 @@ class Engine:
         node = self.node_row[task.node]
         self.used[node] -= task.demand
         np.maximum(self.used[node], 0.0, out=self.used[node])
+        self._grown.add(node)
+        self._touched.add(task.tenant)
         task.state = TaskState.DONE
         self.accounting.on_finish(row, task.running_entry, event.time, self.tree)
         return task
@@ -480,9 +526,11 @@ class Engine:
                 node.labels = labels
                 self._node_labels[row] = labels
                 self._nodes_changed = True  # constraints may now match elsewhere
+                self._grown.add(row)
             if not changed:
                 return
         self._nodes_changed = True
+        self._grown.add(row)
         self.capacity[row] = capacity
         self.alive[row] = True
         self._shares_stale = True
@@ -531,6 +579,8 @@ class Engine:
             self.accounting.on_requeue(self.accounting.row[task.tenant], task.running_entry, event.time)
             task.state, task.node, task.start, task.running_entry = TaskState.PENDING, None, None, None
             self.pending[task.tenant].add(task)
+            self._touched.add(task.tenant)
+            self._fresh.add(task.shape)
             decisions.append(
                 Decision(event.time, task.id, task.job, task.tenant, event.node, task.demand_map,
                          self.policy, f"requeue: node {event.node} lost", DecisionKind.REQUEUE)

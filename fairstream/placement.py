@@ -189,10 +189,19 @@ class Cycle:
             if not len(self.free):
                 return None
             need = task.demand - EPSILON
-            fits = (self.free >= need).all(axis=1)
-            if not task.constraints.empty:
-                fits &= self.eligible(task.constraints)
-            nodes = np.flatnonzero(fits)
+            grown = self.snapshot.grown_rows
+            if grown is not None and task.shape not in self.snapshot.fresh_shapes:
+                # It fitted no node when the last pass ended: only those that gained room may
+                # take it now (``Snapshot.grown_rows``); first fit over them is first fit.
+                fits = (self.free[grown] >= need).all(axis=1)
+                if not task.constraints.empty:
+                    fits &= self.eligible(task.constraints)[grown]
+                nodes = grown[fits]
+            else:
+                fits = (self.free >= need).all(axis=1)
+                if not task.constraints.empty:
+                    fits &= self.eligible(task.constraints)
+                nodes = np.flatnonzero(fits)
             if self.node_order is not None:
                 rank = np.empty(len(self.node_order), dtype=np.int64)
                 rank[self.node_order] = np.arange(len(self.node_order))
@@ -320,9 +329,11 @@ def serve_in_order(
     no tenant has a min share, since that changes the priority class. ``cycle`` continues a pass
     that earlier stages of the policy began (``initial_shares`` must then reflect its allocation).
     ``only`` limits the pass to these demanding tenants (the others are known to have nothing
-    that fits).
+    that fits); by default the snapshot's ``candidates``, if the engine computed them.
     """
     cycle = cycle or Cycle(snapshot, policy)
+    if only is None and snapshot.candidates is not None:
+        only = [tenant for tenant in snapshot.pending if tenant in snapshot.candidates]
     heap = []
     if initial_shares is not None and not cycle._capped:
         rows, arrival = snapshot.rows, snapshot.arrival

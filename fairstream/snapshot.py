@@ -137,6 +137,15 @@ class Snapshot:
     running: np.ndarray | None = None
     node_capacity: np.ndarray | None = None
     node_allocation: dict | None = None
+    # For ``PolicySpec.tenant_local`` policies: the demanding tenants that may place anything
+    # in this pass (None: all of them). The others placed nothing in the last pass, had no
+    # event since, and none of their task shapes fits a node that gained room since.
+    candidates: frozenset[str] | None = None
+    # With ``candidates``: the live node rows that gained free room since the last pass, in
+    # order, and the task shapes queued since (``fresh_shapes``). Any other shape fitted no
+    # node when the last pass ended, so it can only fit on ``grown_rows`` now.
+    grown_rows: np.ndarray | None = None
+    fresh_shapes: frozenset[int] = frozenset()
 
     def demanding(self) -> list[str]:
         """Tenants with pending tasks, in row order."""

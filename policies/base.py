@@ -65,6 +65,12 @@ class PolicySpec:
     # The policy reads what each tenant runs on each node (``Snapshot.node_allocation``), which
     # the engine then builds for every pass; the others skip that cost.
     needs_node_allocation: bool = False
+    # Its pass serves tenants one task at a time, by keys of each tenant's own state, until no
+    # pending task fits (``placement.serve_in_order`` without caps or quotas). A tenant none of
+    # whose tasks fits any node then cannot change the pass, so the engine may leave out the
+    # tenants that placed nothing last time and still fit none of the nodes that gained room
+    # since (``Snapshot.candidates``): a pass costs what changed, not every waiting tenant.
+    tenant_local: bool = False
     # Checks the parameters together (one may exclude another) and may complete them in place
     # (FLEX loads its default model file here); raises ModelError.
     check: Callable[[Mapping[str, Any]], Any] | None = None

@@ -34,4 +34,4 @@ def dominant_share_pass(snapshot: Snapshot, policy: str) -> list[Decision]:
     return serve_in_order(snapshot, policy, key, reason, initial_shares=initial)
 
 
-SPEC = PolicySpec("drf", decide, "memoryless weighted dominant resource fairness")
+SPEC = PolicySpec("drf", decide, "memoryless weighted dominant resource fairness", tenant_local=True)

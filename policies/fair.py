@@ -33,4 +33,4 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     return serve_in_order(snapshot, "fair", key, reason, initial_shares=initial)
 
 
-SPEC = PolicySpec("fair", decide, "memoryless weighted max-min on one resource", (RESOURCE_PARAM,))
+SPEC = PolicySpec("fair", decide, "memoryless weighted max-min on one resource", (RESOURCE_PARAM,), tenant_local=True)

@@ -26,4 +26,4 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     return serve_in_order(snapshot, "fifo", _key, _reason)
 
 
-SPEC = PolicySpec("fifo", decide, "first come, first served over all tenants")
+SPEC = PolicySpec("fifo", decide, "first come, first served over all tenants", tenant_local=True)

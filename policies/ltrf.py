@@ -42,4 +42,5 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     return serve_in_order(snapshot, "ltrf", key, reason, charge=charge, initial_shares=initial)
 
 
-SPEC = PolicySpec("ltrf", decide, "long-term max-min over accumulated usage (LTRF)", LONG_TERM_PARAMS)
+SPEC = PolicySpec("ltrf", decide, "long-term max-min over accumulated usage (LTRF)", LONG_TERM_PARAMS,
+                  tenant_local=True)

@@ -103,7 +103,7 @@ class _Class:
 CLASSES: tuple[_Class, ...] = (
     _Class(Engine, "resources tree spec params auto_tenants accounting time nodes node_row _capacity _used _alive "
                    "_node_ids _node_labels _shares_stale tasks requests finished_ids finished_retention pending _seq _shapes "
-                   "_unschedulable _to_check _nodes_changed _verdicts"),
+                   "_unschedulable _to_check _nodes_changed _verdicts _grown _touched _passed _fresh _shape_demands"),
     _Class(ResourceSpace, "names _position"),
     _Class(TenantTree, "specs children effective_share has_limits _paths"),
     _Class(TenantSpec, "id parent weight min_share max_share"),

@@ -47,12 +47,14 @@ def scenarios(draw):
     return {"resources": ["cpu", "mem"], "nodes": nodes, "tenants": tenants, "tasks": tasks}
 
 
-def drive(document, policy, check, params=None, extra_events=()):
+def drive(document, policy, check, params=None, extra_events=(), record=None, configure=None):
     """Run the engine over the scenario, calling ``check(engine)`` after every step; with
     ``extra_events`` ((time, event) pairs, such as a node lost) completions of tasks those
     sent back to the queue may be rejected."""
     sc = parse_scenario(document)
     engine = Engine(sc.resources, sc.tree, policy, params or {})
+    if configure is not None:
+        configure(engine)
     heap = [(0.0, 0, i, NodeHeartbeat(0.0, n.id, n.capacity, n.labels)) for i, n in enumerate(sc.nodes)]
     heap += [(time, 0, -1 - i, event) for i, (time, event) in enumerate(extra_events)]
     heap += [(t.submit, 1, i, TaskSubmitted(t.submit, t.id, t.job, t.tenant, t.demand, t.constraints))
@@ -66,6 +68,8 @@ def drive(document, policy, check, params=None, extra_events=()):
         while heap and heap[0][0] == now:
             batch.append(heapq.heappop(heap)[3])
         result = engine.step(now, batch)
+        if record is not None:
+            record.extend(result.decisions)
         assert not result.rejected or extra_events
         for d in result.decisions:
             order += 1
@@ -318,3 +322,47 @@ def test_admissible_says_exactly_which_events_a_step_would_reject_and_why(before
     predicted = engine.admissible(events)
     rejected = {id(event): reason for event, reason in engine.step(1.0, events).rejected}
     assert predicted == [rejected.get(id(event)) for event in events]
+
+
+# ------------------------------------------- passes that cost what changed decide as full ones
+
+TENANT_LOCAL = ["drf", "fair", "ltrf", "fifo"]
+
+
+def decisions_of(document, policy, full_passes: bool, lost_at=None):
+    """Every decision of a run; ``full_passes``: every pass considers every waiting tenant
+    (the engine's candidate tenants and grown nodes switched off)."""
+    import dataclasses
+
+    log = []
+
+    def full(engine):
+        engine.spec = dataclasses.replace(engine.spec, tenant_local=False)
+
+    lost = [(float(lost_at), NodeLost(float(lost_at), "n0"))] if lost_at is not None else []
+    drive(document, policy, lambda engine: None, extra_events=lost, record=log, configure=full if full_passes else None)
+    return log
+
+
+@SETTINGS
+@given(document=scenarios(), policy=st.sampled_from(TENANT_LOCAL), lost_at=st.none() | st.integers(1, 8))
+def test_passes_over_the_tenants_that_may_place_decide_exactly_as_passes_over_all(document, policy, lost_at):
+    assert decisions_of(document, policy, False, lost_at) == decisions_of(document, policy, True, lost_at)
+
+
+# ------------------------------------------------- the scenario's fast check never lets more in
+
+PLAIN_TASK = {"id": "t", "job": "j", "tenant": "A", "submit": 1, "duration": 2, "demand": {"cpu": 1}, "count": 3, "stage": 1}
+
+
+@settings(max_examples=400, deadline=None)
+@given(key=st.sampled_from([*PLAIN_TASK, "constraints", "other"]), value=json_values)
+def test_a_task_the_fast_check_accepts_is_one_the_schema_accepts(key, value):
+    import jsonschema
+
+    from fairstream.scenario import _plain_task, scenario_schema
+
+    task = {**PLAIN_TASK, key: value}
+    if _plain_task(task):
+        document = {"nodes": [{"id": "n", "capacity": {"cpu": 1}}], "tasks": [task]}
+        assert jsonschema.Draft202012Validator(scenario_schema()).is_valid(document), task

@@ -367,3 +367,12 @@ def test_the_worker_keeps_event_times_to_the_microsecond_as_the_simulator_does()
 
     [decoded] = decode_message("completed", b'{"cluster": "c", "task": "t", "time": 1.1400000000000001}', 65536)
     assert decoded.event.time == 1.14
+
+
+def test_a_bad_task_among_plain_ones_is_named_by_its_index_in_the_whole_file():
+    # Plain tasks skip the schema's (slow) walk; the odd one is still found and named as written.
+    doc = with_changes()
+    good = doc["tasks"][0]
+    doc["tasks"] = [dict(good, id=f"t{k}") for k in range(5)] + [dict(good, id="bad", duration=-1)]
+    with pytest.raises(ModelError, match=r"^tasks\[5\]\.duration: -1 is less than the minimum of 0"):
+        parse_scenario(doc)
