@@ -207,3 +207,67 @@ def bench_day(policies: list[str], scale: float = 1.0, nodes: int = 50, paths: l
             "setup": {"traces": [Path(p).name for p in paths], "scale": scale, "nodes": nodes,
                       "node_capacity": {"cpu": 12, "mem": 24}},
             "policies": runs}
+
+
+def _e2e_run(args: tuple) -> dict:
+    """One policy over the busy workload as ``simulate --no-baseline --no-plots`` runs it:
+    the scenario file read and validated, the run, its files written."""
+    import json
+    import resource
+    import tempfile
+
+    from fairstream.output import DecisionWriter, write_run
+    from fairstream.scenario import load_scenario
+    from fairstream.simulator import Simulator
+    from fairstream.traces.busy import busy_cluster
+
+    policy, divide, durations = args
+    scenario = busy_cluster(durations=durations)
+    if divide != 1:
+        for spec in scenario.tasks:
+            spec.submit, spec.duration = spec.submit / divide, spec.duration / divide
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "scenario.json"
+        path.write_text(json.dumps(scenario.to_json()))
+        started = time.perf_counter()
+        loaded = load_scenario(path)
+        parsed = time.perf_counter()
+        writer = DecisionWriter(Path(folder) / "run")
+        result = Simulator(loaded, policy, {}, on_decision=writer).run()
+        writer.close()
+        simulated = time.perf_counter()
+        write_run(result, Path(folder) / "run", None, plots=False, decisions_written=True)
+        done = time.perf_counter()
+        placed = [(d["task"], d["node"]) for line in (Path(folder) / "run" / "decisions.jsonl").read_text().splitlines()
+                  for d in [json.loads(line)] if d["kind"] == "place"]
+    summary = result.summary()
+    return {"parse_s": round(parsed - started, 2), "simulate_s": round(simulated - parsed, 2),
+            "write_s": round(done - simulated, 2), "wall_s": round(done - started, 2),
+            "placed_tasks": summary["placed_tasks"], "decisions": summary["decisions"],
+            "placed_tasks_per_s": round(summary["placed_tasks"] / (done - started), 1),
+            "unfinished_tasks": summary["unfinished_tasks"],
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "placements": placed}
+
+
+def bench_e2e(policies: list[str], durations: str = "per-task", time_check: bool = True) -> dict:
+    """``fairstream bench e2e``: the busy workload (``traces.busy``: 100 queues, 1,000 nodes
+    of <16 cpu, 64 GB>, 50,000 tasks in 1,000 jobs) end to end as ``simulate --no-baseline
+    --no-plots``, each policy in a fresh process: placed tasks per second of wall time, and
+    (``time_check``) whether the run with every time divided by 10 places the same tasks on
+    the same nodes."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    runs = {}
+    for policy in policies:
+        with context.Pool(1) as pool:
+            run = pool.apply(_e2e_run, ((policy, 1, durations),))
+            if time_check:
+                divided = pool.apply(_e2e_run, ((policy, 10, durations),))
+                run["same_placements_with_times_divided_by_10"] = divided["placements"] == run["placements"]
+        run.pop("placements")
+        runs[policy] = run
+    return {"benchmark": "e2e", "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+            "setup": {"tenants": 100, "nodes": 1000, "jobs": 1000, "tasks": 50000, "durations": durations},
+            "policies": runs}

@@ -365,6 +365,12 @@ def cmd_bench(args) -> int:
                                       batch_window=args.batch_window, per_message=args.events_per_message,
                                       send_interval=args.send_interval)))
         return 0
+    if args.target == "e2e":
+        from fairstream.bench import bench_e2e
+
+        policies = args.policies.split(",")
+        print(json.dumps(bench_e2e(policies, durations=args.durations, time_check=not args.no_time_check)))
+        return 0
     if args.target == "day":
         from fairstream.bench import bench_day
 
@@ -573,7 +579,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(func=cmd_export_log)
 
     bench = sub.add_parser("bench", parents=[progress], help="benchmarks (JSON on stdout)")
-    bench.add_argument("target", choices=["engine", "stream", "day"])
+    bench.add_argument("target", choices=["engine", "stream", "day", "e2e"])
+    bench.add_argument("--durations", choices=["per-task", "per-job"], default="per-task",
+                       help="e2e: one run time per task (jobs submitted task by task) or per job (one request each)")
+    bench.add_argument("--no-time-check", action="store_true",
+                       help="e2e: skip the second run with every time divided by 10")
     bench.add_argument("--scale", type=float, default=1.0,
                        help="day: multiply the SWIM byte counts (16: about 15 million tasks)")
     bench.add_argument("--day-nodes", type=int, default=50, help="day: nodes of <12 cpu, 24 GB>")

@@ -28,7 +28,6 @@ from fairstream.fairness import (
     fairness_degree,
     resource_shares,
     soft_fairness_degree,
-    resource_share,
     sharing_benefit,
     sharing_loss,
 )
