@@ -82,17 +82,25 @@ class _Earlier:
     submitted: set[str] = field(default_factory=set)
     completed: set[str] = field(default_factory=set)
     nodes: set[str] = field(default_factory=set)
+    requests: dict[str, int] = field(default_factory=dict)  # request id -> count: its tasks, as a range
 
     def add(self, event: Event) -> None:
         if isinstance(event, TaskSubmitted):
             if event.count is None:
                 self.submitted.add(event.task)
             else:
-                self.submitted.update(request_task_id(event.task, k) for k in range(event.count))
+                self.requests[event.task] = event.count
         elif isinstance(event, TaskCompleted):
             self.completed.add(event.task)
         elif isinstance(event, NodeHeartbeat):
             self.nodes.add(event.node)
+
+    def submitted_task(self, task: str) -> bool:
+        """``task`` was submitted by an earlier event, on its own or in a request."""
+        if task in self.submitted:
+            return True
+        found = _split_task_id(task) if self.requests else None
+        return found is not None and found[1] < self.requests.get(found[0], 0)
 
 
 _NOTHING_EARLIER = _Earlier()
@@ -364,11 +372,11 @@ class Engine:
             else:
                 if not isinstance(event.count, int) or isinstance(event.count, bool) or not 1 <= event.count <= MAX_COUNT:
                     raise EventRejected(f"count: must be an integer from 1 to {MAX_COUNT}, got {event.count!r}")
-                if task in self.requests:
+                if task in self.requests or task in earlier.requests:
                     raise EventRejected(f"task {task!r}: duplicate submission (a request of that id is pending)")
-                for k in range(event.count):
-                    if self._known(request_task_id(task, k), earlier):
-                        raise EventRejected(f"task {request_task_id(task, k)!r}: duplicate submission")
+                taken = self._taken_id(task, event.count, earlier)
+                if taken is not None:
+                    raise EventRejected(f"task {taken!r}: duplicate submission")
             if not self.tree.is_leaf(event.tenant):
                 if event.tenant in self.tree.specs:
                     raise EventRejected(f"tenant {event.tenant!r}: a queue with children; tasks go to leaves")
@@ -382,7 +390,7 @@ class Engine:
             task = event.task
             if task in earlier.completed or task in self.finished_ids and task not in self.tasks:
                 raise EventRejected(f"task {task!r}: already completed")
-            if task not in self.tasks and task not in earlier.submitted and self._in_request(task) is None:
+            if task not in self.tasks and not earlier.submitted_task(task) and self._in_request(task) is None:
                 raise EventRejected(f"task {task!r}: completion of an unknown task")
             return None
         if isinstance(event, NodeHeartbeat):
@@ -395,16 +403,33 @@ class Engine:
 
     def _known(self, task: str, earlier: "_Earlier") -> bool:
         """``task`` is pending, running, recently finished, or pending in a request."""
-        return (task in self.tasks or task in self.finished_ids or task in earlier.submitted
+        return (task in self.tasks or task in self.finished_ids or earlier.submitted_task(task)
                 or task in earlier.completed or self._in_request(task) is not None)
+
+    def _taken_id(self, request: str, count: int, earlier: "_Earlier") -> str | None:
+        """A task id of request ``request`` of ``count`` tasks that is already known, or None.
+        Walks the request's ids or the known ids, whichever are fewer: a request of a million
+        tasks costs no more than the tasks the engine holds."""
+        known = (self.tasks, self.finished_ids, earlier.submitted, earlier.completed)
+        if count <= sum(len(ids) for ids in known):
+            for k in range(count):
+                if self._known(request_task_id(request, k), earlier):
+                    return request_task_id(request, k)
+            return None
+        for ids in known:
+            for task in ids:
+                found = _split_task_id(task)
+                if found is not None and found[0] == request and found[1] < count:
+                    return task
+        return None  # pending requests' ids: another request of this id is refused above
 
     def _in_request(self, task: str) -> tuple[Task, int] | None:
         """The pending request that holds ``task`` (``<request>-<k>``, not yet placed) and k."""
-        base, dash, number = task.rpartition("-")
-        request = self.requests.get(base) if dash else None
-        if request is None or not number.isdigit() or number != str(int(number)):
+        found = _split_task_id(task) if self.requests else None
+        request = self.requests.get(found[0]) if found is not None else None
+        if request is None:
             return None
-        k = int(number)
+        k = found[1]
         if k < request.index or k in request.cancelled:
             return None
         return (request, k) if k < request.index + request.count + len(request.cancelled) else None
@@ -630,6 +655,15 @@ class Engine:
         total = self.capacity[self.alive].sum(axis=0)
         self.accounting.set_shares(total, self.tree.effective_share)
         self._shares_stale = False
+
+
+def _split_task_id(task: str) -> tuple[str, int] | None:
+    """``("j1-m", 3)`` for ``"j1-m-3"``: the request and index a task id would have (the
+    index written as ``request_task_id`` writes it), or None."""
+    base, dash, number = task.rpartition("-")
+    if not dash or not number.isdigit() or (number[0] == "0" and len(number) > 1) or not number.isascii():
+        return None
+    return base, int(number)
 
 
 def _grouped(decisions: list[Decision], requests: list[str | None]) -> list[Decision]:
