@@ -160,9 +160,9 @@ def _day_run(args: tuple) -> dict:
     from fairstream.simulator import Simulator
     from fairstream.traces.swim import swim_day
 
-    paths, scale, nodes, policy, progress = args
+    paths, scale, nodes, policy, progress, hours = args
     started = time.perf_counter()
-    scenario = swim_day([str(p) for p in paths], scale=scale, nodes=nodes)
+    scenario = swim_day([str(p) for p in paths], scale=scale, nodes=nodes, hours=hours)
     decisions = 0
 
     def count(decision) -> None:  # decisions are counted, not kept: memory grows with what runs
@@ -187,7 +187,7 @@ def _day_run(args: tuple) -> dict:
 
 
 def bench_day(policies: list[str], scale: float = 1.0, nodes: int = 50, paths: list[Path] | None = None,
-              progress: bool | None = None) -> dict:
+              progress: bool | None = None, hours: float | None = None) -> dict:
     """``fairstream bench day``: the SWIM FB-2009 samples played as one 24-hour day
     (``traces.swim.swim_day``), byte counts times ``scale``, on ``nodes`` nodes of <12 cpu,
     24 GB>, each policy simulated whole in a fresh process: wall time, tasks per second and
@@ -202,9 +202,9 @@ def bench_day(policies: list[str], scale: float = 1.0, nodes: int = 50, paths: l
     runs = {}
     for policy in policies:
         with context.Pool(1) as pool:
-            runs[policy] = pool.apply(_day_run, ((paths, scale, nodes, policy, progress),))
+            runs[policy] = pool.apply(_day_run, ((paths, scale, nodes, policy, progress, hours),))
     return {"benchmark": "day", "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
-            "setup": {"traces": [Path(p).name for p in paths], "scale": scale, "nodes": nodes,
+            "setup": {"traces": [Path(p).name for p in paths], "scale": scale, "nodes": nodes, "hours": hours,
                       "node_capacity": {"cpu": 12, "mem": 24}},
             "policies": runs}
 

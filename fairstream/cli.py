@@ -375,7 +375,7 @@ def cmd_bench(args) -> int:
         from fairstream.bench import bench_day
 
         print(json.dumps(bench_day(args.policies.split(","), scale=args.scale, nodes=args.day_nodes,
-                                   progress=args.progress)))
+                                   progress=args.progress, hours=args.hours)))
         return 0
     from fairstream.bench import bench_engine
 
@@ -587,6 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--scale", type=float, default=1.0,
                        help="day: multiply the SWIM byte counts (16: about 15 million tasks)")
     bench.add_argument("--day-nodes", type=int, default=50, help="day: nodes of <12 cpu, 24 GB>")
+    bench.add_argument("--hours", type=float, default=None, help="day: only the jobs of the first HOURS hours (default: all)")
     bench.add_argument("--rate", type=float, default=5000, help="stream: input events per second")
     bench.add_argument("--duration", type=float, default=60, help="stream: seconds of load (600 for the memory check)")
     bench.add_argument("--stream-nodes", type=int, default=200)
