@@ -221,11 +221,17 @@ def _e2e_run(args: tuple) -> dict:
     from fairstream.simulator import Simulator
     from fairstream.traces.busy import busy_cluster
 
+    from fairstream.policies import get as get_policy
+
     policy, divide, durations = args
     scenario = busy_cluster(durations=durations)
+    params = {}
     if divide != 1:
         for spec in scenario.tasks:
             spec.submit, spec.duration = spec.submit / divide, spec.duration / divide
+        # A policy's own times scale too: LTRF's initial quantum Q0 is 60 s of event time.
+        known = {param.name: param.default for param in get_policy(policy).params}
+        params = {name: str(known[name] / divide) for name in ("quantum",) if name in known}
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "scenario.json"
         path.write_text(json.dumps(scenario.to_json()))
@@ -233,7 +239,7 @@ def _e2e_run(args: tuple) -> dict:
         loaded = load_scenario(path)
         parsed = time.perf_counter()
         writer = DecisionWriter(Path(folder) / "run")
-        result = Simulator(loaded, policy, {}, on_decision=writer).run()
+        result = Simulator(loaded, policy, params, on_decision=writer).run()
         writer.close()
         simulated = time.perf_counter()
         write_run(result, Path(folder) / "run", None, plots=False, decisions_written=True)
@@ -254,8 +260,8 @@ def bench_e2e(policies: list[str], durations: str = "per-task", time_check: bool
     """``fairstream bench e2e``: the busy workload (``traces.busy``: 100 queues, 1,000 nodes
     of <16 cpu, 64 GB>, 50,000 tasks in 1,000 jobs) end to end as ``simulate --no-baseline
     --no-plots``, each policy in a fresh process: placed tasks per second of wall time, and
-    (``time_check``) whether the run with every time divided by 10 places the same tasks on
-    the same nodes."""
+    (``time_check``) whether the run with every time divided by 10 (a policy's time
+    parameters too: LTRF's quantum) places the same tasks on the same nodes."""
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
