@@ -134,7 +134,7 @@ def cmd_simulate(args) -> int:
     summary = result.summary()
     print(json.dumps({
         "policy": summary["policy"], "scenario": scenario.name, "tasks": summary["tasks"],
-        "decisions": summary["decisions"], "unfinished_tasks": summary["unfinished_tasks"],
+        "decisions": summary["decisions"], "placed_tasks": summary["placed_tasks"], "unfinished_tasks": summary["unfinished_tasks"],
         "makespan": summary["makespan"], "sharing_benefit": summary["sharing_benefit"],
         "sharing_loss": summary["sharing_loss"], "out": str(out),
     }))
