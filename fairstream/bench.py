@@ -174,8 +174,8 @@ def _day_run(args: tuple) -> dict:
     summary = result.summary()
     return {
         "policy": policy,
-        "jobs": len({t.job for t in scenario.tasks}),
-        "requests": len(scenario.tasks),
+        "jobs": scenario.tasks.jobs,
+        "requests": sum(1 for _ in scenario.tasks),
         "tasks": scenario.task_count,
         "decisions": decisions,
         "unfinished_tasks": summary["unfinished_tasks"],

@@ -12,8 +12,9 @@ The run is a function of the scenario, the policy and its parameters alone.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from fairstream import policies
 from fairstream.engine import Engine
@@ -122,24 +123,45 @@ class Simulator:
         heap: list = []
         counter = 0
 
+        # Heap entries: (time, kind, order, payload). The workload's own submissions come in
+        # workload order (0, position), before what the run pushes at the same instant (1, n).
         def push(time: float, kind: int, payload) -> None:
             nonlocal counter
             counter += 1
-            heapq.heappush(heap, (event_time(time), kind, counter, payload))
+            heapq.heappush(heap, (event_time(time), kind, (1, counter), payload))
 
-        specs = {t.id: t for t in scenario.tasks}
+        bar = _progress_bar(scenario.task_count, self.progress)  # before the run's own pass over the workload
+        lazy = not isinstance(scenario.tasks, list)
+        if lazy:
+            # A workload read as the run reaches it (a trace loader): specs are known from
+            # when they are pulled, and forgotten once all their tasks finished.
+            gates = _Gates([])
+            upcoming = gates.stream(iter(scenario.tasks))
+            specs: dict[str, TaskSpec] = {}
+            left: dict[str, int] = {}
+        else:
+            gates = _Gates(scenario.tasks)
+            upcoming = iter(sorted(gates.initially_released(), key=lambda spec: event_time(spec.submit)))
+            specs = {t.id: t for t in scenario.tasks}
 
         def spec_of(task_id: str) -> TaskSpec:
             spec = specs.get(task_id)
             return spec if spec is not None else specs[task_id.rpartition("-")[0]]
 
-        gates = _Gates(scenario.tasks)
         for node in scenario.nodes:
             push(0.0, _NODE, NodeHeartbeat(0.0, node.id, node.capacity, node.labels))
         for ev in scenario.events:
             push(ev.time, _NODE, NodeHeartbeat(ev.time, ev.node, ev.capacity, ev.labels) if ev.type == "node_heartbeat" else NodeLost(ev.time, ev.node))
-        for spec in gates.initially_released():
-            push(spec.submit, _SUBMIT, spec)
+        pulled = 0
+        following = next(upcoming, None)
+
+        def pull(until: float) -> None:
+            """Push the workload's submissions due by ``until``."""
+            nonlocal following, pulled
+            while following is not None and event_time(following.submit) <= until:
+                heapq.heappush(heap, (event_time(following.submit), _SUBMIT, (0, pulled), following))
+                pulled += 1
+                following = next(upcoming, None)
 
         jobs: dict[str, JobRecord] = {}
         attempts: dict[str, int] = {}  # running tasks' attempt numbers (a requeue makes another)
@@ -148,8 +170,13 @@ class Simulator:
         placements = placed_tasks = 0
         recorded: list = []
         now = 0.0
-        bar = _progress_bar(scenario.task_count, self.progress)
-        while heap:
+        while True:
+            due = heap[0][0] if heap else math.inf
+            if following is not None:
+                due = min(due, event_time(following.submit))
+                pull(due)
+            if not heap:
+                break
             now = heap[0][0]
             batch = []
             while heap and heap[0][0] == now:
@@ -162,6 +189,9 @@ class Simulator:
                     batch.append(TaskCompleted(now, task_id))
                 elif kind == _SUBMIT:
                     spec: TaskSpec = payload
+                    if lazy:
+                        specs[spec.id] = spec
+                        left[spec.id] = spec.tasks
                     job = jobs.get(spec.job)
                     if job is None:
                         job = jobs[spec.job] = JobRecord(spec.tenant, now)
@@ -182,8 +212,13 @@ class Simulator:
                 job.finished += 1
                 job.finish = now
                 bar.update(1)
-                for spec in gates.finished(spec_of(task.id), now):
-                    push(max(spec.submit, gates.release_time(spec, now)), _SUBMIT, spec)
+                spec = spec_of(task.id)
+                for released in gates.finished(spec, now):
+                    push(max(released.submit, gates.release_time(released, now)), _SUBMIT, released)
+                if lazy:
+                    left[spec.id] -= 1
+                    if not left[spec.id]:
+                        del left[spec.id], specs[spec.id]
             for decision in result.decisions:
                 keep(decision)
                 if decision.kind is DecisionKind.REQUEUE:
@@ -221,6 +256,22 @@ class _Gates:
 
     def _first_stage(self, job: str) -> int:
         return min(self.remaining[job])
+
+    def stream(self, specs: Iterator[TaskSpec]) -> Iterator[TaskSpec]:
+        """Register specs as a lazy workload yields them (in submit order, a job's lower stages
+        before its higher ones) and yield those released at once; the others are held as by
+        ``initially_released``. A job finished before a spec chained to it arrives releases it
+        at once."""
+        for t in specs:
+            self.remaining.setdefault(t.job, {}).setdefault(t.stage, 0)
+            self.remaining[t.job][t.stage] += t.tasks
+            self.job_left[t.job] = self.job_left.get(t.job, 0) + t.tasks
+            if t.after_job is not None and self.job_left.get(t.after_job, 1) > 0:
+                self.held_after.setdefault(t.after_job, []).append(t)
+            elif any(left > 0 for stage, left in self.remaining[t.job].items() if stage < t.stage):
+                self.held_stage.setdefault(t.job, {}).setdefault(t.stage, []).append(t)
+            else:
+                yield t
 
     def initially_released(self) -> list[TaskSpec]:
         out = []
@@ -268,10 +319,12 @@ def _fresh_tree(scenario: Scenario):
 
 
 def _default_interval(scenario: Scenario) -> float:
-    if not scenario.tasks:
+    first, last = math.inf, -math.inf
+    for t in scenario.tasks:  # one pass: a lazy workload is read again for it
+        first, last = min(first, t.submit), max(last, t.submit + t.duration)
+    if first == math.inf:
         return 1.0
-    span = max(t.submit + t.duration for t in scenario.tasks) - min(t.submit for t in scenario.tasks)
-    return max(span / 400.0, 1e-3)
+    return max((last - first) / 400.0, 1e-3)
 
 
 class _NoBar:

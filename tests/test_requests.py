@@ -10,6 +10,7 @@ only the pending entry and the output are grouped.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from pathlib import Path
 
@@ -196,3 +197,37 @@ def test_a_request_half_placed_survives_a_snapshot_and_decides_the_rest_alike():
         return [(d.kind, d.task_ids, d.node, d.time) for d in out]
 
     assert run(engine(tree("A", "B"), "ltrf"), snapshot_at=2) == run(engine(tree("A", "B"), "ltrf"))
+
+
+def test_a_trace_read_as_the_run_reaches_it_decides_as_the_same_workload_held_whole():
+    lazy = load_swim(str(SWIM), limit=25, nodes=3)
+    assert not isinstance(lazy.tasks, list)  # the loader reads the file as it is iterated
+    whole = dataclasses.replace(lazy, tasks=list(lazy.tasks))
+    for policy in ("ltrf", "drf", "hltrf"):
+        a, b = Simulator(lazy, policy).run(), Simulator(whole, policy).run()
+        assert [d.to_json() for d in a.decisions] == [d.to_json() for d in b.decisions]
+        assert a.summary() == b.summary()
+
+
+def test_the_run_pulls_the_workload_as_its_clock_reaches_each_submission():
+    spaced = [dataclasses.replace(spec, submit=100.0 * k) for k, spec in enumerate(
+        come_and_go(nodes=1, contended_until=120.0).tasks)]
+    passes: list[list[tuple[float, float | None]]] = []  # per pass over the workload: (submit, clock)
+    running: list[Simulator] = []
+
+    class Workload:
+        def __iter__(self):
+            seen = []
+            passes.append(seen)
+            for spec in spaced:
+                seen.append((spec.submit, running[0].engine.time if running else None))
+                yield spec
+
+    simulator = Simulator(dataclasses.replace(come_and_go(nodes=1), tasks=Workload()), "drf")
+    running.append(simulator)
+    simulator.run()
+    # The run's own pass (the last; sizing the run and the progress bar read it through
+    # first): each submission is read once the clock has reached the one two before it.
+    seen = passes[-1]
+    assert len(seen) == len(spaced) > 10
+    assert all(clock is not None and clock >= before for (before, _), (_, clock) in zip(seen, seen[2:]))

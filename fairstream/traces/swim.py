@@ -19,8 +19,11 @@ paper did to fit its cluster), ``nodes``/``node_cpu``/``node_mem`` for the defau
 
 from __future__ import annotations
 
+import heapq
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from fairstream.model import ModelError, ResourceSpace, TenantSpec
 from fairstream.scenario import Scenario, TaskSpec
@@ -30,14 +33,14 @@ from fairstream.traces import uniform_nodes
 MB = 1024 * 1024
 
 
-def read_swim(path: str | Path, limit: int | None = None) -> list[tuple[str, float, int, int, int]]:
-    """Rows ``(job, submit_s, map_bytes, shuffle_bytes, output_bytes)``; bad lines raise
-    ``ModelError`` naming the file and line."""
-    rows = []
+def iter_swim(path: str | Path, limit: int | None = None) -> Iterator[tuple[str, float, int, int, int]]:
+    """Rows ``(job, submit_s, map_bytes, shuffle_bytes, output_bytes)``, read as they are asked
+    for; bad lines raise ``ModelError`` naming the file and line."""
     try:
         handle = open(path)
     except OSError as exc:
         raise ModelError(f"{path}: cannot read ({exc.strerror})") from None
+    rows = 0
     with handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
@@ -46,12 +49,18 @@ def read_swim(path: str | Path, limit: int | None = None) -> list[tuple[str, flo
             if len(parts) != 6:
                 raise ModelError(f"{path}:{number}: expected 6 tab-separated columns, got {len(parts)}")
             try:
-                rows.append((parts[0], float(parts[1]), int(parts[3]), int(parts[4]), int(parts[5])))
+                row = (parts[0], float(parts[1]), int(parts[3]), int(parts[4]), int(parts[5]))
             except ValueError:
                 raise ModelError(f"{path}:{number}: submit time and byte counts must be numbers") from None
-            if limit is not None and len(rows) >= limit:
-                break
-    return rows
+            yield row
+            rows += 1
+            if limit is not None and rows >= limit:
+                return
+
+
+def read_swim(path: str | Path, limit: int | None = None) -> list[tuple[str, float, int, int, int]]:
+    """``iter_swim``'s rows as a list."""
+    return list(iter_swim(path, limit))
 
 
 def load_swim(
@@ -67,58 +76,106 @@ def load_swim(
     node_cpu: float = 12.0,
     node_mem: float = 24.0,
 ) -> Scenario:
-    return swim_scenario(read_swim(path, limit), f"swim:{Path(path).name}", tenants, block_mb, reduce_gb, rate_mb_s,
-                         overhead_s, max_tasks_per_job, nodes, node_cpu, node_mem)
+    """The trace as a scenario whose workload is read from the file as the simulation reaches
+    it (``SwimWorkload``); the file is checked whole first, so a bad line is one error at once."""
+    sizing = _Sizing(block_mb, reduce_gb, rate_mb_s, overhead_s, max_tasks_per_job, tenants)
+    return _scenario(SwimWorkload([str(path)], sizing, limit=limit), f"swim:{Path(path).name}", sizing, nodes,
+                     node_cpu, node_mem)
 
 
-def swim_day(paths: list[str], scale: float = 1.0, nodes: int = 50, hours: float | None = None, **options) -> Scenario:
+def swim_day(paths: list[str], scale: float = 1.0, nodes: int = 50, hours: float | None = None,
+             tenants: int = 4, max_tasks_per_job: int | None = None, node_cpu: float = 12.0,
+             node_mem: float = 24.0) -> Scenario:
     """One day of SWIM traces played together: the jobs of every file (each spans 24 hours),
-    ids prefixed by the file's position (``0-job12``), in submit order, with every byte count
-    multiplied by ``scale`` (``scale`` 16 turns the two FB-2009 samples, 12,532 jobs and about
-    950,000 tasks, into about 15 million tasks, the largest job 118k x 16 maps). ``hours``
-    keeps the jobs submitted in the first that many hours (a shorter history, the same load)."""
-    rows = []
-    for number, path in enumerate(paths):
-        rows += [(f"{number}-{job}", submit, int(m * scale), int(s * scale), int(o * scale))
-                 for job, submit, m, s, o in read_swim(path) if hours is None or submit < hours * 3600]
-    rows.sort(key=lambda row: row[1])
-    return swim_scenario(rows, f"swim-day:{len(paths)} files x{scale:g}", nodes=nodes, **options)
+    ids prefixed by the file's position (``0-job12``), merged in submit order, with every byte
+    count multiplied by ``scale`` (``scale`` 16 turns the two FB-2009 samples, 12,532 jobs and
+    about 950,000 tasks, into about 15 million tasks, the largest job 118k x 16 maps). ``hours``
+    keeps the jobs submitted in the first that many hours (a shorter history, the same load).
+    Read lazily, as ``load_swim``."""
+    sizing = _Sizing(max_tasks_per_job=max_tasks_per_job, tenants=tenants)
+    workload = SwimWorkload([str(p) for p in paths], sizing, scale=scale, hours=hours)
+    return _scenario(workload, f"swim-day:{len(paths)} files x{scale:g}", sizing, nodes, node_cpu, node_mem)
 
 
-def swim_scenario(rows, name: str, tenants: int = 4, block_mb: float = 64.0, reduce_gb: float = 1.0,
-                  rate_mb_s: float = 8.0, overhead_s: float = 3.0, max_tasks_per_job: int | None = None,
-                  nodes: int = 50, node_cpu: float = 12.0, node_mem: float = 24.0) -> Scenario:
-    """SWIM rows ``(job, submit_s, map_bytes, shuffle_bytes, output_bytes)`` as a scenario."""
-    if tenants < 1:
-        raise ModelError("tenants: must be >= 1")
-    if max_tasks_per_job is not None and max_tasks_per_job < 1:
-        raise ModelError(f"max_tasks_per_job: must be >= 1 (got {max_tasks_per_job})")
-    block = block_mb * MB
-    tasks: list[TaskSpec] = []
-    for index, (job, submit, map_bytes, shuffle, output) in enumerate(rows):
-        tenant = f"q{index % tenants}"
+@dataclass(frozen=True)
+class _Sizing:
+    """How bytes become tasks (the module docstring's table)."""
+
+    block_mb: float = 64.0
+    reduce_gb: float = 1.0
+    rate_mb_s: float = 8.0
+    overhead_s: float = 3.0
+    max_tasks_per_job: int | None = None
+    tenants: int = 4
+
+    def check(self) -> None:
+        if self.tenants < 1:
+            raise ModelError("tenants: must be >= 1")
+        if self.max_tasks_per_job is not None and self.max_tasks_per_job < 1:
+            raise ModelError(f"max_tasks_per_job: must be >= 1 (got {self.max_tasks_per_job})")
+
+    def job(self, index: int, row: tuple[str, float, int, int, int]) -> list[TaskSpec]:
+        """The requests of job ``index`` of the trace: the maps that read a full block are one
+        request (ids ``<job>-m-<k>``), the last map, which reads the rest, a task of its own,
+        and the reduces one request (``<job>-r-<k>``)."""
+        job, submit, map_bytes, shuffle, output = row
+        tenant = f"q{index % self.tenants}"
+        block = self.block_mb * MB
+        rate = self.rate_mb_s * MB
         maps = max(1, math.ceil(map_bytes / block))
-        reduces = math.ceil(shuffle / (reduce_gb * 1024 * MB)) if shuffle > 0 else 0
-        if max_tasks_per_job is not None:
-            maps = min(maps, max_tasks_per_job)
-            reduces = min(reduces, max_tasks_per_job)
+        reduces = math.ceil(shuffle / (self.reduce_gb * 1024 * MB)) if shuffle > 0 else 0
+        if self.max_tasks_per_job is not None:
+            maps = min(maps, self.max_tasks_per_job)
+            reduces = min(reduces, self.max_tasks_per_job)
         map_written = output / maps if reduces == 0 else 0.0
-        # Requests with a count: the maps that read a full block are one request (ids
-        # <job>-m-<k>), the last map, which reads the rest, a task of its own; the reduces are
-        # one request (<job>-r-<k>).
+        specs = []
         if maps > 1:
-            seconds = overhead_s + (block + map_written) / (rate_mb_s * MB)
-            tasks.append(TaskSpec(f"{job}-m", job, tenant, submit, round(seconds, 3), {"cpu": 1.0, "mem": 1.0},
+            seconds = self.overhead_s + (block + map_written) / rate
+            specs.append(TaskSpec(f"{job}-m", job, tenant, submit, round(seconds, 3), {"cpu": 1.0, "mem": 1.0},
                                   count=maps - 1))
         rest = max(map_bytes - (maps - 1) * block, 0)
-        seconds = overhead_s + (rest + map_written) / (rate_mb_s * MB)
-        tasks.append(TaskSpec(f"{job}-m-{maps - 1}", job, tenant, submit, round(seconds, 3), {"cpu": 1.0, "mem": 1.0}))
+        seconds = self.overhead_s + (rest + map_written) / rate
+        specs.append(TaskSpec(f"{job}-m-{maps - 1}", job, tenant, submit, round(seconds, 3), {"cpu": 1.0, "mem": 1.0}))
         if reduces:
-            seconds = overhead_s + (shuffle + output) / reduces / (rate_mb_s * MB)
-            tasks.append(TaskSpec(f"{job}-r", job, tenant, submit, round(seconds, 3), {"cpu": 1.0, "mem": 2.0}, stage=1,
-                                  count=reduces))
-    tree = TenantTree.from_specs([TenantSpec(f"q{k}") for k in range(min(tenants, max(len(rows), 1)))])
-    return Scenario(
-        ResourceSpace(("cpu", "mem")), tree, uniform_nodes(nodes, {"cpu": node_cpu, "mem": node_mem}), tasks,
-        name=name,
-    )
+            seconds = self.overhead_s + (shuffle + output) / reduces / rate
+            specs.append(TaskSpec(f"{job}-r", job, tenant, submit, round(seconds, 3), {"cpu": 1.0, "mem": 2.0},
+                                  stage=1, count=reduces))
+        return specs
+
+
+class SwimWorkload:
+    """A SWIM workload read as it is iterated: jobs in submit order (files merged), each as its
+    requests (``_Sizing.job``), so a day-long trace is never in memory at once. Iterable again
+    (each pass reads the files again); ``jobs`` is counted, and every line checked, up front."""
+
+    def __init__(self, paths: list[str], sizing: _Sizing, limit: int | None = None, scale: float = 1.0,
+                 hours: float | None = None) -> None:
+        sizing.check()
+        self.paths, self.sizing, self.limit, self.scale, self.hours = paths, sizing, limit, scale, hours
+        self.jobs = sum(1 for _ in self._rows())
+
+    def _rows(self) -> Iterator[tuple[str, float, int, int, int]]:
+        scale, hours = self.scale, self.hours
+        if len(self.paths) == 1 and scale == 1:
+            rows = iter_swim(self.paths[0], self.limit)
+        else:
+            def scaled(number: int, path: str):
+                for job, submit, m, s, o in iter_swim(path):
+                    yield f"{number}-{job}", submit, int(m * scale), int(s * scale), int(o * scale)
+
+            rows = heapq.merge(*(scaled(n, p) for n, p in enumerate(self.paths)), key=lambda row: row[1])
+        for row in rows:
+            if hours is not None and row[1] >= hours * 3600:
+                continue
+            yield row
+
+    def __iter__(self) -> Iterator[TaskSpec]:
+        for index, row in enumerate(self._rows()):
+            yield from self.sizing.job(index, row)
+
+
+def _scenario(workload: SwimWorkload, name: str, sizing: _Sizing, nodes: int, node_cpu: float,
+              node_mem: float) -> Scenario:
+    tree = TenantTree.from_specs([TenantSpec(f"q{k}") for k in range(min(sizing.tenants, max(workload.jobs, 1)))])
+    return Scenario(ResourceSpace(("cpu", "mem")), tree, uniform_nodes(nodes, {"cpu": node_cpu, "mem": node_mem}),
+                    workload, name=name)
