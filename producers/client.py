@@ -117,10 +117,16 @@ async def ensure_topics(broker: str, names: Iterable[str], partitions: int = 4, 
 
 
 class Publisher:
-    def __init__(self, broker: str = "127.0.0.1:9092", topics: Topics = Topics(), **kafka_options: Any) -> None:
+    """Sends events to the input topics. ``outage_s``: how long a send keeps trying while the
+    broker has no leader for the partition (a broker restarting under load can take longer than
+    the producer's own retries); errors that may have written the message are not retried."""
+
+    def __init__(self, broker: str = "127.0.0.1:9092", topics: Topics = Topics(), outage_s: float = 120.0,
+                 **kafka_options: Any) -> None:
         from aiokafka import AIOKafkaProducer
 
         self.topics = topics
+        self.outage_s = outage_s
         self.producer = AIOKafkaProducer(bootstrap_servers=broker, **kafka_security(kafka_options))
 
     async def __aenter__(self) -> "Publisher":
@@ -135,7 +141,19 @@ class Publisher:
         await self.producer.stop()
 
     async def send_raw(self, topic: str, key: str, value: bytes) -> None:
-        await self.producer.send_and_wait(topic, value=value, key=key.encode())
+        from aiokafka.errors import LeaderNotAvailableError, NotLeaderForPartitionError
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.outage_s
+        while True:
+            try:
+                await self.producer.send_and_wait(topic, value=value, key=key.encode())
+                return
+            except (LeaderNotAvailableError, NotLeaderForPartitionError):
+                # No leader took the batch, so it was not written: sending again cannot double it.
+                if loop.time() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
 
     async def send(self, topic: str, message: dict[str, Any] | list[dict[str, Any]]) -> None:
         """One message: an event (a JSON object) or several of one cluster (a JSON array), keyed by

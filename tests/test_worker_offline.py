@@ -1405,3 +1405,33 @@ def test_waiting_for_a_service_retries_what_it_is_told_to_and_nothing_else():
     assert len(attempts) == 3
     with pytest.raises(ValueError):
         run(waiting_for(broken, "test.unavailable", ConnectionError, (0.001, 0.001)))
+
+
+def test_a_send_the_broker_had_no_leader_for_is_sent_again_and_other_errors_are_raised():
+    from aiokafka.errors import LeaderNotAvailableError, RequestTimedOutError
+
+    from fairstream.producers.client import Publisher
+
+    class Producer:
+        def __init__(self, failures):
+            self.failures, self.sent = list(failures), []
+
+        async def send_and_wait(self, topic, value, key):
+            if self.failures:
+                raise self.failures.pop(0)
+            self.sent.append((topic, key, value))
+
+    async def send(failures, outage_s=60.0):
+        publisher = Publisher(outage_s=outage_s)
+        publisher.producer = Producer(failures)
+        await publisher.send_raw("t", "c1", b"{}")
+        return publisher.producer.sent
+
+    # A broker restarting: no leader twice, then the send goes through, once.
+    assert run(send([LeaderNotAvailableError(), LeaderNotAvailableError()])) == [("t", b"c1", b"{}")]
+    # A timeout may have written it: not sent again (it would be a duplicate submission).
+    with pytest.raises(RequestTimedOutError):
+        run(send([RequestTimedOutError()]))
+    # The outage lasts longer than outage_s: the error is raised.
+    with pytest.raises(LeaderNotAvailableError):
+        run(send([LeaderNotAvailableError()] * 5, outage_s=0.0))
