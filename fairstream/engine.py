@@ -512,9 +512,9 @@ class Engine:
         self._retire_request(request)
         self.pending[request.tenant].removed(request)
         self.accounting.on_cancel_pending(self.accounting.row[request.tenant], request.demand)
-        return Task(event.task, request.job, request.tenant, request.demand, request.submit, request.constraints,
-                    seq=request.seq, demand_map=request.demand_map, state=TaskState.DONE, shape=request.shape,
-                    demand_values=request.demand_values)
+        task = _task_of(request, event.task)
+        task.state = TaskState.DONE
+        return task
 
     def _advance_request(self, request: Task) -> None:
         """The request's next task left it: move on to the next index not cancelled."""
@@ -625,9 +625,7 @@ class Engine:
             if found is None or found[1] != found[0].index:
                 raise PolicyViolation(f"{decision.policy} placed task {decision.task!r} that is not pending")
             request = found[0]
-            task = Task(decision.task, request.job, request.tenant, request.demand, request.submit, request.constraints,
-                        seq=request.seq, demand_map=request.demand_map, shape=request.shape,
-                        demand_values=request.demand_values)
+            task = _task_of(request, decision.task)
         elif task.state is not TaskState.PENDING:
             raise PolicyViolation(f"{decision.policy} placed task {decision.task!r} that is not pending")
         row = self.node_row[decision.node]
@@ -655,6 +653,14 @@ class Engine:
         total = self.capacity[self.alive].sum(axis=0)
         self.accounting.set_shares(total, self.tree.effective_share)
         self._shares_stale = False
+
+
+def _task_of(request: Task, task_id: str) -> Task:
+    """Task ``task_id`` of ``request`` as a task of its own (pending), with the request's
+    current arrival number: a request makes an object for a task only when the task leaves it."""
+    return Task(task_id, request.job, request.tenant, request.demand, request.submit, request.constraints,
+                seq=request.seq, demand_map=request.demand_map, shape=request.shape,
+                demand_values=request.demand_values)
 
 
 def _split_task_id(task: str) -> tuple[str, int] | None:
