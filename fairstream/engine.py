@@ -180,7 +180,8 @@ class Engine:
         self._touched: set[str] = set()
         self._passed = False
         self._fresh: set[int] = set()  # shapes queued since the last pass
-        self._shape_demands: list[np.ndarray] = []  # per shape id, its demand
+        # Row k: the demand of shape k (spare rows beyond ``len(self._shapes)``; grows by doubling).
+        self._shape_demands = np.zeros((0, len(resources)))
         for leaf in tree.leaves:
             self.accounting.add_tenant(leaf, tree.path(leaf))
         self._refresh_shares()
@@ -285,7 +286,7 @@ class Engine:
         if not len(rows):
             return frozenset(out)
         free = snapshot.free[rows] + EPSILON
-        demands = np.array(self._shape_demands)
+        demands = self._shape_demands[: len(self._shapes)]
         fits = (demands[:, None, :] <= free[None, :, :]).all(axis=2).any(axis=1).tolist()
         for tenant, queue in snapshot.pending.items():
             if tenant not in out and any(fits[shape] for shape in queue.groups):
@@ -472,7 +473,10 @@ class Engine:
         shape = self._shapes.get(key)
         if shape is None:
             shape = self._shapes[key] = len(self._shapes)
-            self._shape_demands.append(demand)
+            if shape == len(self._shape_demands):
+                spare = np.zeros((max(16, shape), self._shape_demands.shape[1]))
+                self._shape_demands = np.vstack([self._shape_demands, spare])
+            self._shape_demands[shape] = demand
         return shape
 
     def _complete(self, event: TaskCompleted) -> Task:
