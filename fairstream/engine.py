@@ -40,6 +40,7 @@ from fairstream.model import (
     TaskCompleted,
     TaskState,
     TaskSubmitted,
+    MAX_COUNT,
     request_task_id,
 )
 from fairstream.policies import get as get_policy
@@ -702,9 +703,5 @@ def _grouped(decisions: list[Decision], requests: list[str | None]) -> list[Deci
         else:
             out.append(group[0]._replace(count=len(group), tasks=tuple(d.task for d in group)))
     return out
-
-
-#: The most tasks one request may hold.
-MAX_COUNT = 10_000_000
 
 __all__ = ["Engine", "EventRejected", "PolicyViolation", "StepResult", "CompletionStatus"]

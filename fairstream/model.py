@@ -157,6 +157,10 @@ class TaskState(str, Enum):
     DONE = "done"
 
 
+#: The most tasks one request may hold (the schemas' ``count`` maximum says the same).
+MAX_COUNT = 10_000_000
+
+
 def request_task_id(request: str, index: int) -> str:
     """The id of task ``index`` of request ``request`` (``j1-m`` and 3: ``j1-m-3``), as scenario
     files expand ``count``."""

@@ -18,7 +18,8 @@ from typing import Any
 
 import jsonschema
 
-from fairstream.model import DEFAULT_RESOURCES, ROOT, Constraints, ModelError, ResourceSpace, TenantSpec, request_task_id
+from fairstream.model import (DEFAULT_RESOURCES, MAX_COUNT, ROOT, Constraints, ModelError, ResourceSpace, TenantSpec,
+                              request_task_id)
 from fairstream.tenants import TenantTree
 
 
@@ -182,7 +183,7 @@ def _plain_task(task) -> bool:
     demand = task.get("demand")
     if demand.__class__ is not dict or not demand or not all(_number(v) for v in demand.values()):
         return False
-    for key, top in (("count", 10_000_000), ("stage", math.inf)):
+    for key, top in (("count", MAX_COUNT), ("stage", math.inf)):
         if key in task and not (task[key].__class__ is int and (key == "stage" or task[key] >= 1) and 0 <= task[key] <= top):
             return False
     return True

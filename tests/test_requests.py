@@ -231,3 +231,14 @@ def test_the_run_pulls_the_workload_as_its_clock_reaches_each_submission():
     seen = passes[-1]
     assert len(seen) == len(spaced) > 10
     assert all(clock is not None and clock >= before for (before, _), (_, clock) in zip(seen, seen[2:]))
+
+
+def test_the_schemas_allow_the_counts_the_model_allows():
+    import json
+
+    from fairstream.model import MAX_COUNT
+
+    schemas = ROOT / "fairstream" / "schemas"
+    submitted = json.loads((schemas / "task-submitted.schema.json").read_text())["properties"]["count"]
+    scenario = json.loads((schemas / "scenario.schema.json").read_text())["properties"]["tasks"]["items"]["properties"]["count"]
+    assert submitted["maximum"] == scenario["maximum"] == MAX_COUNT
