@@ -61,6 +61,7 @@ class SimResult:
     def summary(self) -> dict:
         jobs, tenants = job_statistics(self.jobs)
         degrees = self.metrics.degrees()
+        usage, counted = self.metrics.integral_g, self.metrics.integral_counted  # each a dict built per read
         submits = [job.submit for job in self.jobs.values()]
         finishes = [job.finish for job in self.jobs.values() if job.finish is not None]
         unfinished = sum(job.tasks - job.finished for job in self.jobs.values())
@@ -80,8 +81,8 @@ class SimResult:
             "tenants": {
                 name: {
                     "fairness_degree": degrees.get(name, 1.0),
-                    "accumulated_usage": self.metrics.integral_g.get(name, 0.0),
-                    "accumulated_counted": self.metrics.integral_counted.get(name, 0.0),
+                    "accumulated_usage": usage.get(name, 0.0),
+                    "accumulated_counted": counted.get(name, 0.0),
                     **tenants.get(name, {}),
                 }
                 for name in sorted(set(degrees) | set(tenants))
