@@ -250,10 +250,13 @@ class _Gates:
         self.held_after: dict[str, list[TaskSpec]] = {}
         self.tasks = list(tasks)
         for t in self.tasks:
-            self.remaining.setdefault(t.job, {}).setdefault(t.stage, 0)
-            self.remaining[t.job][t.stage] += t.tasks
-            self.job_left[t.job] = self.job_left.get(t.job, 0) + t.tasks
-        self.released_stages: dict[str, set[int]] = {}
+            self._count(t)
+
+    def _count(self, t: TaskSpec) -> None:
+        """``t``'s tasks are still to finish, in its job and stage."""
+        self.remaining.setdefault(t.job, {}).setdefault(t.stage, 0)
+        self.remaining[t.job][t.stage] += t.tasks
+        self.job_left[t.job] = self.job_left.get(t.job, 0) + t.tasks
 
     def _first_stage(self, job: str) -> int:
         return min(self.remaining[job])
@@ -264,9 +267,7 @@ class _Gates:
         ``initially_released``. A job finished before a spec chained to it arrives releases it
         at once."""
         for t in specs:
-            self.remaining.setdefault(t.job, {}).setdefault(t.stage, 0)
-            self.remaining[t.job][t.stage] += t.tasks
-            self.job_left[t.job] = self.job_left.get(t.job, 0) + t.tasks
+            self._count(t)
             if t.after_job is not None and self.job_left.get(t.after_job, 1) > 0:
                 self.held_after.setdefault(t.after_job, []).append(t)
             elif any(left > 0 for stage, left in self.remaining[t.job].items() if stage < t.stage):
