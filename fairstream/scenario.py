@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources as package_files
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import jsonschema
 
@@ -54,6 +54,16 @@ class TaskSpec:
 
     def task_ids(self) -> list[str]:
         return [self.id] if self.count is None else [request_task_id(self.id, k) for k in range(self.count)]
+
+
+def spec_of_task(specs: Mapping[str, TaskSpec], task_id: str) -> TaskSpec | None:
+    """The spec ``task_id`` belongs to in ``specs`` (by spec id): a single task's own, or the
+    request whose task ``<id>-<k>`` it is; None if neither."""
+    spec = specs.get(task_id)
+    if spec is None:
+        spec = specs.get(task_id.rpartition("-")[0])
+        spec = spec if spec is not None and spec.count is not None else None
+    return spec
 
 
 @dataclass

@@ -29,7 +29,7 @@ from fairstream.model import (
     TaskSubmitted,
     event_time,
 )
-from fairstream.scenario import Scenario, TaskSpec
+from fairstream.scenario import Scenario, TaskSpec, spec_of_task
 
 # Order of event kinds within one instant (all are applied before the pass anyway).
 _COMPLETE, _NODE, _SUBMIT = 0, 1, 2
@@ -146,8 +146,10 @@ class Simulator:
             specs = {t.id: t for t in scenario.tasks}
 
         def spec_of(task_id: str) -> TaskSpec:
-            spec = specs.get(task_id)
-            return spec if spec is not None else specs[task_id.rpartition("-")[0]]
+            spec = spec_of_task(specs, task_id)
+            if spec is None:
+                raise KeyError(task_id)
+            return spec
 
         for node in scenario.nodes:
             push(0.0, _NODE, NodeHeartbeat(0.0, node.id, node.capacity, node.labels))

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from fairstream.producers.client import Publisher, ensure_topics, kafka_security
-from fairstream.scenario import Scenario, TaskSpec
+from fairstream.scenario import Scenario, TaskSpec, spec_of_task
 from fairstream.simulator import _Gates
 from fairstream.streams.processor import Topics
 
@@ -71,11 +71,7 @@ async def run_emulator(
     total = scenario.task_count
 
     def spec_of(task_id: str) -> TaskSpec | None:
-        spec = specs.get(task_id)
-        if spec is None:
-            spec = specs.get(task_id.rpartition("-")[0])
-            spec = spec if spec is not None and spec.count is not None else None
-        return spec
+        return spec_of_task(specs, task_id)
 
     gates = _Gates(scenario.tasks)
     partitions = await ensure_topics(broker, topics.names)  # each with a leader for every partition
