@@ -22,11 +22,13 @@ from fairstream.scenario import load_scenario
 from fairstream.simulator import Simulator
 from fairstream.state.engine_snapshot import decode_engine, encode_engine
 from fairstream.traces.come_and_go import come_and_go
+from fairstream.traces.google import load_google
 from fairstream.traces.swim import load_swim
 from tests.builders import engine, node, tree
 
 ROOT = Path(__file__).resolve().parent.parent
 SWIM = ROOT / "tests" / "data" / "FB-2009_samples_24_times_1hr_1.head60.tsv"
+GOOGLE = ROOT / "tests" / "data" / "google-task_events-part-00001.head3000.csv.gz"
 
 
 def request(name: str, tenant: str, count: int, time: float = 0.0, **demand) -> TaskSubmitted:
@@ -199,9 +201,14 @@ def test_a_request_half_placed_survives_a_snapshot_and_decides_the_rest_alike():
     assert run(engine(tree("A", "B"), "ltrf"), snapshot_at=2) == run(engine(tree("A", "B"), "ltrf"))
 
 
-def test_a_trace_read_as_the_run_reaches_it_decides_as_the_same_workload_held_whole():
-    lazy = load_swim(str(SWIM), limit=25, nodes=3)
+@pytest.mark.parametrize("load", [
+    pytest.param(lambda: load_swim(str(SWIM), limit=25, nodes=3), id="a SWIM trace"),
+    pytest.param(lambda: load_google(str(GOOGLE), users=6, nodes=4), id="a Google task_events part"),
+])
+def test_a_trace_read_as_the_run_reaches_it_decides_as_the_same_workload_held_whole(load):
+    lazy = load()
     assert not isinstance(lazy.tasks, list)  # the loader reads the file as it is iterated
+    assert len(list(lazy.tasks)) > 20
     whole = dataclasses.replace(lazy, tasks=list(lazy.tasks))
     for policy in ("ltrf", "drf", "hltrf"):
         a, b = Simulator(lazy, policy).run(), Simulator(whole, policy).run()

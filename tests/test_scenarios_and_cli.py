@@ -229,6 +229,35 @@ def test_google_task_events_become_tasks_per_user():
     assert len(sc.tree.leaves) == len({t.tenant for t in sc.tasks})
 
 
+def google_row(time_us: int, job: int, index: int, event: int, user: str = "alice", cpu: str = "0.1",
+               mem: str = "0.1") -> str:
+    return f"{time_us},,{job},{index},,{event},{user},0,0,{cpu},{mem},0,0"
+
+
+def test_google_tasks_run_from_their_first_schedule_to_their_first_end_and_the_rest_are_left_out(tmp_path):
+    part = tmp_path / "part.csv"
+    part.write_text("\n".join([
+        google_row(5_000_000, 1, 0, 0),            # job 1 task 0 submitted at 5 s: the origin
+        google_row(6_000_000, 1, 1, 0, user="bob"),  # submitted, scheduled, never ends: left out
+        google_row(7_000_000, 1, 0, 1),            # scheduled at 7 s
+        google_row(8_000_000, 1, 1, 1, user="bob"),
+        google_row(9_000_000, 1, 0, 2),            # evicted at 9 s: ran 2 s
+        google_row(9_500_000, 1, 0, 0),            # resubmitted: still the first submission's task
+        google_row(10_000_000, 2, 0, 0, cpu="", mem=""),  # no requests: not a task
+        google_row(11_000_000, 2, 0, 0, user="carol"),
+        google_row(12_000_000, 2, 0, 1, user="carol"),
+        google_row(12_000_000, 2, 0, 4, user="carol"),  # finished at once: ran 0 s
+        google_row(13_000_000, 1, 0, 4),           # a later end does not count
+    ]) + "\n")
+    sc = load_trace(str(part), "google", nodes=2)
+    assert [(t.id, t.tenant, t.submit, t.duration) for t in sc.tasks] == [("1-0", "alice", 0.0, 2.0),
+                                                                          ("2-0", "carol", 6.0, 0.0)]
+    assert list(sc.tree.leaves) == ["alice", "carol"]
+    assert sc.name.endswith("(2 tasks, 1 left out)")
+    assert [t.id for t in load_trace(str(part), "google", nodes=2, users=1).tasks] == ["1-0"]
+    assert [t.id for t in sc.tasks] == ["1-0", "2-0"]  # read again from the file
+
+
 def test_a_broken_trace_line_is_named(tmp_path):
     bad = tmp_path / "bad.tsv"
     bad.write_text("job0\t1\t1\t10\t0\n")

@@ -17,13 +17,22 @@ scenario file supplies one. Tenants are users (the first 10 characters of the ha
 flat, weight 1; ``users`` keeps the first N users by first submission (QKnobler's setup
 takes 100). ``disk`` adds the disk request as a third resource (QKnobler's simulation uses CPU,
 memory and disk; nodes then get ``node_disk``).
+
+Read lazily (``GoogleWorkload``): a task's run time comes from events later in the file, so a
+first pass joins them keeping only the tasks that have not ended yet as objects, and per task
+of the part three numbers (its SUBMIT line, run time, user); tasks are built from a second
+pass as the simulation reaches them.
 """
 
 from __future__ import annotations
 
 import csv
 import gzip
+from array import array
 from pathlib import Path
+from typing import Iterator
+
+import numpy as np
 
 from fairstream.model import ModelError, ResourceSpace, TenantSpec
 from fairstream.scenario import Scenario, TaskSpec
@@ -32,6 +41,7 @@ from fairstream.traces import uniform_nodes
 
 SUBMIT, SCHEDULE = 0, 1
 TERMINAL = {2, 3, 4, 5, 6}
+USER_CHARS = 10
 
 
 def load_google(
@@ -44,9 +54,20 @@ def load_google(
     disk: bool = False,
     node_disk: float = 0.5,
 ) -> Scenario:
-    opener = gzip.open if str(path).endswith(".gz") else open
-    submitted: dict[tuple[str, str], dict] = {}
-    order: list[tuple[str, str]] = []
+    """The part as a scenario whose tasks are read as the simulation reaches them; a bad line is
+    one ``ModelError`` naming it, at once."""
+    workload = GoogleWorkload(str(path), limit=limit, users=users, disk=disk)
+    tree = TenantTree.from_specs([TenantSpec(u) for u in workload.users])
+    capacity = {"cpu": node_cpu, "mem": node_mem, **({"disk": node_disk} if disk else {})}
+    return Scenario(
+        ResourceSpace(tuple(capacity)), tree, uniform_nodes(nodes, capacity), workload,
+        name=f"google:{Path(path).name} ({len(workload)} tasks, {workload.left_out} left out)",
+    )
+
+
+def _rows(path: str) -> Iterator[tuple[int, list[str]]]:
+    """``(line number, columns)`` of a task_events part, checked as read."""
+    opener = gzip.open if path.endswith(".gz") else open
     try:
         handle = opener(path, "rt", newline="")
     except OSError as exc:
@@ -56,46 +77,100 @@ def load_google(
             for number, row in enumerate(csv.reader(handle), 1):
                 if len(row) != 13:
                     raise ModelError(f"{path}:{number}: expected 13 columns of task_events, got {len(row)}")
-                try:
-                    time_s, event = int(row[0]) / 1e6, int(row[5])
-                except ValueError:
-                    raise ModelError(f"{path}:{number}: timestamp and event type must be integers") from None
-                key = (row[2], row[3])
-                if event == SUBMIT and key not in submitted:
-                    if not row[9] or not row[10]:
-                        continue  # missing requests (missing-info 2 rows)
-                    submitted[key] = {"submit": time_s, "user": row[6][:10], "cpu": float(row[9]), "mem": float(row[10]),
-                                      "disk": float(row[11] or 0.0)}
-                    order.append(key)
-                elif event == SCHEDULE and key in submitted and "start" not in submitted[key]:
-                    submitted[key]["start"] = time_s
-                elif event in TERMINAL and key in submitted and "start" in submitted[key] and "end" not in submitted[key]:
-                    submitted[key]["end"] = time_s
+                yield number, row
         except (OSError, EOFError, gzip.BadGzipFile) as exc:
             raise ModelError(f"{path}: cannot read ({exc})") from None
-    kept_users: dict[str, None] = {}
-    tasks: list[TaskSpec] = []
-    dropped = 0
-    origin = min((submitted[k]["submit"] for k in order), default=0.0)
-    for key in order:
-        rec = submitted[key]
-        if "end" not in rec or rec["cpu"] + rec["mem"] <= 0:
-            dropped += 1
-            continue
-        if rec["user"] not in kept_users:
-            if users is not None and len(kept_users) >= users:
+
+
+def _time_and_event(path: str, number: int, row: list[str]) -> tuple[float, int]:
+    try:
+        return int(row[0]) / 1e6, int(row[5])
+    except ValueError:
+        raise ModelError(f"{path}:{number}: timestamp and event type must be integers") from None
+
+
+def _task_key(path: str, number: int, row: list[str]) -> int:
+    """(job id, task index) as one integer: a set of them costs a few dozen bytes a task."""
+    try:
+        job, index = int(row[2]), int(row[3])
+    except ValueError:
+        raise ModelError(f"{path}:{number}: job id and task index must be integers") from None
+    if not (0 <= job < 1 << 40 and 0 <= index < 1 << 23):
+        raise ModelError(f"{path}:{number}: job id or task index out of range")
+    return job << 23 | index
+
+
+class GoogleWorkload:
+    """The kept tasks of a task_events part, in submit order, built as they are iterated
+    (iterable again: each pass reads the file again). ``users`` are the kept users in order of
+    first submission; ``len()`` is the number of kept tasks, ``left_out`` the submitted tasks
+    that never ran, never ended inside the part, or asked for nothing."""
+
+    def __init__(self, path: str, limit: int | None = None, users: int | None = None, disk: bool = False) -> None:
+        self.path, self.disk = path, disk
+        lines, durations, user_codes = array("q"), array("d"), array("l")
+        user_names: dict[str, int] = {}
+        seen: set[int] = set()  # tasks submitted so far (a later SUBMIT is a resubmission)
+        running: dict[int, tuple[int, float | None]] = {}  # not ended: (ordinal, start)
+        origin = None
+        for number, row in _rows(path):
+            time_s, event = _time_and_event(path, number, row)
+            key = _task_key(path, number, row)
+            if event == SUBMIT and key not in seen:
+                if not row[9] or not row[10]:
+                    continue  # missing requests (missing-info 2 rows)
+                seen.add(key)
+                origin = time_s if origin is None else min(origin, time_s)
+                asked = float(row[9]) + float(row[10]) > 0
+                running[key] = (len(lines) if asked else -1, None)
+                if asked:
+                    lines.append(number)
+                    durations.append(np.nan)
+                    user_codes.append(user_names.setdefault(row[6][:USER_CHARS], len(user_names)))
+            elif event == SCHEDULE and key in running and running[key][1] is None:
+                running[key] = (running[key][0], time_s)
+            elif event in TERMINAL and key in running and running[key][1] is not None:
+                ordinal, start = running.pop(key)
+                if ordinal >= 0:
+                    durations[ordinal] = max(time_s - start, 0.0)
+        self.origin = origin or 0.0
+        ended = ~np.isnan(np.frombuffer(durations, dtype=np.float64)) if durations else np.zeros(0, bool)
+        codes = np.frombuffer(user_codes, dtype=np.int_) if user_codes else np.zeros(0, np.int_)
+        kept = np.flatnonzero(ended)
+        names = list(user_names)
+        kept_users: dict[int, None] = {}
+        if users is not None:
+            for code in codes[kept]:  # first N users by first kept task
+                if len(kept_users) >= users:
+                    break
+                kept_users.setdefault(int(code), None)
+            kept = kept[np.isin(codes[kept], list(kept_users))]
+        if limit is not None:
+            kept = kept[:limit]
+        first = {}
+        for code in codes[kept]:
+            first.setdefault(int(code), None)
+        self.users = [names[code] for code in first]
+        self.left_out = len(seen) - int(ended.sum())
+        self._lines = np.frombuffer(lines, dtype=np.int64)[kept].copy() if lines else np.zeros(0, np.int64)
+        self._durations = np.frombuffer(durations, dtype=np.float64)[kept].copy() if durations else np.zeros(0)
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+    def __iter__(self) -> Iterator[TaskSpec]:
+        lines, durations, k = self._lines, self._durations, 0
+        if not len(lines):
+            return
+        for number, row in _rows(self.path):
+            if number != lines[k]:
                 continue
-            kept_users[rec["user"]] = None
-        tasks.append(TaskSpec(
-            id=f"{key[0]}-{key[1]}", job=key[0], tenant=rec["user"], submit=round(rec["submit"] - origin, 6),
-            duration=max(rec["end"] - rec["start"], 0.0),
-            demand={"cpu": rec["cpu"], "mem": rec["mem"], **({"disk": rec["disk"]} if disk else {})},
-        ))
-        if limit is not None and len(tasks) >= limit:
-            break
-    tree = TenantTree.from_specs([TenantSpec(u) for u in kept_users])
-    capacity = {"cpu": node_cpu, "mem": node_mem, **({"disk": node_disk} if disk else {})}
-    return Scenario(
-        ResourceSpace(tuple(capacity)), tree, uniform_nodes(nodes, capacity), tasks,
-        name=f"google:{Path(path).name} ({len(tasks)} tasks, {dropped} left out)",
-    )
+            time_s = int(row[0]) / 1e6
+            demand = {"cpu": float(row[9]), "mem": float(row[10])}
+            if self.disk:
+                demand["disk"] = float(row[11] or 0.0)
+            yield TaskSpec(id=f"{row[2]}-{row[3]}", job=row[2], tenant=row[6][:USER_CHARS],
+                           submit=round(time_s - self.origin, 6), duration=float(durations[k]), demand=demand)
+            k += 1
+            if k == len(lines):
+                return
