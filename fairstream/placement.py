@@ -317,6 +317,7 @@ def serve_in_order(
     initial_shares: np.ndarray | None = None,
     cycle: Cycle | None = None,
     only: list[str] | None = None,
+    key_reads_queue: bool = False,
 ) -> list[Decision]:
     """The loop of every flat policy: serve the tenant with the smallest key, one task at a time.
 
@@ -330,6 +331,8 @@ def serve_in_order(
     that earlier stages of the policy began (``initial_shares`` must then reflect its allocation).
     ``only`` limits the pass to these demanding tenants (the others are known to have nothing
     that fits); by default the snapshot's ``candidates``, if the engine computed them.
+    ``key_reads_queue``: the key depends on the tenant's next pending task (FIFO), so a task
+    that cannot be placed changes it.
     """
     cycle = cycle or Cycle(snapshot, policy)
     if only is None and snapshot.candidates is not None:
@@ -347,15 +350,21 @@ def serve_in_order(
     heapq.heapify(heap)
     while heap:
         tenant_key, tenant = heapq.heappop(heap)
-        task = cycle.next_task(tenant)
-        if task is None:
-            continue  # nothing of this tenant fits any more
-        if admit is not None and not admit(cycle, tenant, task):
-            cycle.skip_for(tenant, task)
-        elif cycle.try_place(tenant, task, lambda: reason(cycle, tenant, tenant_key)):
-            if charge is not None:
-                charge(cycle, tenant, task)
-        heapq.heappush(heap, (key(cycle, tenant), tenant))
+        # Until the tenant is served its key stays what it was (keys read allocations and
+        # charges, which only a placement changes), so it stays the smallest: its next task is
+        # tried at once, without a trip through the heap. Not so if the key reads the queue's
+        # head (``key_reads_queue``): then it goes back with its new key.
+        while (task := cycle.next_task(tenant)) is not None:  # None: nothing of it fits any more
+            if admit is not None and not admit(cycle, tenant, task):
+                cycle.skip_for(tenant, task)
+            elif cycle.try_place(tenant, task, lambda: reason(cycle, tenant, tenant_key)):
+                if charge is not None:
+                    charge(cycle, tenant, task)
+                heapq.heappush(heap, (key(cycle, tenant), tenant))
+                break
+            if key_reads_queue:
+                heapq.heappush(heap, (key(cycle, tenant), tenant))
+                break
     return cycle.decisions
 
 

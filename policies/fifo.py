@@ -23,7 +23,7 @@ def _reason(cycle: Cycle, tenant: str, key: tuple) -> str:
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
-    return serve_in_order(snapshot, "fifo", _key, _reason)
+    return serve_in_order(snapshot, "fifo", _key, _reason, key_reads_queue=True)
 
 
 SPEC = PolicySpec("fifo", decide, "first come, first served over all tenants", tenant_local=True)

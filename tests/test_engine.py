@@ -28,6 +28,14 @@ def test_a_lost_nodes_running_tasks_are_requeued_and_nothing_lands_on_it_until_i
     assert sorted(d.task for d in back.decisions) == on_n1 and {d.node for d in back.decisions} == {"n1"}
 
 
+def test_fifo_skips_a_task_that_fits_nowhere_for_the_next_arrival_of_any_tenant():
+    # Arrivals: A's big task (#0, fits no node now), B's small (#1), A's small (#2); room for one.
+    e = engine(tree("A", "B"), "fifo")
+    e.step(0, [node("n1", mem=4), submit("hold", "A", 0, mem=3)])
+    result = e.step(1, [submit("a-big", "A", 1, mem=2), submit("b-small", "B", 1), submit("a-small", "A", 1)])
+    assert [d.task for d in result.decisions if d.kind is DecisionKind.PLACE] == ["b-small"]
+
+
 @pytest.mark.parametrize(
     "event, reason",
     [
