@@ -27,8 +27,10 @@ import numpy as np
 
 from fairstream.jsoncodec import dumps, loads
 from fairstream.model import ModelError
-from fairstream.producers.client import Publisher, ensure_topics
-from fairstream.streams.config import Topics, WorkerConfig
+from fairstream.producers.client import Publisher
+from fairstream.wire.kafka import ensure_topics
+from fairstream.streams.config import WorkerConfig
+from fairstream.wire.topics import Topics
 
 
 def _rss_mb(pid: int) -> float | None:

@@ -166,7 +166,7 @@ def positive_int(text: str) -> int:
 def _replay_events(args) -> int:
     """``simulate --events FILE``: replay a worker's recorded input (one JSON step per line:
     ``{"time", "events"}``) through a fresh engine; writes the decisions it takes."""
-    from fairstream.events import event_from_json
+    from fairstream.wire.events import event_from_json
     from fairstream.policies.base import parse_param_pairs
     from fairstream.streams.app import WorkerConfig
     from fairstream.streams.run import load_scenario_tenants
@@ -287,7 +287,7 @@ def cmd_replay(args) -> int:
     import asyncio
 
     from fairstream.producers.emulator import replay_only
-    from fairstream.streams.processor import Topics
+    from fairstream.wire.topics import Topics
 
     scenario = _workload(args)
     count = asyncio.run(replay_only(scenario, args.cluster, args.broker, Topics().with_prefix(args.topic_prefix), args.speed))
@@ -297,7 +297,7 @@ def cmd_replay(args) -> int:
 
 def cmd_emulate(args) -> int:
     from fairstream.producers.emulator import run
-    from fairstream.streams.processor import Topics
+    from fairstream.wire.topics import Topics
 
     scenario = _workload(args)
     report = run(scenario, args.cluster, args.broker, Topics().with_prefix(args.topic_prefix), args.speed,

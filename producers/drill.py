@@ -32,9 +32,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from fairstream.producers.client import Publisher, ensure_topics, kafka_security
+from fairstream.producers.client import Publisher
+from fairstream.wire.kafka import ensure_topics, kafka_security
 from fairstream.scenario import Scenario, parse_scenario
-from fairstream.streams.config import Topics
+from fairstream.wire.topics import Topics
 
 CLUSTER = "drill"
 

@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from fairstream.producers.client import Publisher, ensure_topics, kafka_security
+from fairstream.producers.client import Publisher
+from fairstream.wire.kafka import ensure_topics, kafka_security
 from fairstream.scenario import Scenario, TaskSpec, spec_of_task
 from fairstream.simulator import _Gates
-from fairstream.streams.processor import Topics
+from fairstream.wire.topics import Topics
 
 log = structlog.get_logger("fairstream.emulator")
 

@@ -18,7 +18,7 @@ from faust.exceptions import ConsumerNotStarted
 
 from fairstream.jsoncodec import dumps
 from fairstream.streams.config import WorkerConfig
-from fairstream.events import MAX_REASON
+from fairstream.wire.events import MAX_REASON
 from fairstream.state.store import StaleLog
 from fairstream.streams.processor import Applied, Incoming, Processor, backoff, waiting_for
 from fairstream.streams.transport import kafka_transport
@@ -120,7 +120,7 @@ class KafkaInputLog:
     async def read(self, ranges: dict[str, tuple[int, int]]):
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
-        from fairstream.producers.client import kafka_security
+        from fairstream.wire.kafka import kafka_security
 
         wanted = {}
         for position, (start, end) in ranges.items():

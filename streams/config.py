@@ -1,6 +1,7 @@
-"""The worker's settings: topic names and ``WorkerConfig``, the one place their defaults are
-written (the command line reads them from here; this module imports nothing heavy, so building
-the command line's parser does not import Faust or the engine)."""
+"""The worker's settings, ``WorkerConfig``: the one place their defaults are written (the
+command line reads them from here; this module imports nothing heavy, so building the command
+line's parser does not import Faust or the engine). Topic names are part of the wire format
+(``fairstream.wire.topics``)."""
 
 from __future__ import annotations
 
@@ -8,35 +9,11 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from fairstream.wire.topics import Topics
+
 if TYPE_CHECKING:
     from fairstream.engine import Engine
     from fairstream.tenants import TenantTree
-
-
-@dataclass(frozen=True)
-class Topics:
-    submitted: str = "tasks.submitted"
-    completed: str = "tasks.completed"
-    heartbeats: str = "nodes.heartbeats"
-    decisions: str = "allocations.decisions"
-    deadletter: str = "events.deadletter"
-
-    def with_prefix(self, prefix: str) -> "Topics":
-        """``prefix.tasks.submitted`` and so on: several deployments on one Kafka."""
-        if not prefix:
-            return self
-        return Topics(*(f"{prefix}.{name}" for name in self.names))
-
-    @property
-    def inputs(self) -> tuple[str, str, str]:
-        """The topics the worker consumes, keyed by cluster id: they must have one partition
-        count, so that a cluster's events of every kind meet in one worker."""
-        return (self.submitted, self.completed, self.heartbeats)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """Every topic the worker reads or writes."""
-        return (*self.inputs, self.decisions, self.deadletter)
 
 
 @dataclass

@@ -37,7 +37,7 @@ import structlog
 
 from fairstream.engine import Engine
 from fairstream.jsoncodec import dumps_text, loads
-from fairstream.events import (
+from fairstream.wire.events import (
     BadElement,
     BadInput,
     DeadLetter,
@@ -50,7 +50,7 @@ from fairstream.events import (
 from fairstream.model import Event, NodeLost, TaskCompleted, TaskSubmitted
 from fairstream.state.engine_snapshot import SnapshotError, decode_engine, encode_engine
 from fairstream.state.store import BatchCommit, ClusterRecord, StaleLog, StateStore, Trim, republishing_order
-from fairstream.streams.config import Topics
+from fairstream.wire.topics import Topics
 
 log = structlog.get_logger("fairstream.worker")
 

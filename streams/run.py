@@ -11,7 +11,7 @@ import structlog
 
 from fairstream.policies.base import parse_param_pairs
 from fairstream.streams.app import WorkerConfig, create_app
-from fairstream.streams.processor import Topics
+from fairstream.wire.topics import Topics
 from fairstream.state.store import RedisStore, redis_client
 
 
@@ -37,7 +37,7 @@ def faust_security() -> dict:
     """Faust broker credentials from the same ``FAIRSTREAM_KAFKA_*`` variables as the clients."""
     import faust
 
-    from fairstream.producers.client import kafka_ssl_context
+    from fairstream.wire.kafka import kafka_ssl_context
 
     env = os.environ
     context = kafka_ssl_context()
@@ -131,7 +131,7 @@ def prepare_topics(config: WorkerConfig, retry_delays: tuple[float, float] = (0.
     from aiokafka.errors import KafkaConnectionError
 
     from fairstream.model import ModelError
-    from fairstream.producers.client import ensure_topics
+    from fairstream.wire.kafka import ensure_topics
     from fairstream.streams.processor import waiting_for
 
     partitions = asyncio.run(waiting_for(lambda: ensure_topics(config.broker, config.topics.names, config.partitions),

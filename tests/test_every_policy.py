@@ -17,7 +17,8 @@ import pytest
 from fairstream.cli import main
 from fairstream.policies import REGISTRY
 from fairstream.state.store import MemoryStore
-from fairstream.streams.config import Topics, WorkerConfig
+from fairstream.streams.config import WorkerConfig
+from fairstream.wire.topics import Topics
 from fairstream.streams.processor import Incoming, Processor
 
 ROOT = Path(__file__).resolve().parents[1]

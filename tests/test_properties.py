@@ -221,7 +221,7 @@ def test_no_input_escapes_the_decoder_and_what_it_accepts_can_be_written_back(me
 
     import orjson
 
-    from fairstream.events import MAX_NUMBER, BadElement, BadInput, decode_message, event_to_json
+    from fairstream.wire.events import MAX_NUMBER, BadElement, BadInput, decode_message, event_to_json
 
     kind, raw = message
     try:
@@ -248,7 +248,8 @@ def test_any_message_among_valid_traffic_leaves_the_worker_deciding(message):
     import json
 
     from fairstream.state.store import MemoryStore
-    from fairstream.streams.config import Topics, WorkerConfig
+    from fairstream.streams.config import WorkerConfig
+    from fairstream.wire.topics import Topics
     from fairstream.streams.processor import Incoming, Processor
 
     kind, raw = message
@@ -280,7 +281,7 @@ def test_any_message_among_valid_traffic_leaves_the_worker_deciding(message):
 def test_a_dead_letter_carries_exactly_its_elements_own_json(elements, spaces):
     import json
 
-    from fairstream.events import element_bytes
+    from fairstream.wire.events import element_bytes
 
     raw = (spaces + "[" + spaces + ("," + spaces).join(json.dumps(e) + spaces for e in elements) + "]" + spaces).encode()
     for index, element in enumerate(elements):

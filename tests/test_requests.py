@@ -125,7 +125,8 @@ def test_a_request_of_100000_tasks_costs_the_worker_memory_for_its_running_tasks
 
     from fairstream.state.store import MemoryStore
     from fairstream.streams.app import WorkerConfig
-    from fairstream.streams.processor import Incoming, Processor, Topics
+    from fairstream.streams.processor import Incoming, Processor
+    from fairstream.wire.topics import Topics
 
     async def publish(topic, key, message):
         pass

@@ -392,7 +392,7 @@ def test_python_dash_m_fairstream_is_the_command_line():
 
 
 def test_the_worker_keeps_event_times_to_the_microsecond_as_the_simulator_does():
-    from fairstream.events import decode_message
+    from fairstream.wire.events import decode_message
 
     [decoded] = decode_message("completed", b'{"cluster": "c", "task": "t", "time": 1.1400000000000001}', 65536)
     assert decoded.event.time == 1.14

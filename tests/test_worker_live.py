@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fairstream.producers.client import Publisher, read_topic
-from fairstream.streams.processor import Topics
+from fairstream.wire.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[1]
 BROKER = "127.0.0.1:9092"
@@ -231,7 +231,7 @@ def test_sigterm_stops_a_worker_within_seconds_while_its_redis_is_down_and_a_bat
 
 
 def test_the_worker_leaves_existing_topics_as_they_are_and_refuses_input_topics_of_different_partition_counts(tmp_path):
-    from fairstream.producers.client import ensure_topics
+    from fairstream.wire.kafka import ensure_topics
 
     app_id = f"t{uuid.uuid4().hex[:8]}"
     topics = Topics().with_prefix(app_id)
@@ -372,7 +372,7 @@ def test_the_input_log_reads_ranges_of_the_input_topics_again_and_says_what_rete
     from aiokafka import TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 
-    from fairstream.producers.client import ensure_topics
+    from fairstream.wire.kafka import ensure_topics
     from fairstream.streams.app import KafkaInputLog
     from fairstream.streams.config import WorkerConfig
 

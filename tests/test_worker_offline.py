@@ -13,7 +13,8 @@ import pytest
 
 from fairstream.state.store import MemoryStore
 from fairstream.streams.app import WorkerConfig, create_app
-from fairstream.streams.processor import Incoming, Processor, Topics
+from fairstream.streams.processor import Incoming, Processor
+from fairstream.wire.topics import Topics
 
 TOPIC = {"submitted": "tasks.submitted", "completed": "tasks.completed", "heartbeat": "nodes.heartbeats"}
 
@@ -456,7 +457,7 @@ def test_a_snapshot_is_taken_when_the_log_since_the_last_outweighs_the_state(eve
 
 
 def test_log_retention_keeps_between_r_and_1_25_r_of_log_and_the_kept_log_replays_from_its_base():
-    from fairstream.events import event_from_json
+    from fairstream.wire.events import event_from_json
     from fairstream.state.engine_snapshot import decode_engine
 
     store, wire, retention = MemoryStore(), Wire(), 20.0

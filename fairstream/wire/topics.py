@@ -1,0 +1,31 @@
+"""The topics of one deployment: three inputs keyed by cluster id, decisions, dead letters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Topics:
+    submitted: str = "tasks.submitted"
+    completed: str = "tasks.completed"
+    heartbeats: str = "nodes.heartbeats"
+    decisions: str = "allocations.decisions"
+    deadletter: str = "events.deadletter"
+
+    def with_prefix(self, prefix: str) -> "Topics":
+        """``prefix.tasks.submitted`` and so on: several deployments on one Kafka."""
+        if not prefix:
+            return self
+        return Topics(*(f"{prefix}.{name}" for name in self.names))
+
+    @property
+    def inputs(self) -> tuple[str, str, str]:
+        """The topics the worker consumes, keyed by cluster id: they must have one partition
+        count, so that a cluster's events of every kind meet in one worker."""
+        return (self.submitted, self.completed, self.heartbeats)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every topic the worker reads or writes."""
+        return (*self.inputs, self.decisions, self.deadletter)
