@@ -166,9 +166,9 @@ def positive_int(text: str) -> int:
 def _replay_events(args) -> int:
     """``simulate --events FILE``: replay a worker's recorded input (one JSON step per line:
     ``{"time", "events"}``) through a fresh engine; writes the decisions it takes."""
-    from fairstream.wire.events import event_from_json
     from fairstream.policies.base import parse_param_pairs
     from fairstream.streams.app import WorkerConfig
+    from fairstream.wire.log import replay
     from fairstream.streams.run import load_scenario_tenants
 
     # The engine the worker builds from the same options (equivalence depends on it), or the
@@ -196,20 +196,26 @@ def _replay_events(args) -> int:
         handle = open(args.events)
     except OSError as exc:
         raise ModelError(f"--events {args.events}: cannot read ({exc.strerror})") from None
+    line = 0
+
+    def recorded_steps():
+        nonlocal line
+        for line, text in enumerate(handle, 1):
+            if text.strip():
+                try:
+                    yield json.loads(text)
+                except ValueError as exc:
+                    raise ModelError(f"not a recorded step ({exc})") from None
+
+    cluster = {"cluster": args.cluster} if args.cluster else {}
     with handle, open(out / "decisions.jsonl", "w") as written:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                step = json.loads(line)
-                events = [event_from_json(e) for e in step["events"]]
-                time = float(step["time"])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ModelError(f"{args.events}:{number}: not a recorded step ({exc})") from None
-            for decision in engine.step(time, events).decisions:
-                cluster = {"cluster": args.cluster} if args.cluster else {}
-                written.write(json.dumps({**cluster, **decision.to_json()}, separators=(",", ":")) + "\n")
-                decisions += 1
+        try:
+            for result in replay(engine, recorded_steps()):
+                for decision in result.decisions:
+                    written.write(json.dumps({**cluster, **decision.to_json()}, separators=(",", ":")) + "\n")
+                    decisions += 1
+        except ModelError as exc:
+            raise ModelError(f"{args.events}:{line}: {exc}") from None
     from fairstream.streams.processor import views
 
     # The same per-tenant accumulated usage view the worker keeps in Redis, for comparison.

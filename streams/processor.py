@@ -44,12 +44,12 @@ from fairstream.wire.events import (
     decision_message,
     decode_message,
     element_bytes,
-    event_from_json,
-    event_to_json,
 )
 from fairstream.model import Event, NodeLost, TaskCompleted, TaskSubmitted
 from fairstream.state.engine_snapshot import SnapshotError, decode_engine, encode_engine
 from fairstream.state.store import BatchCommit, ClusterRecord, StaleLog, StateStore, Trim, republishing_order
+from fairstream.wire.log import events_in, log_step
+from fairstream.wire.log import replay as replay_log
 from fairstream.wire.topics import Topics
 
 log = structlog.get_logger("fairstream.worker")
@@ -281,11 +281,11 @@ class Processor:
         else:
             record = await self.store.load(cluster)
             engine, snapshot_steps, replay = await self._starting_point(cluster, record)
-            for step in replay:
-                engine.step(step["time"], [event_from_json(e) for e in step["events"]])
+            for _ in replay_log(engine, replay):
+                pass
             self.engines[cluster] = engine
             self.steps_taken[cluster] = self.steps_at_snapshot[cluster] = snapshot_steps + len(replay)
-            self.events_since_snapshot[cluster] = _events_in(replay)
+            self.events_since_snapshot[cluster] = events_in(replay)
             self.time_at_snapshot[cluster] = engine.time or 0.0
             self.log_base[cluster] = record.log_base
             self.checkpoints[cluster] = list(record.checkpoints)
@@ -519,7 +519,7 @@ class Processor:
                                           self.written_quanta.setdefault(cluster, {}))
             commit.views[cluster]["clock"] = {"time": dumps_text(engine.time), "produced": dumps_text(self.produced[cluster])}
             self.steps_taken[cluster] += len(steps)
-            self.events_since_snapshot[cluster] += _events_in(steps)
+            self.events_since_snapshot[cluster] += events_in(steps)
             self._land_snapshot(cluster, commit)
             if cluster not in self.snapshotting and self._snapshot_due(cluster, engine):
                 steps_now, time_now = self.steps_taken[cluster], engine.time or 0.0
@@ -590,7 +590,7 @@ class Processor:
             lost = self._silent_nodes(engine, group_time)
             step_events = lost + events
             result = engine.step(group_time, step_events)
-            steps.append({"time": group_time, "events": [event_to_json(e) for e in step_events]})
+            steps.append(log_step(group_time, step_events))
             decisions.extend(result.decisions)
             touched.update(d.tenant for d in result.decisions)
             touched.update(t.tenant for t in result.finished)
@@ -688,10 +688,6 @@ def _first_time(message: Incoming, max_bytes: int) -> float:
     except BadInput:
         return -math.inf
     return min((item.event.time for item in items if item.__class__ is not BadElement), default=-math.inf)
-
-
-def _events_in(steps: list[dict]) -> int:
-    return sum(len(step["events"]) for step in steps)
 
 
 def backoff(first: float, longest: float):

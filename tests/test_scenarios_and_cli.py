@@ -100,6 +100,19 @@ def test_a_replay_from_a_file_that_is_not_an_engine_snapshot_is_one_line(tmp_pat
     assert "not an engine snapshot" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("line, message", [
+    pytest.param("not json", "not a recorded step", id="a line that is not JSON"),
+    pytest.param('{"time": 1}', "not a recorded step (KeyError", id="a step without events"),
+    pytest.param('{"time": 1, "events": [{"type": "teleport"}]}', "unknown event type", id="an unknown event type"),
+])
+def test_a_bad_line_of_a_recorded_log_is_one_line_that_names_it(tmp_path, capsys, line, message):
+    steps = tmp_path / "steps.jsonl"
+    steps.write_text('{"time": 0, "events": []}\n\n' + line + "\n")
+    assert main(["simulate", "--events", str(steps), "--policy", "drf", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "steps.jsonl:3: " in err and message in err and err.count("\n") == 1
+
+
 def test_a_log_retention_of_zero_seconds_is_refused_before_anything_connects(capsys):
     with pytest.raises(SystemExit) as stop:
         main(["worker", "--policy", "drf", "--log-retention", "0"])

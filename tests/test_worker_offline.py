@@ -457,8 +457,8 @@ def test_a_snapshot_is_taken_when_the_log_since_the_last_outweighs_the_state(eve
 
 
 def test_log_retention_keeps_between_r_and_1_25_r_of_log_and_the_kept_log_replays_from_its_base():
-    from fairstream.wire.events import event_from_json
     from fairstream.state.engine_snapshot import decode_engine
+    from fairstream.wire.log import replay
 
     store, wire, retention = MemoryStore(), Wire(), 20.0
 
@@ -480,8 +480,7 @@ def test_log_retention_keeps_between_r_and_1_25_r_of_log_and_the_kept_log_replay
     assert len(record.checkpoints) <= 6
     # Replaying the kept log from its base gives exactly the decisions the worker took since.
     engine = decode_engine(kept.base_snapshot)
-    replayed = [d.to_json() for step in kept.steps
-                for d in engine.step(step["time"], [event_from_json(e) for e in step["events"]]).decisions]
+    replayed = [d.to_json() for result in replay(engine, kept.steps) for d in result.decisions]
     emitted = [{k: v for k, v in d.items() if k != "cluster"} for d in wire.decisions() if d["time"] >= first_kept]
     assert replayed == emitted and replayed
     # And a restarted worker resumes from the trimmed store with the same accumulated usage.
@@ -1132,7 +1131,7 @@ def test_a_batch_whose_commit_fails_is_tried_again_and_applied_once():
 
 
 def test_outputs_whose_publishing_fails_are_sent_again_before_their_input_is_acknowledged():
-    store, acked = MemoryStore(), []
+    store = MemoryStore()
 
     class FlakyWire(Wire):
         failed = False
