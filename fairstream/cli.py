@@ -216,7 +216,7 @@ def _replay_events(args) -> int:
                     decisions += 1
         except ModelError as exc:
             raise ModelError(f"{args.events}:{line}: {exc}") from None
-    from fairstream.streams.processor import views
+    from fairstream.streams.views import views
 
     # The same per-tenant accumulated usage view the worker keeps in Redis, for comparison.
     usage = {name: {k: json.loads(v) for k, v in fields.items()} for name, fields in views(engine).items()

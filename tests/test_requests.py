@@ -142,7 +142,7 @@ def test_a_request_of_100000_tasks_costs_the_worker_memory_for_its_running_tasks
             body = {"cluster": "c1", "task": "big", "tenant": "A", "demand": {"cpu": 1, "mem": 4}, "time": 1, "count": 100_000}
             await p.handle([Incoming("submitted", json.dumps(body).encode(), "tasks.submitted", 0, 0, 0.0, None)])
             gc.collect()
-            return tracemalloc.get_traced_memory(), p.engines["c1"]
+            return tracemalloc.get_traced_memory(), p.sessions["c1"].engine
         finally:
             tracemalloc.stop()
 

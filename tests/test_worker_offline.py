@@ -164,7 +164,7 @@ def test_an_event_far_behind_the_clock_is_a_dead_letter_only_when_its_producer_s
         await p.handle([wire.msg("heartbeat", heartbeat(time=100, cpu=1, mem=1), produced=10.0),
                         wire.msg("submitted", task("waiting", time=100, cpu=1, mem=1), produced=10.0)])
         await p.handle([wire.msg(kind, body, produced=produced)])
-        return p.engines["c1"]
+        return p.sessions["c1"].engine
 
     engine = run(scenario())
     dead = wire.dead()
@@ -199,7 +199,7 @@ def test_an_event_far_ahead_of_the_clock_cannot_move_it(kind, body, produced, re
         p = processor(wire=wire, max_lateness=0.5, step_window=0.0, node_timeout=60.0)
         await p.handle([wire.msg("heartbeat", heartbeat(time=100), produced=10.0)])
         await p.handle([wire.msg(kind, body, produced=produced)])
-        clock = p.engines["c1"].time
+        clock = p.sessions["c1"].engine.time
         await p.handle([wire.msg("heartbeat", heartbeat(time=clock + 1), produced=produced + 1),
                         wire.msg("submitted", task("next", time=clock + 1), produced=produced + 1)])
         return clock
@@ -291,7 +291,7 @@ def test_at_most_max_engines_stay_in_memory_and_an_evicted_cluster_recovers_from
         cached = []
         for batch in batches(wire):
             await p.handle(batch)
-            cached.append(len(p.engines))
+            cached.append(len(p.sessions))
         return cached
 
     capped, unbounded = Wire(), Wire()
@@ -329,7 +329,7 @@ def test_a_request_with_a_count_is_one_message_and_its_placements_one_decision_p
     assert first[0]["id"] == "place:j1-m-0*4@1.0>n1"
     # Each task completes by its own id; the freed slots take the request's next two tasks.
     assert [(d["task"], d["node"], d.get("count", 1)) for d in second] == [("j1-m-8", "n1", 1), ("j1-m-9", "n2", 1)]
-    engine = p.engines["c1"]
+    engine = p.sessions["c1"].engine
     assert engine.pending["A"].count == 100_000 - 10 and len(engine.tasks) == 8  # pending: one entry
     assert p.metrics.decisions.labels("place")._value.get() == 10  # the metric counts tasks
     assert wire.dead() == []
@@ -413,14 +413,14 @@ def test_a_restarted_worker_resumes_from_the_store_with_the_same_accumulated_usa
         for t in range(1, 6):
             await p.handle([wire.msg("submitted", task(f"a{t}", "A", t)), wire.msg("submitted", task(f"b{t}", "B", t))])
             await p.handle([wire.msg("completed", done(f"a{t}", t + 0.5)), wire.msg("completed", done(f"b{t}", t + 0.5))])
-        return p.engines["c1"].accounting.usage_key(0, 6.0), await store.view("c1", "usage:0")
+        return p.sessions["c1"].engine.accounting.usage_key(0, 6.0), await store.view("c1", "usage:0")
 
     before, view = run(first_life())
 
     async def second_life():
         p = processor(store, wire, snapshot_every=2)
         await p.start()
-        engine = await p.engine("c1")
+        engine = (await p.session("c1")).engine
         return engine.accounting.usage_key(0, 6.0)
 
     assert run(second_life()) == pytest.approx(before)
@@ -468,7 +468,7 @@ def test_log_retention_keeps_between_r_and_1_25_r_of_log_and_the_kept_log_replay
         for t in range(1, 100):  # one step per second of event time
             await p.handle([wire.msg("submitted", task(f"a{t}", "A", t)), wire.msg("completed", done(f"a{t - 1}", t))]
                            if t > 1 else [wire.msg("submitted", task("a1", "A", 1))])
-        return p.engines["c1"].accounting.usage_key(0, 99.0)
+        return p.sessions["c1"].engine.accounting.usage_key(0, 99.0)
 
     usage = run(first_life())
     kept = run(store.full_log("c1"))
@@ -488,7 +488,7 @@ def test_log_retention_keeps_between_r_and_1_25_r_of_log_and_the_kept_log_replay
     async def second_life():
         p = processor(store, wire, snapshot_every=1, log_retention=retention)
         await p.start()
-        return (await p.engine("c1")).accounting.usage_key(0, 99.0)
+        return (await p.session("c1")).engine.accounting.usage_key(0, 99.0)
 
     assert run(second_life()) == pytest.approx(usage)
 
@@ -617,7 +617,7 @@ def test_after_a_rebalance_the_worker_reloads_clusters_from_the_store():
         await other.handle([wire.msg("submitted", task("t2", time=1))])
         await p.forget()  # partitions revoked from the first worker...
         await p.handle([wire.msg("submitted", task("t3", time=2))])  # ...and assigned back
-        return sorted((await p.engine("c1")).tasks)
+        return sorted((await p.session("c1")).engine.tasks)
 
     assert run(scenario()) == ["t1", "t2", "t3"]
     assert [d["task"] for d in wire.decisions()] == ["t1", "t2", "t3"]
@@ -674,7 +674,7 @@ def test_a_failed_commit_leaves_nothing_half_applied_and_the_redelivery_is_appli
         with pytest.raises(ConnectionError):
             await p.handle(batch)
         await p.handle(batch)  # Kafka delivers the uncommitted message again
-        return sorted((await p.engine("c1")).tasks)
+        return sorted((await p.session("c1")).engine.tasks)
 
     assert run(scenario()) == ["t1", "t2"]
     assert [d["task"] for d in wire.decisions()] == ["t1", "t2"] and wire.dead() == []
@@ -715,7 +715,7 @@ def test_a_worker_that_lost_its_cluster_to_another_cannot_append_to_the_log_and_
         with pytest.raises(StaleLog):  # old still thinks the log ends at its step 1
             await old.handle(inputs[1:])
         await old.handle(inputs[1:])  # tried again (GroupCommit does): skips t1, t2; applies t3
-        return await store.full_log("c1"), old.engines["c1"]
+        return await store.full_log("c1"), old.sessions["c1"].engine
 
     log, engine = run(scenario())
     assert [step["time"] for step in log.steps] == [0, 1, 2, 3]  # heartbeat, t1, t2 (new), t3 (old): once each
@@ -833,7 +833,7 @@ def test_what_the_store_lost_is_read_again_from_kafka_and_every_task_is_done_onc
     assert ranges == {**({} if restore == "older" else {"nodes.heartbeats:0": (0, 1)}),
                       "tasks.submitted:0": (start, 20), "tasks.completed:0": (start, 20)}
     assert p.metrics.read_again._value.get() == sum(end - start for start, end in ranges.values())
-    engine = p.engines["c1"]
+    engine = p.sessions["c1"].engine
     assert engine.tasks == {} and len(engine.finished_ids) == 30 and not engine.used.any()
 
 
@@ -881,7 +881,7 @@ def test_a_batch_that_waited_for_the_lock_while_the_store_lost_writes_is_applied
 
     p = run(scenario())
     assert wire.dead() == []
-    engine = p.engines["c1"]
+    engine = p.sessions["c1"].engine
     assert sorted(engine.tasks) == ["t1", "t2", "t3"] and list(engine.finished_ids) == ["t0"]
     assert kafka.ranges_read == [{"nodes.heartbeats:0": (0, 1), "tasks.submitted:0": (0, 3)}]
 
@@ -946,7 +946,7 @@ def test_the_multi_resource_policies_run_in_the_worker_and_survive_a_restart(pol
     async def restarted():
         p = Processor(store, config.make_engine, wire.publish, Topics(), snapshot_every=1)
         await p.start()
-        return await p.engine("c1")
+        return (await p.session("c1")).engine
 
     engine = run(restarted())  # from the snapshot: the policy is found again by name
     assert engine.policy == policy
@@ -1180,14 +1180,14 @@ def test_a_snapshot_encoded_in_a_child_lands_in_a_later_commit_and_recovers_the_
                       log_retention=log_retention)
         for kind, body in plan[:3]:
             await p.handle([wire.msg(kind, body)])
-        assert (await store.load("c1")).snapshot is None and "c1" in p.snapshotting
-        await p.snapshotting["c1"].blob  # the child is done
+        assert (await store.load("c1")).snapshot is None and p.sessions["c1"].snapshotting is not None
+        await p.sessions["c1"].snapshotting.blob  # the child is done
         for kind, body in plan[3:5]:
             await p.handle([wire.msg(kind, body)])
         landed = await store.load("c1")
         for kind, body in plan[5:]:
             await p.handle([wire.msg(kind, body)])
-        return landed, fingerprint(p.engines["c1"])
+        return landed, fingerprint(p.sessions["c1"].engine)
 
     landed, engine_before = run(first_life())
     assert landed.snapshot_steps == 3 and len(landed.log) == 2  # steps 4 and 5 replay after it
@@ -1196,7 +1196,7 @@ def test_a_snapshot_encoded_in_a_child_lands_in_a_later_commit_and_recovers_the_
     async def second_life():
         p = processor(store, wire)
         await p.start()
-        return fingerprint(await p.engine("c1"))
+        return fingerprint((await p.session("c1")).engine)
 
     assert run(second_life()) == engine_before
 
@@ -1221,7 +1221,7 @@ def test_a_snapshot_that_cannot_be_read_is_not_trusted_and_the_engine_is_rebuilt
         p = processor(store, wire, snapshot_every=2, snapshot_ratio=0.0, log_retention=retention)
         for kind, body in plan:
             await p.handle([wire.msg(kind, body)])
-        return fingerprint(p.engines["c1"])
+        return fingerprint(p.sessions["c1"].engine)
 
     before = run(first_life())
     assert store._snapshots["c1"][1] > 0 and (retention == float("inf")) == (store._log_base.get("c1", 0) == 0)
@@ -1233,12 +1233,12 @@ def test_a_snapshot_that_cannot_be_read_is_not_trusted_and_the_engine_is_rebuilt
     async def second_life():
         p = processor(store, wire, log_retention=retention)
         await p.handle([wire.msg("submitted", task("late", time=20)), wire.msg("heartbeat", heartbeat(cluster="c2"))])
-        engine = p.engines.get("c1")
+        engine = p.sessions["c1"].engine if "c1" in p.sessions else None
         return p, (fingerprint(engine) if engine else None)
 
     p, after = run(second_life())
     assert p.metrics.snapshots_unreadable._value.get() == (1 if recovered else 2)
-    assert "c2" in p.engines  # other clusters go on
+    assert "c2" in p.sessions  # other clusters go on
     if recovered:
         assert after[1][-1] == ("late", "RUNNING", "n1") and after[2] == before[2]  # the finished ids as before
         assert [d["task"] for d in wire.decisions()][-1] == "late"
@@ -1324,26 +1324,26 @@ def test_views_are_written_for_what_a_batch_changed_only():
 
 
 def test_a_snapshot_child_that_fails_loses_nothing_and_the_next_snapshot_is_taken(monkeypatch):
-    import fairstream.streams.processor as processor_module
+    import fairstream.streams.snapshots as snapshots_module
 
     store, wire = MemoryStore(), Wire()
-    real_encoder = processor_module._encoded
+    real_encoder = snapshots_module.encoded
 
     def fail(engine):  # runs in the child: it exits with code 1
         raise MemoryError("the child ran out of memory")
 
     async def scenario():
         p = processor(store, wire, snapshot_every=2, snapshot_ratio=0.0, background_snapshots=True)
-        monkeypatch.setattr(processor_module, "_encoded", fail)
+        monkeypatch.setattr(snapshots_module, "encoded", fail)
         await p.handle([wire.msg("heartbeat", heartbeat(cpu=8, mem=8))])
         await p.handle([wire.msg("submitted", task("t0", time=1))])  # due: forked, fails
         with pytest.raises(RuntimeError, match="exited with code 1"):
-            await p.snapshotting["c1"].blob
-        monkeypatch.setattr(processor_module, "_encoded", real_encoder)
+            await p.sessions["c1"].snapshotting.blob
+        monkeypatch.setattr(snapshots_module, "encoded", real_encoder)
         for k in range(1, 4):
             await p.handle([wire.msg("submitted", task(f"t{k}", time=1 + k))])
-            if "c1" in p.snapshotting:
-                await p.snapshotting["c1"].blob
+            if p.sessions["c1"].snapshotting is not None:
+                await p.sessions["c1"].snapshotting.blob
         await p.handle([wire.msg("submitted", task("t4", time=5))])
         return await store.load("c1")
 
@@ -1384,7 +1384,7 @@ def test_a_message_whose_application_keeps_failing_is_dead_lettered_as_an_intern
     assert dead["reason"] == "internal error: OverflowError: int too large to convert to float"
     assert json.loads(dead["original"])["task"] == "boom" and acked == [0, 1, 2]
     assert p.metrics.internal_errors.labels("tasks.submitted")._value.get() == 1
-    assert sorted(run(p.engine("c1")).tasks) == ["t1", "t2"]
+    assert sorted(run(p.session("c1")).engine.tasks) == ["t1", "t2"]
 
 
 def test_waiting_for_a_service_retries_what_it_is_told_to_and_nothing_else():
