@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from fairstream.model import ModelError
+from fairstream.core.model import ModelError
 
 
 def _trace_options(args) -> dict:
@@ -24,8 +24,8 @@ def _trace_options(args) -> dict:
 
 
 def _scenario_from_args(args):
-    from fairstream.scenario import load_scenario
-    from fairstream.traces import load_trace
+    from fairstream.sim.scenario import load_scenario
+    from fairstream.sim.traces import load_trace
 
     if args.trace:
         if args.format is None:
@@ -50,7 +50,7 @@ DEFAULT_GOOGLE = (Path(__file__).resolve().parents[1].parent / "shared" / "trace
 def run_theory(scenario, result) -> dict:
     """QKnobler's theta (Theorem 1) and sharing-incentive knob (Theorem 2) for this scenario, at
     the run's rho for qknobler, else at a few knob values; with the run's measured soft fairness."""
-    from fairstream.explain import knob_theory
+    from fairstream.lab.explain import knob_theory
 
     rhos = [result.params["rho"]] if result.policy == "qknobler" else DEFAULT_KNOBS
     theory = knob_theory(scenario, rhos)
@@ -67,7 +67,7 @@ def _floats(text: str, option: str) -> list[float]:
 
 def cmd_sweep(args) -> int:
     """Policies and knob values over the macro-benchmark or the Google sample: table and plots."""
-    from fairstream.sweep import sweep
+    from fairstream.lab.sweep import sweep
 
     knobs = _floats(args.knobs, "--knobs")
     if any(not 0 <= k <= 1 for k in knobs) or 1.0 not in knobs:
@@ -87,7 +87,7 @@ def cmd_sweep(args) -> int:
 
 def cmd_train_flex(args) -> int:
     """Simulate labelled workloads, train FLEX's decision trees, write the model and a report."""
-    from fairstream.flex_train import train
+    from fairstream.lab.flex_train import train
 
     report = train(Path(args.out), workloads=args.workloads, seed=args.seed, grid=args.grid, workers=args.workers,
                    progress=args.progress, held_out=args.evaluate,
@@ -102,7 +102,7 @@ def cmd_train_flex(args) -> int:
 
 def cmd_explain(args) -> int:
     """Print QKnobler's theory numbers for a scenario (JSON)."""
-    from fairstream.explain import knob_theory
+    from fairstream.lab.explain import knob_theory
 
     scenario = _scenario_from_args(args)
     print(json.dumps(knob_theory(scenario, args.rho or DEFAULT_KNOBS), indent=1))
@@ -110,9 +110,9 @@ def cmd_explain(args) -> int:
 
 
 def cmd_simulate(args) -> int:
-    from fairstream.output import DecisionWriter, write_run
+    from fairstream.sim.output import DecisionWriter, write_run
     from fairstream.policies.base import parse_param_pairs
-    from fairstream.simulator import Simulator
+    from fairstream.sim.simulator import Simulator
 
     if args.events:
         return _replay_events(args)
@@ -281,8 +281,8 @@ def cmd_export_log(args) -> int:
 
 
 def _workload(args):
-    from fairstream.scenario import load_scenario
-    from fairstream.traces import load_trace
+    from fairstream.sim.scenario import load_scenario
+    from fairstream.sim.traces import load_trace
 
     if args.format == "scenario":
         return load_scenario(args.trace)
@@ -333,7 +333,7 @@ def cmd_drill(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from fairstream.demo import run_demo
+    from fairstream.sim.demo import run_demo
 
     return run_demo(Path(args.out), seed=args.seed, scale=args.scale, progress=args.progress)
 
@@ -350,7 +350,7 @@ def cmd_policies(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from fairstream.traces.macro import macro_benchmark
+    from fairstream.sim.traces.macro import macro_benchmark
 
     weights = tuple(float(w) for w in args.weights.split(":"))
     scenario = macro_benchmark(seed=args.seed, weights=weights, scale=args.scale, memory_only=args.memory_only)
@@ -364,7 +364,7 @@ def cmd_generate(args) -> int:
 
 def cmd_bench(args) -> int:
     if args.target == "stream":
-        from fairstream.bench_stream import bench_stream
+        from fairstream.streams.bench import bench_stream
 
         print(json.dumps(bench_stream(rate=args.rate, duration=args.duration, nodes=args.stream_nodes,
                                       tenants=args.stream_tenants, retention=args.retention,
@@ -372,18 +372,18 @@ def cmd_bench(args) -> int:
                                       send_interval=args.send_interval)))
         return 0
     if args.target == "e2e":
-        from fairstream.bench import bench_e2e
+        from fairstream.lab.bench import bench_e2e
 
         policies = args.policies.split(",")
         print(json.dumps(bench_e2e(policies, durations=args.durations, time_check=not args.no_time_check)))
         return 0
     if args.target == "day":
-        from fairstream.bench import bench_day
+        from fairstream.lab.bench import bench_day
 
         print(json.dumps(bench_day(args.policies.split(","), scale=args.scale, nodes=args.day_nodes,
                                    progress=args.progress, hours=args.hours)))
         return 0
-    from fairstream.bench import bench_engine
+    from fairstream.lab.bench import bench_engine
 
     result = bench_engine(
         tenants=args.tenants, nodes=args.nodes, pending=args.pending, policies=[p for p in args.policies.split(",") if p],

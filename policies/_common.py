@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 
-from fairstream.fairness import marginal_counted, normalised_usage
-from fairstream.model import ModelError, Task
-from fairstream.placement import Cycle
-from fairstream.snapshot import Snapshot
+from fairstream.core.fairness import marginal_counted, normalised_usage
+from fairstream.core.model import ModelError, Task
+from fairstream.core.placement import Cycle
+from fairstream.core.snapshot import Snapshot
 from fairstream.policies.base import Param, parse_choice, parse_float, parse_name
 
 

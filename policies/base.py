@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from fairstream.model import Decision, ModelError
-from fairstream.snapshot import Snapshot
+from fairstream.core.model import Decision, ModelError
+from fairstream.core.snapshot import Snapshot
 
 
 def parse_float(text: str) -> float:

@@ -15,10 +15,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from fairstream.fairness import dominant_share, fair_key
-from fairstream.model import Decision
-from fairstream.placement import Cycle, leaf_arrival, serve_in_order
-from fairstream.snapshot import Snapshot
+from fairstream.core.fairness import dominant_share, fair_key
+from fairstream.core.model import Decision
+from fairstream.core.placement import Cycle, leaf_arrival, serve_in_order
+from fairstream.core.snapshot import Snapshot
 from fairstream.policies.base import PolicySpec
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fairstream.model import Decision
-from fairstream.snapshot import Snapshot
+from fairstream.core.model import Decision
+from fairstream.core.snapshot import Snapshot
 from fairstream.policies.base import PolicySpec
 from fairstream.policies.drf import dominant_share_pass
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fairstream.fairness import fair_key, resource_share, resource_shares
-from fairstream.model import Decision
-from fairstream.placement import Cycle, leaf_arrival, serve_in_order
-from fairstream.snapshot import Snapshot
+from fairstream.core.fairness import fair_key, resource_share, resource_shares
+from fairstream.core.model import Decision
+from fairstream.core.placement import Cycle, leaf_arrival, serve_in_order
+from fairstream.core.snapshot import Snapshot
 from fairstream.policies._common import RESOURCE_PARAM, resource_index
 from fairstream.policies.base import PolicySpec
 

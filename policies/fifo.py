@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fairstream.model import Decision
-from fairstream.placement import Cycle, serve_in_order
-from fairstream.snapshot import Snapshot
+from fairstream.core.model import Decision
+from fairstream.core.placement import Cycle, serve_in_order
+from fairstream.core.snapshot import Snapshot
 from fairstream.policies.base import PolicySpec
 
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fairstream.flex import DEFAULT_MODEL, FlexModel, complementary_degree, load_model
-from fairstream.model import Decision, ModelError
-from fairstream.snapshot import Snapshot
+from fairstream.core.flex import DEFAULT_MODEL, FlexModel, complementary_degree, load_model
+from fairstream.core.model import Decision, ModelError
+from fairstream.core.snapshot import Snapshot
 from fairstream.policies import drf, fair, fifo, perf
 from fairstream.policies._common import _non_negative
 from fairstream.policies.base import Param, PolicySpec

@@ -21,10 +21,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from fairstream.fairness import fair_key, normalised_usage
-from fairstream.model import ROOT, Decision
-from fairstream.placement import Cycle
-from fairstream.snapshot import Snapshot
+from fairstream.core.fairness import fair_key, normalised_usage
+from fairstream.core.model import ROOT, Decision
+from fairstream.core.placement import Cycle
+from fairstream.core.snapshot import Snapshot
 from fairstream.policies._common import LONG_TERM_PARAMS, LongTermUsage, _non_negative, resource_index
 from fairstream.policies.base import Param, PolicySpec
 

@@ -3,7 +3,7 @@
 The demanding tenant with the smallest weighted accumulated usage ``f_i / w_i`` (formula 11)
 gets the next task, and its usage grows by the task's assumed cost right away (Algorithm 1,
 line 10), so a pass hands out tasks the way the paper's loop does. Accumulated usage comes from
-the engine's accounting (``fairstream.accounting``): time quantum, adaptive quanta, rounds,
+the engine's accounting (``fairstream.core.accounting``): time quantum, adaptive quanta, rounds,
 pseudo accumulated resources and discount are all parameters.
 
 ``resource=mem`` (default) is the paper's single-resource mode; ``resource=dominant`` counts
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fairstream.fairness import fair_key, resource_shares
-from fairstream.model import Decision, Task
-from fairstream.placement import Cycle, leaf_arrival, serve_in_order
-from fairstream.snapshot import Snapshot
+from fairstream.core.fairness import fair_key, resource_shares
+from fairstream.core.model import Decision, Task
+from fairstream.core.placement import Cycle, leaf_arrival, serve_in_order
+from fairstream.core.snapshot import Snapshot
 from fairstream.policies._common import LONG_TERM_PARAMS, LongTermUsage, resource_index
 from fairstream.policies.base import PolicySpec
 

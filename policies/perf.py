@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fairstream.model import Decision
-from fairstream.snapshot import Snapshot
+from fairstream.core.model import Decision
+from fairstream.core.snapshot import Snapshot
 from fairstream.policies import tetris
 from fairstream.policies.base import PolicySpec
 

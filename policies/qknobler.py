@@ -37,11 +37,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from fairstream.fairness import dominant_share, drf_phi, fair_key, resource_shares, task_dominant_shares
-from fairstream.model import EPSILON, Decision
-from fairstream.placement import Cycle, leaf_arrival, serve_in_order
-from fairstream.snapshot import Snapshot
-from fairstream.solver import SolverError, solve_packing
+from fairstream.core.fairness import dominant_share, drf_phi, fair_key, resource_shares, task_dominant_shares
+from fairstream.core.model import EPSILON, Decision
+from fairstream.core.placement import Cycle, leaf_arrival, serve_in_order
+from fairstream.core.snapshot import Snapshot
+from fairstream.core.solver import SolverError, solve_packing
 from fairstream.policies._common import _fraction, _positive
 from fairstream.policies.base import Param, PolicySpec
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fairstream.fairness import dominant_share, fair_key
-from fairstream.model import EPSILON, Decision, Task
-from fairstream.placement import Cycle, leaf_arrival, serve_in_order
-from fairstream.snapshot import Snapshot
+from fairstream.core.fairness import dominant_share, fair_key
+from fairstream.core.model import EPSILON, Decision, Task
+from fairstream.core.placement import Cycle, leaf_arrival, serve_in_order
+from fairstream.core.snapshot import Snapshot
 from fairstream.policies.base import PolicySpec
 
 

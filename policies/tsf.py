@@ -28,10 +28,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from fairstream.fairness import fair_key, monopoly_tasks, task_share
-from fairstream.model import Decision, Task
-from fairstream.placement import Cycle, leaf_arrival, serve_in_order
-from fairstream.snapshot import Snapshot
+from fairstream.core.fairness import fair_key, monopoly_tasks, task_share
+from fairstream.core.model import Decision, Task
+from fairstream.core.placement import Cycle, leaf_arrival, serve_in_order
+from fairstream.core.snapshot import Snapshot
 from fairstream.policies.base import Param, PolicySpec
 
 

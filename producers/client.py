@@ -22,7 +22,7 @@ import json
 import sys
 from typing import Any, AsyncIterator
 
-from fairstream.model import ModelError
+from fairstream.core.model import ModelError
 from fairstream.wire.kafka import kafka_security
 from fairstream.wire.topics import Topics
 

@@ -34,7 +34,7 @@ from typing import Callable
 
 from fairstream.producers.client import Publisher
 from fairstream.wire.kafka import ensure_topics, kafka_security
-from fairstream.scenario import Scenario, parse_scenario
+from fairstream.sim.scenario import Scenario, parse_scenario
 from fairstream.wire.topics import Topics
 
 CLUSTER = "drill"

@@ -30,8 +30,8 @@ import structlog
 
 from fairstream.producers.client import Publisher
 from fairstream.wire.kafka import ensure_topics, kafka_security
-from fairstream.scenario import Scenario, TaskSpec, spec_of_task
-from fairstream.simulator import _Gates
+from fairstream.sim.scenario import Scenario, TaskSpec, spec_of_task
+from fairstream.sim.simulator import _Gates
 from fairstream.wire.topics import Topics
 
 log = structlog.get_logger("fairstream.emulator")

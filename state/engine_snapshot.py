@@ -47,10 +47,10 @@ from typing import Any, Callable
 import msgpack
 import numpy as np
 
-from fairstream.accounting import Accounting, AccountingConfig, QuantumTree, RecentTasks, TenantLedger, _Running
-from fairstream.engine import Engine
-from fairstream.flex import FlexModel, Tree
-from fairstream.model import (
+from fairstream.core.accounting import Accounting, AccountingConfig, QuantumTree, RecentTasks, TenantLedger, _Running
+from fairstream.core.engine import Engine
+from fairstream.core.flex import FlexModel, Tree
+from fairstream.core.model import (
     CompletionStatus,
     Constraints,
     DecisionKind,
@@ -63,8 +63,8 @@ from fairstream.model import (
 )
 from fairstream.policies import REGISTRY
 from fairstream.policies.base import PolicySpec
-from fairstream.snapshot import PendingQueue, TaskList
-from fairstream.tenants import TenantTree
+from fairstream.core.snapshot import PendingQueue, TaskList
+from fairstream.core.tenants import TenantTree
 
 MAGIC = b"FSENGINE"
 VERSION = 2

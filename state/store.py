@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from redis.exceptions import ResponseError
 
-from fairstream.jsoncodec import dumps, loads
+from fairstream.wire.jsoncodec import dumps, loads
 
 
 OutboxEntry = tuple[str, dict]  # (topic, message)

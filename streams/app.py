@@ -16,7 +16,7 @@ import faust
 import structlog
 from faust.exceptions import ConsumerNotStarted
 
-from fairstream.jsoncodec import dumps
+from fairstream.wire.jsoncodec import dumps
 from fairstream.streams.config import WorkerConfig
 from fairstream.wire.events import MAX_REASON
 from fairstream.state.store import StaleLog

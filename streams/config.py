@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from fairstream.wire.topics import Topics
 
 if TYPE_CHECKING:
-    from fairstream.engine import Engine
-    from fairstream.tenants import TenantTree
+    from fairstream.core.engine import Engine
+    from fairstream.core.tenants import TenantTree
 
 
 @dataclass
@@ -59,9 +59,9 @@ class WorkerConfig:
         return str(path)
 
     def make_engine(self) -> Engine:
-        from fairstream.engine import Engine
-        from fairstream.model import ResourceSpace
-        from fairstream.tenants import TenantTree
+        from fairstream.core.engine import Engine
+        from fairstream.core.model import ResourceSpace
+        from fairstream.core.tenants import TenantTree
 
         tree = TenantTree.from_specs(list(self.tenants.specs.values())) if self.tenants else TenantTree.from_specs([])
         return Engine(ResourceSpace(tuple(self.resources)), tree, self.policy, self.params,

@@ -33,9 +33,9 @@ from typing import AsyncIterator, Awaitable, Callable, Mapping, Protocol
 
 import structlog
 
-from fairstream.engine import Engine
-from fairstream.jsoncodec import dumps_text, loads
-from fairstream.model import Event
+from fairstream.core.engine import Engine
+from fairstream.wire.jsoncodec import dumps_text, loads
+from fairstream.core.model import Event
 from fairstream.state.engine_snapshot import SnapshotError, decode_engine
 from fairstream.state.store import BatchCommit, ClusterRecord, StaleLog, StateStore, republishing_order
 from fairstream.streams import snapshots

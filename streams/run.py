@@ -85,7 +85,7 @@ def load_scenario_tenants(path: str):
     import json
     from pathlib import Path
 
-    from fairstream.model import ModelError
+    from fairstream.core.model import ModelError
 
     try:
         doc = json.loads(Path(path).read_text())
@@ -94,7 +94,7 @@ def load_scenario_tenants(path: str):
     doc.setdefault("nodes", [{"id": "_", "capacity": {"cpu": 1}}])
     doc.setdefault("tasks", [])
     doc.setdefault("resources", ["cpu", "mem"])
-    from fairstream.scenario import parse_scenario
+    from fairstream.sim.scenario import parse_scenario
 
     return parse_scenario(doc).tree
 
@@ -130,7 +130,7 @@ def prepare_topics(config: WorkerConfig, retry_delays: tuple[float, float] = (0.
 
     from aiokafka.errors import KafkaConnectionError
 
-    from fairstream.model import ModelError
+    from fairstream.core.model import ModelError
     from fairstream.wire.kafka import ensure_topics
     from fairstream.streams.processor import waiting_for
 

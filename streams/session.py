@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fairstream.engine import Engine
+from fairstream.core.engine import Engine
 from fairstream.streams.snapshots import Snapshotting
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from fairstream.engine import Engine
+from fairstream.core.engine import Engine
 from fairstream.state.engine_snapshot import encode_engine
 from fairstream.state.store import BatchCommit, Trim
 

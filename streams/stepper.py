@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from fairstream.engine import Engine
-from fairstream.model import Decision, Event, NodeLost, TaskCompleted, TaskSubmitted
+from fairstream.core.engine import Engine
+from fairstream.core.model import Decision, Event, NodeLost, TaskCompleted, TaskSubmitted
 from fairstream.wire.log import log_step
 
 

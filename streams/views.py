@@ -3,8 +3,8 @@ the current round, quanta and the node registry (README, "Reading the state").""
 
 from __future__ import annotations
 
-from fairstream.engine import Engine
-from fairstream.jsoncodec import dumps_text
+from fairstream.core.engine import Engine
+from fairstream.wire.jsoncodec import dumps_text
 
 
 def touched_nodes(steps: list[dict]) -> set[str]:

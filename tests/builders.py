@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from fairstream.engine import Engine
-from fairstream.model import NodeHeartbeat, ResourceSpace, TaskCompleted, TaskSubmitted, TenantSpec
-from fairstream.scenario import parse_scenario
-from fairstream.tenants import TenantTree
+from fairstream.core.engine import Engine
+from fairstream.core.model import NodeHeartbeat, ResourceSpace, TaskCompleted, TaskSubmitted, TenantSpec
+from fairstream.sim.scenario import parse_scenario
+from fairstream.core.tenants import TenantTree
 
 
 def tree(*specs: str | TenantSpec) -> TenantTree:

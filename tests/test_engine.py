@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from builders import engine, node, submit, tree
-from fairstream.model import DecisionKind, NodeLost, TaskCompleted, TenantSpec
+from fairstream.core.model import DecisionKind, NodeLost, TaskCompleted, TenantSpec
 
 UNIT = {"quantum": 1, "quantum_mode": "fixed"}
 
@@ -147,7 +147,7 @@ def test_finished_tasks_are_forgotten_after_the_retention_window_but_duplicates_
 
 
 def test_a_task_no_node_could_ever_hold_is_reported_once_and_placed_when_a_large_enough_node_joins():
-    from fairstream.model import DecisionKind
+    from fairstream.core.model import DecisionKind
 
     e = engine(tree("A"), "drf", ("cpu", "mem"))
     first = e.step(0.0, [node("small", cpu=4, mem=4), submit("big", "A", cpu=8, mem=1), submit("ok", "A", cpu=1, mem=1),

@@ -11,10 +11,10 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from fairstream.engine import Engine
+from fairstream.core.engine import Engine
 from fairstream.policies import REGISTRY
-from fairstream.scenario import load_scenario
-from fairstream.simulator import Simulator
+from fairstream.sim.scenario import load_scenario
+from fairstream.sim.simulator import Simulator
 from fairstream.state import engine_snapshot
 from fairstream.state.engine_snapshot import MAGIC, VERSION, SnapshotError, decode_engine, encode_engine
 

@@ -140,7 +140,7 @@ def test_the_registry_is_what_fairstream_policies_lists(capsys):
 
 
 def test_bench_day_plays_the_swim_samples_as_one_day_and_reports_time_and_peak_memory(capsys):
-    from fairstream.bench import DAY_TRACES
+    from fairstream.lab.bench import DAY_TRACES
 
     if not all(path.exists() for path in DAY_TRACES):
         pytest.skip("the SWIM FB-2009 samples are in ../shared/traces/swim/")

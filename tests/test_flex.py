@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairstream.flex import (DEFAULT_MODEL, FlexModel, Tree, complementary_degree, fairness_loss, load_model,
+from fairstream.core.flex import (DEFAULT_MODEL, FlexModel, Tree, complementary_degree, fairness_loss, load_model,
                              long_term_fairness_loss, makespan_reduction)
-from fairstream.model import ModelError
+from fairstream.core.model import ModelError
 
 CAPACITY = np.array([10.0, 10.0])
 
@@ -136,13 +136,13 @@ def test_the_shipped_model_loads_and_covers_both_slas():
 
 
 def complementary_scenario():
-    from fairstream.flex_train import workload
+    from fairstream.lab.flex_train import workload
 
     return workload(3, 0.5, "google")  # half CPU-heavy, half memory-heavy tenants: degree 1
 
 
 def run(policy, **params):
-    from fairstream.simulator import Simulator
+    from fairstream.sim.simulator import Simulator
 
     return Simulator(complementary_scenario(), policy, {k: str(v) for k, v in params.items()}).run()
 
@@ -168,7 +168,7 @@ def test_a_complementary_workload_with_a_generous_threshold_runs_perf_and_finish
     pytest.param("min_makespan_reduction", 0.5, "perf", id="an unreachable reduction: the fastest"),
 ])
 def test_training_labels_pick_the_candidate_that_best_meets_the_sla(kind, threshold, expected):
-    from fairstream.flex_train import label
+    from fairstream.lab.flex_train import label
 
     candidates = {"drf": {"E": 0.0, "F": 0.0, "F_long_term": 0.0}, "fair": {"E": 0.05, "F": 0.08, "F_long_term": 0.3},
                   "fifo": {"E": 0.02, "F": 0.9, "F_long_term": 0.5}, "perf": {"E": 0.2, "F": 0.4, "F_long_term": 0.1}}

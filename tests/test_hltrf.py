@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from builders import UnitTaskRun, engine, node, tree
-from fairstream.model import TenantSpec
+from fairstream.core.model import TenantSpec
 
 FIG_1B = (TenantSpec("G1"), TenantSpec("G2"), TenantSpec("A", "G1"), TenantSpec("B", "G1"),
           TenantSpec("C", "G2"), TenantSpec("D", "G2"))

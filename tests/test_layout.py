@@ -25,10 +25,10 @@ def imported_modules(folder: str) -> set[str]:
 
 
 @pytest.mark.parametrize("module, heavy", [
-    pytest.param("fairstream.producers.client", ("fairstream.engine", "fairstream.policies", "fairstream.streams",
+    pytest.param("fairstream.producers.client", ("fairstream.core.engine", "fairstream.policies", "fairstream.streams",
                                                  "redis", "faust"),
                  id="the public Publisher loads neither the engine, the policies, the worker, Redis nor Faust"),
-    pytest.param("fairstream.wire.events", ("fairstream.engine", "fairstream.policies", "fairstream.streams", "redis",
+    pytest.param("fairstream.wire.events", ("fairstream.core.engine", "fairstream.policies", "fairstream.streams", "redis",
                                             "faust", "aiokafka"),
                  id="the wire format loads nothing of the worker and no Kafka client"),
 ])

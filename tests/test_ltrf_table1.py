@@ -78,8 +78,8 @@ def test_memoryless_totals_are_160_and_240():
 def test_table1_at_cluster_scale_fair_keeps_what_b_was_lent_and_ltrf_pays_it_back(nodes, arrives, until, fair_part_of_a):
     # LTRF (F-LTMM): A gets everything from `arrives` until the totals meet, then half: at
     # `until` both have half of what the cluster served, as Table 1(b)'s 200/200.
-    from fairstream.simulator import Simulator
-    from fairstream.traces.come_and_go import come_and_go
+    from fairstream.sim.simulator import Simulator
+    from fairstream.sim.traces.come_and_go import come_and_go
 
     scenario = come_and_go(nodes=nodes, a_arrives=arrives, contended_until=until)
     parts = {}

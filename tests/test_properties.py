@@ -8,10 +8,10 @@ import numpy as np
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from fairstream.engine import Engine
-from fairstream.model import EPSILON, NodeHeartbeat, NodeLost, TaskCompleted, TaskState, TaskSubmitted
-from fairstream.scenario import parse_scenario
-from fairstream.simulator import Simulator
+from fairstream.core.engine import Engine
+from fairstream.core.model import EPSILON, NodeHeartbeat, NodeLost, TaskCompleted, TaskState, TaskSubmitted
+from fairstream.sim.scenario import parse_scenario
+from fairstream.sim.simulator import Simulator
 
 WORK_CONSERVING = ["fifo", "fair", "drf", "ltrf", "hltrf", "qknobler", "tetris", "tsf", "pmdrf", "drfh", "cdrf",
                    "perf", "flex"]
@@ -314,8 +314,8 @@ def event_sequences(draw):
 def test_admissible_says_exactly_which_events_a_step_would_reject_and_why(before, events, policy):
     from dataclasses import replace
 
-    from fairstream.model import ResourceSpace
-    from fairstream.tenants import TenantTree
+    from fairstream.core.model import ResourceSpace
+    from fairstream.core.tenants import TenantTree
 
     engine = Engine(ResourceSpace(("cpu", "mem")), TenantTree.from_specs([]), policy, {})
     engine.step(0.0, before)
@@ -361,7 +361,7 @@ PLAIN_TASK = {"id": "t", "job": "j", "tenant": "A", "submit": 1, "duration": 2, 
 def test_a_task_the_fast_check_accepts_is_one_the_schema_accepts(key, value):
     import jsonschema
 
-    from fairstream.scenario import _plain_task, scenario_schema
+    from fairstream.sim.scenario import _plain_task, scenario_schema
 
     task = {**PLAIN_TASK, key: value}
     if _plain_task(task):

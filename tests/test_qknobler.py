@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fairstream.fairness import (
+from fairstream.core.fairness import (
     drf_max_shares,
     drf_max_tasks,
     drf_phi,
@@ -17,8 +17,8 @@ from fairstream.fairness import (
     soft_fairness_theta,
     task_dominant_shares,
 )
-from fairstream.model import DecisionKind, TenantSpec
-from fairstream.solver import SolverError, solve_packing
+from fairstream.core.model import DecisionKind, TenantSpec
+from fairstream.core.solver import SolverError, solve_packing
 from tests.builders import engine, node, submit, tree
 
 # Example 1: one machine of 200 CPUs and 1000 GB; A's tasks <1 CPU, 6 GB>, B's <1 CPU, 2 GB>.

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from builders import scenario
-from fairstream.simulator import Simulator
+from fairstream.sim.simulator import Simulator
 
 
 def bursty_facebook_like(seed: int = 7):

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from fairstream.model import DecisionKind, TaskCompleted, TaskSubmitted
+from fairstream.core.model import DecisionKind, TaskCompleted, TaskSubmitted
 from fairstream.policies import REGISTRY
-from fairstream.scenario import load_scenario
-from fairstream.simulator import Simulator
+from fairstream.sim.scenario import load_scenario
+from fairstream.sim.simulator import Simulator
 from fairstream.state.engine_snapshot import decode_engine, encode_engine
-from fairstream.traces.come_and_go import come_and_go
-from fairstream.traces.google import load_google
-from fairstream.traces.swim import load_swim
+from fairstream.sim.traces.come_and_go import come_and_go
+from fairstream.sim.traces.google import load_google
+from fairstream.sim.traces.swim import load_swim
 from tests.builders import engine, node, tree
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -170,7 +170,7 @@ def test_a_task_requeued_from_a_lost_node_goes_before_the_rest_of_its_request():
     lost = e.step(1.0, [TaskCompleted(1.0, "j-0"), TaskCompleted(1.0, "j-1"),
                         TaskCompleted(1.0, "j-2")]).decisions  # n1 and n2 free again: j-3..j-5
     assert [d.task_ids for d in lost] == [("j-3", "j-4"), ("j-5",)]
-    from fairstream.model import NodeLost
+    from fairstream.core.model import NodeLost
 
     again = e.step(2.0, [NodeLost(2.0, "n1"), request("k", "A", 1)]).decisions
     requeued = [d.task for d in again if d.kind is DecisionKind.REQUEUE]
@@ -244,7 +244,7 @@ def test_the_run_pulls_the_workload_as_its_clock_reaches_each_submission():
 def test_the_schemas_allow_the_counts_the_model_allows():
     import json
 
-    from fairstream.model import MAX_COUNT
+    from fairstream.core.model import MAX_COUNT
 
     schemas = ROOT / "fairstream" / "schemas"
     submitted = json.loads((schemas / "task-submitted.schema.json").read_text())["properties"]["count"]

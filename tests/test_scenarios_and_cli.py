@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from fairstream.cli import main
-from fairstream.model import ModelError
-from fairstream.scenario import load_scenario, parse_scenario
-from fairstream.traces import load_trace
-from fairstream.traces.macro import macro_benchmark
+from fairstream.core.model import ModelError
+from fairstream.sim.scenario import load_scenario, parse_scenario
+from fairstream.sim.traces import load_trace
+from fairstream.sim.traces.macro import macro_benchmark
 
 DATA = Path(__file__).parent / "data"
 ISSUE_EXAMPLE = {
@@ -230,7 +230,7 @@ def test_the_command_line_caps_the_tasks_of_a_swim_job_as_the_papers_replays_did
 
 def test_swim_trace_simulates_to_completion(tmp_path):
     sc = load_trace(str(DATA / "FB-2009_samples_24_times_1hr_1.head60.tsv"), "swim", limit=40, nodes=5)
-    from fairstream.simulator import Simulator
+    from fairstream.sim.simulator import Simulator
 
     assert Simulator(sc, "ltrf", {}).run().summary()["unfinished_tasks"] == 0
 
@@ -327,13 +327,13 @@ def test_explain_prints_qknobler_theory_and_simulate_records_it_with_the_measure
     pytest.param(None, [1] * 8, None, id="no counters (not Linux): no figure"),
 ])
 def test_the_stream_bench_reports_the_cpu_time_the_hypervisor_took(before, after, steal):
-    from fairstream.bench_stream import _share_pct
+    from fairstream.streams.bench import _share_pct
 
     assert _share_pct(before, after) == steal
 
 
 def test_the_stream_bench_reports_how_idle_the_machine_was():
-    from fairstream.bench_stream import _IDLE, _share_pct
+    from fairstream.streams.bench import _IDLE, _share_pct
 
     # user nice system idle iowait irq softirq steal: 60 idle + 20 iowait of 400 ticks
     assert _share_pct([0] * 8, [200, 0, 100, 60, 20, 0, 0, 20], _IDLE) == 20.0
@@ -341,7 +341,7 @@ def test_the_stream_bench_reports_how_idle_the_machine_was():
 
 def test_the_stream_bench_reads_a_process_cpu_time():
     import os, time
-    from fairstream.bench_stream import _process_cpu_s
+    from fairstream.streams.bench import _process_cpu_s
 
     before = _process_cpu_s(os.getpid())
     deadline = time.process_time() + 0.05
@@ -352,7 +352,7 @@ def test_the_stream_bench_reads_a_process_cpu_time():
 
 
 def test_the_stream_bench_places_the_workers_snapshots_on_its_seconds(tmp_path):
-    from fairstream.bench_stream import _logged_at
+    from fairstream.streams.bench import _logged_at
 
     log = tmp_path / "worker.log"
     log.write_text(
@@ -369,8 +369,8 @@ def test_the_stream_bench_places_the_workers_snapshots_on_its_seconds(tmp_path):
 def macro_with_times(factor: float):
     """The macro-benchmark (a third of it) with times to the hundredth of a second, all times
     (submissions, durations, delays) multiplied by ``factor``."""
-    from fairstream.scenario import parse_scenario
-    from fairstream.traces.macro import macro_benchmark
+    from fairstream.sim.scenario import parse_scenario
+    from fairstream.sim.traces.macro import macro_benchmark
 
     doc = macro_benchmark(seed=1, scale=0.3).to_json()
     tasks = []
@@ -386,9 +386,9 @@ def macro_with_times(factor: float):
     pytest.param("ltrf", {}, {"quantum": "6"}, id="ltrf, its quantum divided by 10 too"),
 ])
 def test_every_time_divided_by_ten_gives_the_same_decisions(policy, params, params_tenth):
-    # Times are kept to the microsecond (fairstream.model.event_time): without it 0.7 + 0.3 and
+    # Times are kept to the microsecond (fairstream.core.model.event_time): without it 0.7 + 0.3 and
     # 1.0 are two instants, two passes with other groupings of events, and other decisions.
-    from fairstream.simulator import Simulator
+    from fairstream.sim.simulator import Simulator
 
     whole = Simulator(macro_with_times(1.0), policy, params).run().decisions
     tenth = Simulator(macro_with_times(0.1), policy, params_tenth).run().decisions

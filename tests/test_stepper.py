@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from fairstream.model import TaskCompleted
+from fairstream.core.model import TaskCompleted
 from fairstream.streams.stepper import StepRules, run_steps
 from tests.builders import engine, node, submit, tree
 

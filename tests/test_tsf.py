@@ -7,8 +7,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from fairstream.fairness import monopoly_tasks
-from fairstream.model import DecisionKind
+from fairstream.core.fairness import monopoly_tasks
+from fairstream.core.model import DecisionKind
 from tests.builders import engine, node, submit, tree
 
 # Figure 1: m1 and m3 are <9 CPU, 12 GB>, m2 is <3, 4>. j1's tasks <1, 2> may not run on m3;
@@ -76,7 +76,7 @@ def small_instances(seed: int, count: int, random_pools: bool):
 
 
 def failures(rule: str) -> dict[str, str]:
-    from fairstream.divisible import violations
+    from fairstream.lab.divisible import violations
 
     found: dict[str, str] = {}
     for random_pools in (False, True):
@@ -105,7 +105,7 @@ def test_each_rule_breaks_exactly_the_properties_table_1_says_with_a_counterexam
 
 
 def test_the_divisible_rules_reproduce_the_toy_example():
-    from fairstream.divisible import allocate
+    from fairstream.lab.divisible import allocate
 
     capacity = np.array([[9.0, 12.0], [3.0, 4.0], [9.0, 12.0]])
     demands = np.array([[1.0, 2.0], [3.0, 1.0], [1.0, 4.0]])
@@ -151,7 +151,7 @@ def test_with_dedicated_pools_every_tenant_runs_at_least_what_its_pool_would():
     ("A:0", "a pool is a fraction in (0, 1]"),
 ])
 def test_bad_pools_are_named_in_one_line(pools, message):
-    from fairstream.model import ModelError
+    from fairstream.core.model import ModelError
 
     import re
 

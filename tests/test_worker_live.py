@@ -414,7 +414,7 @@ def test_the_input_log_reads_ranges_of_the_input_topics_again_and_says_what_rete
 def test_a_fb2009_sample_through_kafka_with_the_emulator_matches_the_simulator(tmp_path):
     from fairstream.producers.emulator import run_emulator
     from fairstream.state.store import RedisStore, redis_client
-    from fairstream.traces import load_trace
+    from fairstream.sim.traces import load_trace
 
     app_id = f"t{uuid.uuid4().hex[:8]}"
     topics = Topics().with_prefix(app_id)

@@ -245,7 +245,7 @@ def test_a_dead_letter_is_small_enough_to_publish_whatever_the_input(raw, trunca
 
     import jsonschema
 
-    from fairstream.jsoncodec import dumps
+    from fairstream.wire.jsoncodec import dumps
 
     wire = Wire()
     run(processor(wire=wire, max_bytes=1 << 20).handle([wire.msg("submitted", None, raw=raw)]))
@@ -641,7 +641,7 @@ def test_redis_urls_are_logged_without_their_password(url, shown):
 
 
 def test_a_tenants_file_gives_the_worker_its_tree_and_a_bad_one_is_one_line(tmp_path):
-    from fairstream.model import ModelError
+    from fairstream.core.model import ModelError
     from fairstream.streams.run import load_scenario_tenants
 
     good = tmp_path / "tenants.json"
@@ -1356,7 +1356,7 @@ def test_a_message_whose_application_keeps_failing_is_dead_lettered_as_an_intern
     # A fault the decoder lets through (simulated: the engine half-applies a step holding task
     # "boom", then raises). Three failed attempts of the batch, then one message at a time:
     # "boom" fails three times alone and is dead-lettered; the others are applied once.
-    from fairstream.engine import Engine
+    from fairstream.core.engine import Engine
 
     step = Engine.step
 

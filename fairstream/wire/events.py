@@ -34,7 +34,7 @@ from typing import Any
 import jsonschema
 import orjson
 
-from fairstream.model import (
+from fairstream.core.model import (
     CompletionStatus,
     Decision,
     Event,
@@ -219,7 +219,7 @@ def _event(kind: str, doc: Any) -> tuple[str, Event]:
     time = float(doc["time"])
     if not math.isfinite(time):
         raise BadInput("time: must be finite")
-    time = event_time(time)  # to the microsecond, as the simulator (fairstream.model.TIME_DECIMALS)
+    time = event_time(time)  # to the microsecond, as the simulator (fairstream.core.model.TIME_DECIMALS)
     cluster = doc["cluster"]
     if kind == SUBMITTED:
         return cluster, TaskSubmitted(time, doc["task"], doc.get("job", doc["task"]), doc["tenant"],

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Iterable
 
-from fairstream.model import ModelError
+from fairstream.core.model import ModelError
 
 
 def kafka_ssl_context():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, Protocol
 
-from fairstream.model import Event, ModelError
+from fairstream.core.model import Event, ModelError
 from fairstream.wire.events import event_from_json, event_to_json
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fairstream.flex import (CANDIDATES, SLA_KINDS, complementary_degree, fairness_loss, from_sklearn,
+from fairstream.core.flex import (CANDIDATES, SLA_KINDS, complementary_degree, fairness_loss, from_sklearn,
                              long_term_fairness_loss, makespan_reduction)
 
 #: The FLEX paper's Table 4 (best grid-search setting); random-state fixed for repeatable models.
@@ -55,10 +55,10 @@ MEMORY_HEAVY = np.array([2.5, 20.0])
 
 def workload(seed: int, cpu_share: float, mix: str, tenants: int = 8, nodes: int = 4):
     """A seeded scenario: ``cpu_share`` of the tenants CPU-heavy, the rest memory-heavy."""
-    from fairstream.model import ResourceSpace, TenantSpec
-    from fairstream.scenario import Scenario, TaskSpec
-    from fairstream.tenants import TenantTree
-    from fairstream.traces import uniform_nodes
+    from fairstream.core.model import ResourceSpace, TenantSpec
+    from fairstream.sim.scenario import Scenario, TaskSpec
+    from fairstream.core.tenants import TenantTree
+    from fairstream.sim.traces import uniform_nodes
 
     rng = np.random.default_rng(seed)
     cpu_heavy = int(round(cpu_share * tenants))
@@ -88,7 +88,7 @@ def workload(seed: int, cpu_share: float, mix: str, tenants: int = 8, nodes: int
 
 def evaluate(args: tuple[int, float, str]) -> dict:
     """Simulate one workload under every candidate: degree, E, F and long-term F per candidate."""
-    from fairstream.simulator import Simulator
+    from fairstream.sim.simulator import Simulator
 
     seed, cpu_share, mix = args
     scenario = workload(seed, cpu_share, mix)
@@ -137,7 +137,7 @@ def dataset(results: list[dict], kind: str, loss: str = "F") -> tuple[np.ndarray
 
 def _run_all(function, plan: list, workers: int | None, progress: bool | None, desc: str) -> list:
     """``function`` over ``plan`` in parallel processes, results in plan order, with a progress bar."""
-    from fairstream.simulator import _progress_bar
+    from fairstream.sim.simulator import _progress_bar
 
     bar = _progress_bar(len(plan), progress, unit="workload", desc=desc)
     results = []
@@ -204,7 +204,7 @@ def evaluate_against_tetris(args: tuple[int, float, str, str]) -> dict:
     threshold against ``tetris`` (f = 0.2), both measured against DRF (the paper's section 5.2:
     makespan reduction of FLEX over Tetris for fairness-loss thresholds, fairness-loss reduction
     for makespan-reduction thresholds)."""
-    from fairstream.simulator import Simulator
+    from fairstream.sim.simulator import Simulator
 
     seed, cpu_share, mix, model_path = args
     scenario = workload(seed, cpu_share, mix)
@@ -249,7 +249,7 @@ def evaluate_model(model_path: Path, workloads: int, seed: int, workers: int | N
 
 
 def _confusion_png(matrix: list[list[int]], classes: list[str], path: Path, title: str) -> None:
-    from fairstream.plots import plt
+    from fairstream.sim.plots import plt
 
     fig, ax = plt.subplots(figsize=(4.5, 4))
     ax.imshow(np.array(matrix), cmap="Blues")

@@ -55,10 +55,10 @@ class Run:
 def build_scenario(run: Run):
     options = dict(run.options)
     if run.workload == "macro":
-        from fairstream.traces.macro import macro_benchmark
+        from fairstream.sim.traces.macro import macro_benchmark
 
         return macro_benchmark(seed=options.get("seed", 1), weights=(1, 2, 3, 4), scale=options.get("scale", 1.0))
-    from fairstream.traces.google import load_google
+    from fairstream.sim.traces.google import load_google
 
     return load_google(options["trace"], users=run.users, nodes=options.get("nodes", 1000), disk=True,
                        limit=options.get("limit"))
@@ -68,8 +68,8 @@ def simulate(run: Run) -> dict:
     """Run one simulation and return its row (without speedup, which needs the others)."""
     import numpy as np
 
-    from fairstream.explain import knob_theory
-    from fairstream.simulator import Simulator
+    from fairstream.lab.explain import knob_theory
+    from fairstream.sim.simulator import Simulator
 
     scenario = build_scenario(run)
     result = Simulator(scenario, run.policy, run.params()).run()
@@ -106,9 +106,9 @@ def plan(workload: str, knobs: list[float], users: list[int], options: dict,
 
 def sweep(workload: str, knobs: list[float], users: list[int], options: dict, out: Path,
           workers: int | None = None, progress: bool | None = None, policies: tuple[str, ...] = PAPER_POLICIES) -> dict:
-    from fairstream.model import ModelError
+    from fairstream.core.model import ModelError
     from fairstream.policies import REGISTRY
-    from fairstream.simulator import _progress_bar
+    from fairstream.sim.simulator import _progress_bar
 
     unknown = [p for p in policies if p not in REGISTRY]
     if unknown:  # one line, before any run starts
@@ -130,7 +130,7 @@ def sweep(workload: str, knobs: list[float], users: list[int], options: dict, ou
                 "users": users, "policies": list(dict.fromkeys(run.policy for _, run in planned)), "rows": rows}
     (out / "sweep.json").write_text(json.dumps(document, indent=1))
     write_tables(rows, out)
-    from fairstream.plots import sweep_figures
+    from fairstream.sim.plots import sweep_figures
 
     document["figures"] = [str(p) for p in sweep_figures(rows, out)]
     return document

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from fairstream.model import ResourceSpace, TenantSpec
-from fairstream.scenario import Scenario, TaskSpec
-from fairstream.tenants import TenantTree
-from fairstream.traces import uniform_nodes
+from fairstream.core.model import ResourceSpace, TenantSpec
+from fairstream.sim.scenario import Scenario, TaskSpec
+from fairstream.core.tenants import TenantTree
+from fairstream.sim.traces import uniform_nodes
 
 
 def busy_cluster(seed: int = 1, tenants: int = 100, nodes: int = 1000, jobs: int = 1000, tasks_per_job: int = 50,

@@ -6,8 +6,8 @@ import json
 import math
 from pathlib import Path
 
-from fairstream.metrics import job_statistics
-from fairstream.simulator import SimResult
+from fairstream.sim.metrics import job_statistics
+from fairstream.sim.simulator import SimResult
 
 
 def _clean(value):
@@ -84,7 +84,7 @@ def write_run(result: SimResult, out: Path, baseline: SimResult | None = None, p
     (out / "metrics.json").write_text(json.dumps(metrics_document(result, baseline, theory), indent=1))
     written = [out / "decisions.jsonl", out / "metrics.json"]
     if plots:
-        from fairstream.plots import plot_run
+        from fairstream.sim.plots import plot_run
 
         written += plot_run(result, out)
     return written

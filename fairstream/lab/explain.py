@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fairstream.fairness import drf_max_shares, drf_max_tasks, drf_phi, sharing_incentive_rho, soft_fairness_theta
-from fairstream.scenario import Scenario
+from fairstream.core.fairness import drf_max_shares, drf_max_tasks, drf_phi, sharing_incentive_rho, soft_fairness_theta
+from fairstream.sim.scenario import Scenario
 
 
 def scenario_demands(scenario: Scenario) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:

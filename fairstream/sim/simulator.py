@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 from fairstream import policies
-from fairstream.engine import Engine
-from fairstream.metrics import MetricsRecorder, job_statistics
-from fairstream.model import (
+from fairstream.core.engine import Engine
+from fairstream.sim.metrics import MetricsRecorder, job_statistics
+from fairstream.core.model import (
     Decision,
     DecisionKind,
     ModelError,
@@ -29,7 +29,7 @@ from fairstream.model import (
     TaskSubmitted,
     event_time,
 )
-from fairstream.scenario import Scenario, TaskSpec, spec_of_task
+from fairstream.sim.scenario import Scenario, TaskSpec, spec_of_task
 
 # Order of event kinds within one instant (all are applied before the pass anyway).
 _COMPLETE, _NODE, _SUBMIT = 0, 1, 2
@@ -317,7 +317,7 @@ class _Gates:
 
 
 def _fresh_tree(scenario: Scenario):
-    from fairstream.tenants import TenantTree
+    from fairstream.core.tenants import TenantTree
 
     return TenantTree.from_specs([type(s)(**vars(s)) for s in scenario.tree.specs.values()])
 

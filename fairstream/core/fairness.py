@@ -7,7 +7,7 @@ Terms (LTRF paper, ICS'14, section 4.2; DRF, NSDI'11):
 - *dominant share* of an allocation vector: ``max_r alloc_r / capacity_r``.
 - *counted (discounted) allocation* ``g' = min(g, S) + eta * max(g - S, 0)`` (formula 7).
 - *accumulated usage* ``f_i(t)``: integral of the counted allocation over the current window
-  plus pseudo accumulated resources (formulas 8, 13); kept by ``fairstream.accounting``.
+  plus pseudo accumulated resources (formulas 8, 13); kept by ``fairstream.core.accounting``.
 
 Ordering: tenants are served lowest ``FairKey`` first. The key is a total order with explicit
 tie-breaks: priority class (below min share first), then the weighted share value, then arrival

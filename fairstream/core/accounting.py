@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairstream.fairness import counted_allocation, resource_shares
-from fairstream.model import ROOT
-from fairstream.tenants import TenantTree
+from fairstream.core.fairness import counted_allocation, resource_shares
+from fairstream.core.model import ROOT
+from fairstream.core.tenants import TenantTree
 
 
 @dataclass(frozen=True)

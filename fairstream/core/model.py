@@ -1,6 +1,6 @@
 """The scheduling model: resources, nodes, the tenant tree, tasks, events and decisions.
 
-Everything here is plain data. The engine (``fairstream.engine``) owns the mutable state;
+Everything here is plain data. The engine (``fairstream.core.engine``) owns the mutable state;
 policies only ever see a read-only ``Snapshot`` built from it.
 
 Resources are named vectors: a ``ResourceSpace`` fixes the names and their order once per

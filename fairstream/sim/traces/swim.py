@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from fairstream.model import ModelError, ResourceSpace, TenantSpec
-from fairstream.scenario import Scenario, TaskSpec
-from fairstream.tenants import TenantTree
-from fairstream.traces import uniform_nodes
+from fairstream.core.model import ModelError, ResourceSpace, TenantSpec
+from fairstream.sim.scenario import Scenario, TaskSpec
+from fairstream.core.tenants import TenantTree
+from fairstream.sim.traces import uniform_nodes
 
 MB = 1024 * 1024
 

@@ -2,7 +2,7 @@
 
 Kueue's rule applies: everything after "take a snapshot" reads only the snapshot. The arrays
 are the engine's own, handed over read-only for the length of one pass; a policy that wants
-to try something works on a ``Cycle`` copy (``fairstream.placement``).
+to try something works on a ``Cycle`` copy (``fairstream.core.placement``).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Iterator
 
 import numpy as np
 
-from fairstream.accounting import AccountingConfig
-from fairstream.model import ResourceSpace, Task, TaskState
-from fairstream.tenants import TenantTree
+from fairstream.core.accounting import AccountingConfig
+from fairstream.core.model import ResourceSpace, Task, TaskState
+from fairstream.core.tenants import TenantTree
 
 
 class TaskList:

@@ -23,8 +23,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from fairstream.accounting import Accounting, AccountingConfig
-from fairstream.model import (
+from fairstream.core.accounting import Accounting, AccountingConfig
+from fairstream.core.model import (
     EPSILON,
     CompletionStatus,
     Constraints,
@@ -44,8 +44,8 @@ from fairstream.model import (
     request_task_id,
 )
 from fairstream.policies import get as get_policy
-from fairstream.snapshot import PendingQueue, Snapshot
-from fairstream.tenants import TenantTree
+from fairstream.core.snapshot import PendingQueue, Snapshot
+from fairstream.core.tenants import TenantTree
 
 
 class EventRejected(ModelError):

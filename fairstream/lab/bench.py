@@ -29,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from fairstream.engine import Engine
-from fairstream.model import NodeHeartbeat, ResourceSpace, TaskCompleted, TaskSubmitted, TenantSpec
-from fairstream.tenants import TenantTree
+from fairstream.core.engine import Engine
+from fairstream.core.model import NodeHeartbeat, ResourceSpace, TaskCompleted, TaskSubmitted, TenantSpec
+from fairstream.core.tenants import TenantTree
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "swim" / "FB-2009_samples_24_times_1hr_0.tsv"
+DEFAULT_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "swim" / "FB-2009_samples_24_times_1hr_0.tsv"
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -107,8 +107,8 @@ def bench_policy(policy: str, tenants: int, nodes: int, pending: int, steps: int
 
 
 def bench_trace(path: Path, policy: str = "ltrf", progress: bool | None = None) -> dict:
-    from fairstream.simulator import Simulator
-    from fairstream.traces.swim import load_swim
+    from fairstream.sim.simulator import Simulator
+    from fairstream.sim.traces.swim import load_swim
 
     scenario = load_swim(str(path))
     started = time.perf_counter()
@@ -157,8 +157,8 @@ def _day_run(args: tuple) -> dict:
     """One policy over the SWIM day, in a process of its own so its peak memory is its own."""
     import resource
 
-    from fairstream.simulator import Simulator
-    from fairstream.traces.swim import swim_day
+    from fairstream.sim.simulator import Simulator
+    from fairstream.sim.traces.swim import swim_day
 
     paths, scale, nodes, policy, progress, hours = args
     started = time.perf_counter()
@@ -216,10 +216,10 @@ def _e2e_run(args: tuple) -> dict:
     import resource
     import tempfile
 
-    from fairstream.output import DecisionWriter, write_run
-    from fairstream.scenario import load_scenario
-    from fairstream.simulator import Simulator
-    from fairstream.traces.busy import busy_cluster
+    from fairstream.sim.output import DecisionWriter, write_run
+    from fairstream.sim.scenario import load_scenario
+    from fairstream.sim.simulator import Simulator
+    from fairstream.sim.traces.busy import busy_cluster
 
     from fairstream.policies import get as get_policy
 

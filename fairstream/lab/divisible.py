@@ -23,7 +23,7 @@ import itertools
 
 import numpy as np
 
-from fairstream.solver import SolverError, solve_placement_lp
+from fairstream.core.solver import SolverError, solve_placement_lp
 
 TOLERANCE = 1e-7
 

@@ -19,13 +19,13 @@ from typing import Sequence
 
 import numpy as np
 
-from fairstream.model import ModelError
+from fairstream.core.model import ModelError
 
 CANDIDATES = ("fifo", "fair", "drf", "perf")
 SLA_KINDS = ("max_fairness_loss", "min_makespan_reduction")
 MODEL_FORMAT = "fairstream-flex-model"
 MODEL_VERSION = 1
-DEFAULT_MODEL = Path(__file__).with_name("models") / "flex-default.json"
+DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "flex-default.json"
 
 
 def complementary_degree(job_demands: np.ndarray, capacity: np.ndarray) -> float:

@@ -18,9 +18,9 @@ from typing import Any, Mapping
 
 import jsonschema
 
-from fairstream.model import (DEFAULT_RESOURCES, MAX_COUNT, ROOT, Constraints, ModelError, ResourceSpace, TenantSpec,
+from fairstream.core.model import (DEFAULT_RESOURCES, MAX_COUNT, ROOT, Constraints, ModelError, ResourceSpace, TenantSpec,
                               request_task_id)
-from fairstream.tenants import TenantTree
+from fairstream.core.tenants import TenantTree
 
 
 @dataclass

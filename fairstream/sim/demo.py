@@ -18,11 +18,11 @@ from pathlib import Path
 
 import structlog
 
-from fairstream.output import metrics_document, speedups, write_run
-from fairstream.plots import plot_comparison, plot_side_by_side
-from fairstream.simulator import Simulator
-from fairstream.traces.come_and_go import come_and_go
-from fairstream.traces.macro import macro_benchmark
+from fairstream.sim.output import metrics_document, speedups, write_run
+from fairstream.sim.plots import plot_comparison, plot_side_by_side
+from fairstream.sim.simulator import Simulator
+from fairstream.sim.traces.come_and_go import come_and_go
+from fairstream.sim.traces.macro import macro_benchmark
 
 POLICIES = ("static", "fair", "ltrf")
 # Part 2: 50 nodes of 4 GB; B alone from 0 s, A from 300 s, both until 900 s.
@@ -52,7 +52,7 @@ def come_and_go_part(out: Path, progress: bool | None) -> tuple[list[str], dict,
 
 
 def run_demo(out: Path, seed: int = 1, scale: float = 1.0, progress: bool | None = None) -> int:
-    log = structlog.get_logger("fairstream.demo")
+    log = structlog.get_logger("fairstream.sim.demo")
     scenario = macro_benchmark(seed=seed, scale=scale, memory_only=True)
     out.mkdir(parents=True, exist_ok=True)
     log.info("demo.start", scenario=scenario.name, tasks=scenario.task_count, nodes=len(scenario.nodes), out=str(out))

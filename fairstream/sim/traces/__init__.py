@@ -3,19 +3,19 @@ generator of the LTRF papers' four-queue macro-benchmark. Each returns a ``Scena
 
 from __future__ import annotations
 
-from fairstream.model import ModelError
-from fairstream.scenario import NodeSpec, Scenario
+from fairstream.core.model import ModelError
+from fairstream.sim.scenario import NodeSpec, Scenario
 
 FORMATS = ("swim", "google")
 
 
 def load_trace(path: str, fmt: str, **options) -> Scenario:
     if fmt == "swim":
-        from fairstream.traces.swim import load_swim
+        from fairstream.sim.traces.swim import load_swim
 
         return load_swim(path, **options)
     if fmt == "google":
-        from fairstream.traces.google import load_google
+        from fairstream.sim.traces.google import load_google
 
         return load_google(path, **options)
     raise ModelError(f"--format {fmt}: unknown trace format (known: {', '.join(FORMATS)})")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fairstream.fairness import (
+from fairstream.core.fairness import (
     counted_allocation,
     fairness_degree,
     resource_shares,

@@ -24,9 +24,9 @@ half, as in Table 1(b).
 
 from __future__ import annotations
 
-from fairstream.model import ResourceSpace, TenantSpec
-from fairstream.scenario import NodeSpec, Scenario, TaskSpec
-from fairstream.tenants import TenantTree
+from fairstream.core.model import ResourceSpace, TenantSpec
+from fairstream.sim.scenario import NodeSpec, Scenario, TaskSpec
+from fairstream.core.tenants import TenantTree
 
 NODE_GB = 4.0
 

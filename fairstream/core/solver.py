@@ -173,7 +173,7 @@ def solve_placement_lp(objective, capacity: np.ndarray, demands: np.ndarray, all
     """A linear program over fractional placements ``x[i, m]`` (job i's tasks on machine m, only
     where ``allowed``) within every machine's capacity, plus a free variable ``level``: maximise
     ``objective(x, level)`` subject to ``rows(problem, x, level)``. Returns (optimum, x as a jobs x
-    machines array); raises ``SolverError`` unless optimal. For ``fairstream.divisible``."""
+    machines array); raises ``SolverError`` unless optimal. For ``fairstream.lab.divisible``."""
     import pulp
 
     jobs, machines = allowed.shape

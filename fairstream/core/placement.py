@@ -18,9 +18,9 @@ from typing import Callable
 
 import numpy as np
 
-from fairstream.fairness import dominant_share, fair_key
-from fairstream.model import EPSILON, Constraints, Decision, Task, TaskState
-from fairstream.snapshot import Snapshot
+from fairstream.core.fairness import dominant_share, fair_key
+from fairstream.core.model import EPSILON, Constraints, Decision, Task, TaskState
+from fairstream.core.snapshot import Snapshot
 
 _START = (0, 0)
 

@@ -32,10 +32,10 @@ import math
 
 import numpy as np
 
-from fairstream.model import ResourceSpace, TenantSpec
-from fairstream.scenario import Scenario, TaskSpec
-from fairstream.tenants import TenantTree
-from fairstream.traces import uniform_nodes
+from fairstream.core.model import ResourceSpace, TenantSpec
+from fairstream.sim.scenario import Scenario, TaskSpec
+from fairstream.core.tenants import TenantTree
+from fairstream.sim.traces import uniform_nodes
 
 QUEUES = ("Facebook", "Purdue", "Spark", "TPC-H")
 

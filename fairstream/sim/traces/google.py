@@ -34,10 +34,10 @@ from typing import Iterator
 
 import numpy as np
 
-from fairstream.model import ModelError, ResourceSpace, TenantSpec
-from fairstream.scenario import Scenario, TaskSpec
-from fairstream.tenants import TenantTree
-from fairstream.traces import uniform_nodes
+from fairstream.core.model import ModelError, ResourceSpace, TenantSpec
+from fairstream.sim.scenario import Scenario, TaskSpec
+from fairstream.core.tenants import TenantTree
+from fairstream.sim.traces import uniform_nodes
 
 SUBMIT, SCHEDULE = 0, 1
 TERMINAL = {2, 3, 4, 5, 6}

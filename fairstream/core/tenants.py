@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from fairstream.model import ROOT, ModelError, TenantSpec
+from fairstream.core.model import ROOT, ModelError, TenantSpec
 
 
 @dataclass

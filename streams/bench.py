@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fairstream.jsoncodec import dumps, loads
-from fairstream.model import ModelError
+from fairstream.wire.jsoncodec import dumps, loads
+from fairstream.core.model import ModelError
 from fairstream.producers.client import Publisher
 from fairstream.wire.kafka import ensure_topics
 from fairstream.streams.config import WorkerConfig
