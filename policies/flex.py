@@ -74,7 +74,7 @@ def workload_degree(snapshot: Snapshot) -> float:
         for group in queue.groups.values():
             task, _ = group.pending_at(0)
             if task is not None:
-                demand[row] += task.demand * (len(group.tasks) - group.head)
+                demand[row] += task.demand * group.count
     return complementary_degree(demand, snapshot.capacity)
 
 

@@ -83,7 +83,7 @@ def average_demands(snapshot: Snapshot, tenants: list[str]) -> Demands:
         for group in snapshot.pending[tenant].groups.values():
             task, _ = group.pending_at(0)
             if task is not None:
-                heads.append((task.seq, task.demand_values, len(group.tasks) - group.head))
+                heads.append((task.seq, task.demand_values, group.count))
                 owners.append(i)
                 shapes.append(task.demand_values)
                 constrained.append(not task.constraints.empty)
@@ -139,7 +139,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
         return resource_shares(cycle.allocation, capacity, None) / snapshot.share_fraction
 
     def heap_of(names: list[str]) -> list:
-        if cycle._capped:  # min shares change the priority class: key each one
+        if cycle.capped:  # min shares change the priority class: key each one
             heap = [(key(cycle, t), t) for t in names]
         else:
             shares = weighted_shares()

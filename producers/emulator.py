@@ -31,7 +31,7 @@ import structlog
 from fairstream.producers.client import Publisher
 from fairstream.wire.kafka import ensure_topics, kafka_security
 from fairstream.sim.scenario import Scenario, TaskSpec, spec_of_task
-from fairstream.sim.simulator import _Gates
+from fairstream.sim.simulator import ReleaseGates
 from fairstream.wire.topics import Topics
 
 log = structlog.get_logger("fairstream.emulator")
@@ -74,7 +74,7 @@ async def run_emulator(
     def spec_of(task_id: str) -> TaskSpec | None:
         return spec_of_task(specs, task_id)
 
-    gates = _Gates(scenario.tasks)
+    gates = ReleaseGates(scenario.tasks)
     partitions = await ensure_topics(broker, topics.names)  # each with a leader for every partition
     consumer = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False, **kafka_security())
     await consumer.start()
@@ -205,7 +205,7 @@ def run(scenario: Scenario, cluster: str, broker: str, topics: Topics, speed: fl
 
 async def replay_only(scenario: Scenario, cluster: str, broker: str, topics: Topics, speed: float) -> int:
     """``fairstream replay``: heartbeats, then the ungated submissions at their trace times."""
-    gates = _Gates(scenario.tasks)
+    gates = ReleaseGates(scenario.tasks)
     released = sorted(gates.initially_released(), key=lambda t: t.submit)
     origin = wall.monotonic()
     async with Publisher(broker, topics) as pub:

@@ -30,7 +30,7 @@ stand for themselves and everything else is a list whose first element is a tag:
 Every class a snapshot may hold is listed in ``CLASSES`` with its fields. Encoding an object
 with a field not declared there is an error, so a change to the engine's state cannot slip
 into snapshots unnoticed: declare it here and raise ``VERSION`` (a worker then refuses its
-older snapshots with ``SnapshotError`` and rebuilds from the log; see ``Processor.engine``).
+older snapshots with ``SnapshotError`` and rebuilds from the log; see ``Processor.session``).
 
 Decoded values are exactly the encoded ones (floats are IEEE doubles both ways, dicts keep
 their order), so an engine read back takes the same decisions as the one written, to the bit.
@@ -82,6 +82,10 @@ def _rebuild_demand(obj: Task) -> None:
     obj.demand = np.array(obj.demand_values, dtype=float)
 
 
+def _rebuild_engine(obj: Engine) -> None:
+    obj._node_view = None
+
+
 def _rebuild_running(obj: _Running) -> None:
     obj.demand = np.array(obj.values, dtype=float)
 
@@ -103,7 +107,8 @@ class _Class:
 CLASSES: tuple[_Class, ...] = (
     _Class(Engine, "resources tree spec params auto_tenants accounting time nodes node_row _capacity _used _alive "
                    "_node_ids _node_labels _shares_stale tasks requests finished_ids finished_retention pending _seq _shapes "
-                   "_unschedulable _to_check _nodes_changed _verdicts _grown _touched _passed _fresh _shape_demands"),
+                   "_unschedulable _to_check _nodes_changed _verdicts _grown _touched _passed _fresh _shape_demands",
+           derived="_node_view", rebuild=_rebuild_engine),  # the snapshot's node view, made again on use
     _Class(ResourceSpace, "names _position"),
     _Class(TenantTree, "specs children effective_share has_limits _paths"),
     _Class(TenantSpec, "id parent weight min_share max_share"),

@@ -161,3 +161,23 @@ def test_a_task_no_node_could_ever_hold_is_reported_once_and_placed_when_a_large
     joined = e.step(2.0, [node("large", cpu=16, mem=16, labels={"gpu": "yes"})])
     assert {(d.task, d.kind, d.node) for d in joined.decisions} == {("big", DecisionKind.PLACE, "large"),
                                                                     ("gpu", DecisionKind.PLACE, "large")}
+
+
+def test_a_policy_cannot_write_to_the_snapshot_it_reads():
+    # Kueue's rule: everything after "take a snapshot" reads only the snapshot. A policy that
+    # tries to change one (instead of working on a Cycle copy) raises at once, and the engine's
+    # own arrays stay writable for the engine.
+    e = engine(tree("A"), "drf", resources=("cpu", "mem"))
+    e.step(0, [node("n1", cpu=4, mem=8), submit("a1", "A", cpu=1, mem=1)])
+    snap = e.snapshot()
+    with pytest.raises(ValueError, match="read-only"):
+        snap.free[0, 0] = 99.0
+    with pytest.raises(ValueError, match="read-only"):
+        snap.accumulated[0] = 1.0
+    with pytest.raises((TypeError, AttributeError)):
+        snap.node_ids.append("n2")
+    with pytest.raises(TypeError):
+        snap.node_labels[0]["zone"] = "x"
+    e.step(1, [node("n2", cpu=4, mem=8), submit("a2", "A", time=1, cpu=4, mem=1)])
+    assert list(e.snapshot().node_ids) == ["n1", "n2"]  # the engine still changes its own state
+    assert e.snapshot().free[1, 0] == 0.0

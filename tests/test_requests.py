@@ -250,3 +250,15 @@ def test_the_schemas_allow_the_counts_the_model_allows():
     submitted = json.loads((schemas / "task-submitted.schema.json").read_text())["properties"]["count"]
     scenario = json.loads((schemas / "scenario.schema.json").read_text())["properties"]["tasks"]["items"]["properties"]["count"]
     assert submitted["maximum"] == scenario["maximum"] == MAX_COUNT
+
+
+def test_policies_that_weigh_pending_work_count_a_requests_tasks_not_its_entries():
+    from fairstream.policies.flex import workload_degree
+
+    # A asks for 10 cpu-only tasks (one request) and 2 memory-only tasks; B for memory only.
+    # Counted by task A's pending demand is cpu-dominant (10 > 2), B's memory: degree 1 bit.
+    # Counted by queue entry (1 request against 2 singles) both would be memory: degree 0.
+    e = engine(tree("A", "B"), "drf", resources=("cpu", "mem"))
+    e.step(0, [request("a-cpu", "A", 10, cpu=1, mem=0), TaskSubmitted(0, "a-m1", "A-job", "A", {"cpu": 0, "mem": 1}),
+               TaskSubmitted(0, "a-m2", "A-job", "A", {"cpu": 0, "mem": 1}), request("b", "B", 3, cpu=0, mem=1)])
+    assert workload_degree(e.snapshot()) == pytest.approx(1.0)

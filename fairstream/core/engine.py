@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import OrderedDict
+from types import MappingProxyType
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -156,6 +157,7 @@ class Engine:
         self._alive = np.zeros(0, dtype=bool)
         self._node_ids: list[str] = []
         self._node_labels: list[dict[str, str]] = []
+        self._node_view: tuple[tuple[str, ...], tuple[Mapping[str, str], ...]] | None = None  # the snapshot's
         self._shares_stale = False
         self.tasks: dict[str, Task] = {}  # pending and running tasks
         self.requests: dict[str, Task] = {}  # requests with tasks still pending, by request id
@@ -301,11 +303,14 @@ class Engine:
         free[~self.alive] = -1.0
         names = [ledger.name for ledger in acc.ledgers]
         accumulated = acc.accumulated_rows(None, now)
+        if self._node_view is None:  # made again only when a node joins or its labels change
+            self._node_view = (tuple(self._node_ids), tuple(MappingProxyType(labels) for labels in self._node_labels))
+        node_ids, node_labels = self._node_view
         return Snapshot(
             time=now,
             resources=self.resources,
-            node_ids=self._node_ids,
-            node_labels=self._node_labels,
+            node_ids=node_ids,
+            node_labels=node_labels,
             free=free,
             capacity=acc.capacity.copy(),
             tree=self.tree,
@@ -546,6 +551,7 @@ class Engine:
             self.nodes.append(Node(event.node, capacity, labels, True, event.time))
             self._node_ids.append(event.node)
             self._node_labels.append(labels)
+            self._node_view = None
             self._grow_node_arrays()
             row = len(self.nodes) - 1
         else:
@@ -555,6 +561,7 @@ class Engine:
             if event.labels is not None and labels != node.labels:
                 node.labels = labels
                 self._node_labels[row] = labels
+                self._node_view = None
                 self._nodes_changed = True  # constraints may now match elsewhere
                 self._grown.add(row)
             if not changed:

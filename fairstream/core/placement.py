@@ -55,9 +55,9 @@ class Cycle:
         self._taken: dict[tuple[str, int], int] = {}
         self._eligible: dict[Constraints, np.ndarray] = {}
         tree = snapshot.tree
-        self._capped = tree.has_limits
+        self.capped = tree.has_limits  # min or max shares: keys and caps read the queue allocations
         self.group_allocation: dict[str, np.ndarray] = {}
-        if self._capped:
+        if self.capped:
             for tenant, row in snapshot.rows.items():
                 for node in tree.path(tenant):
                     prev = self.group_allocation.get(node)
@@ -237,7 +237,7 @@ class Cycle:
 
     def within_caps(self, tenant: str, task: Task) -> bool:
         """True unless the task would lift the tenant or one of its queues over max_share."""
-        if not self._capped:
+        if not self.capped:
             return True
         tree, cap = self.snapshot.tree, self.snapshot.capacity
         for node in tree.path(tenant):
@@ -248,7 +248,7 @@ class Cycle:
 
     def below_min_share(self, tenant: str) -> bool:
         """True if the tenant or one of its queues is below its guaranteed min_share."""
-        if not self._capped:
+        if not self.capped:
             return False
         tree, cap = self.snapshot.tree, self.snapshot.capacity
         return any(
@@ -284,7 +284,7 @@ class Cycle:
         self._free_rows[node] = self.free[node].tolist()
         row = self.snapshot.rows[tenant]
         self.allocation[row] += task.demand
-        if self._capped:
+        if self.capped:
             for group in self.snapshot.tree.path(tenant):
                 self.group_allocation[group] += task.demand
         within = self._advance(tenant, task)
@@ -338,7 +338,7 @@ def serve_in_order(
     if only is None and snapshot.candidates is not None:
         only = [tenant for tenant in snapshot.pending if tenant in snapshot.candidates]
     heap = []
-    if initial_shares is not None and not cycle._capped:
+    if initial_shares is not None and not cycle.capped:
         rows, arrival = snapshot.rows, snapshot.arrival
         shares = initial_shares.tolist()
         for tenant in (snapshot.pending if only is None else only):

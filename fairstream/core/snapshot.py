@@ -1,14 +1,16 @@
 """What a policy sees: a read-only snapshot of the cluster at the start of a scheduling pass.
 
-Kueue's rule applies: everything after "take a snapshot" reads only the snapshot. The arrays
-are the engine's own, handed over read-only for the length of one pass; a policy that wants
-to try something works on a ``Cycle`` copy (``fairstream.core.placement``).
+Kueue's rule applies: everything after "take a snapshot" reads only the snapshot. Its arrays
+are read-only views (writing to one raises), its node ids and labels immutable sequences; a
+policy that wants to try something works on a ``Cycle`` copy (``fairstream.core.placement``).
+The pending queues are the engine's own, to be read only (copying them every pass would cost
+what the pass costs).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -117,8 +119,8 @@ class Snapshot:
 
     time: float
     resources: ResourceSpace
-    node_ids: list[str]
-    node_labels: list[dict[str, str]]
+    node_ids: Sequence[str]
+    node_labels: Sequence[Mapping[str, str]]
     free: np.ndarray
     capacity: np.ndarray
     tree: TenantTree
@@ -147,6 +149,21 @@ class Snapshot:
     grown_rows: np.ndarray | None = None
     fresh_shapes: frozenset[int] = frozenset()
 
+    def __post_init__(self) -> None:
+        # Read-only in fact, not by convention: a policy that writes to a snapshot array raises
+        # at once (it works on a ``Cycle``'s copies instead). Views, so the engine's own arrays
+        # (``node_capacity``) stay writable for it.
+        for name in _ARRAYS:
+            value = getattr(self, name)
+            if value is not None and value.flags.writeable:
+                view = value.view()
+                view.flags.writeable = False
+                object.__setattr__(self, name, view)
+
     def demanding(self) -> list[str]:
         """Tenants with pending tasks, in row order."""
         return [t for t in self.tenants if t in self.pending]
+
+
+_ARRAYS = ("free", "capacity", "share_fraction", "allocation", "share", "accumulated", "pseudo_accumulated",
+           "quantum", "arrival", "waiting_since", "running", "node_capacity", "grown_rows")

@@ -137,9 +137,9 @@ def dataset(results: list[dict], kind: str, loss: str = "F") -> tuple[np.ndarray
 
 def _run_all(function, plan: list, workers: int | None, progress: bool | None, desc: str) -> list:
     """``function`` over ``plan`` in parallel processes, results in plan order, with a progress bar."""
-    from fairstream.sim.simulator import _progress_bar
+    from fairstream.sim.simulator import progress_bar
 
-    bar = _progress_bar(len(plan), progress, unit="workload", desc=desc)
+    bar = progress_bar(len(plan), progress, unit="workload", desc=desc)
     results = []
     with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
         for result in pool.map(function, plan):

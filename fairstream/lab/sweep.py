@@ -108,7 +108,7 @@ def sweep(workload: str, knobs: list[float], users: list[int], options: dict, ou
           workers: int | None = None, progress: bool | None = None, policies: tuple[str, ...] = PAPER_POLICIES) -> dict:
     from fairstream.core.model import ModelError
     from fairstream.policies import REGISTRY
-    from fairstream.sim.simulator import _progress_bar
+    from fairstream.sim.simulator import progress_bar
 
     unknown = [p for p in policies if p not in REGISTRY]
     if unknown:  # one line, before any run starts
@@ -117,7 +117,7 @@ def sweep(workload: str, knobs: list[float], users: list[int], options: dict, ou
     planned = plan(workload, knobs, users, options, policies)
     unique = list(dict.fromkeys(run for _, run in planned))
     results: dict[Run, dict] = {}
-    bar = _progress_bar(len(unique), progress, unit="run", desc="sweeping")
+    bar = progress_bar(len(unique), progress, unit="run", desc="sweeping")
     with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
         futures = {pool.submit(simulate, run): run for run in unique}
         for future in as_completed(futures):

@@ -131,17 +131,17 @@ class Simulator:
             counter += 1
             heapq.heappush(heap, (event_time(time), kind, (1, counter), payload))
 
-        bar = _progress_bar(scenario.task_count, self.progress)  # before the run's own pass over the workload
+        bar = progress_bar(scenario.task_count, self.progress)  # before the run's own pass over the workload
         lazy = not isinstance(scenario.tasks, list)
         if lazy:
             # A workload read as the run reaches it (a trace loader): specs are known from
             # when they are pulled, and forgotten once all their tasks finished.
-            gates = _Gates([])
+            gates = ReleaseGates([])
             upcoming = gates.stream(iter(scenario.tasks))
             specs: dict[str, TaskSpec] = {}
             left: dict[str, int] = {}
         else:
-            gates = _Gates(scenario.tasks)
+            gates = ReleaseGates(scenario.tasks)
             upcoming = iter(sorted(gates.initially_released(), key=lambda spec: event_time(spec.submit)))
             specs = {t.id: t for t in scenario.tasks}
 
@@ -241,7 +241,7 @@ class Simulator:
                          placements, placed_tasks)
 
 
-class _Gates:
+class ReleaseGates:
     """Holds back tasks of later stages and chained jobs until what they wait for finished.
     Specs may be requests: they count as their tasks and are released whole."""
 
@@ -339,7 +339,7 @@ class _NoBar:
         pass
 
 
-def _progress_bar(total: int, enabled: bool | None, unit: str = "task", desc: str = "simulating"):
+def progress_bar(total: int, enabled: bool | None, unit: str = "task", desc: str = "simulating"):
     if enabled is False:
         return _NoBar()
     from tqdm import tqdm
