@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import Any, Mapping
 
 import numpy as np
 
+from fairstream.core.accounting import AccountingConfig
 from fairstream.core.fairness import marginal_counted, normalised_usage
-from fairstream.core.model import ModelError, Task
+from fairstream.core.model import ModelError, ResourceSpace, Task
 from fairstream.core.placement import Cycle
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies.base import Param, parse_choice, parse_float, parse_name
@@ -39,7 +41,7 @@ RESOURCE_PARAM = Param(
     "resource the policy is fair on (single-resource mode, as YARN's memory); 'dominant' for the dominant share",
 )
 
-#: Parameters of the long-term family. The engine's accounting is configured from these.
+#: Parameters of the long-term family; ``long_term_accounting`` makes the engine's accounting from them.
 LONG_TERM_PARAMS = (
     RESOURCE_PARAM,
     Param("quantum", 60.0, _non_negative, "initial task time quantum Q0 in seconds (formula 15)"),
@@ -50,14 +52,32 @@ LONG_TERM_PARAMS = (
 )
 
 
-def resource_index(snapshot: Snapshot, name: str) -> int | None:
-    """Index of the named resource, or None for 'dominant'."""
+def resource_index(resources: ResourceSpace, name: str) -> int | None:
+    """Index of the named resource, or None for 'dominant'; the one check of ``--param resource``."""
     if name == "dominant":
         return None
-    if name not in snapshot.resources.names:
-        known = ", ".join(snapshot.resources.names)
+    if name not in resources.names:
+        known = ", ".join(resources.names)
         raise ModelError(f"--param resource={name}: not a resource of this cluster (known: {known}, dominant)")
-    return snapshot.resources.index(name)
+    return resources.index(name)
+
+
+def resource_accounting(resources: ResourceSpace, params: Mapping[str, Any]) -> AccountingConfig:
+    """A memoryless policy fair on one resource: only the resource is set (the policy reads
+    ``Snapshot.accounting.resource``)."""
+    return AccountingConfig(resource=resource_index(resources, params["resource"]))
+
+
+def long_term_accounting(resources: ResourceSpace, params: Mapping[str, Any]) -> AccountingConfig:
+    """The accounting ``LONG_TERM_PARAMS`` ask for: round length L (formula 12), discount eta
+    (formula 7), time quantum Q0 and whether it adapts (formula 15), and the resource keyed on."""
+    return AccountingConfig(
+        round_length=params["round"],
+        discount=params["discount"],
+        quantum=params["quantum"],
+        adaptive_quantum=params["quantum_mode"] == "adaptive",
+        resource=resource_index(resources, params["resource"]),
+    )
 
 
 class LongTermUsage:

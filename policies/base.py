@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from fairstream.core.model import Decision, ModelError
+from fairstream.core.accounting import AccountingConfig
+from fairstream.core.model import Decision, ModelError, ResourceSpace
 from fairstream.core.snapshot import Snapshot
 
 
@@ -71,6 +72,11 @@ class PolicySpec:
     # tenants that placed nothing last time and still fit none of the nodes that gained room
     # since (``Snapshot.candidates``): a pass costs what changed, not every waiting tenant.
     tenant_local: bool = False
+    # The accumulated-usage accounting the policy reads (``Snapshot.accounting``), made from its
+    # typed parameters and the cluster's resources; it raises ModelError for a parameter the
+    # cluster cannot honour (a resource it does not have). None: the defaults, which memoryless
+    # policies never read (the metrics still do).
+    accounting: Callable[[ResourceSpace, Mapping[str, Any]], AccountingConfig] | None = None
     # Checks the parameters together (one may exclude another) and may complete them in place
     # (FLEX loads its default model file here); raises ModelError.
     check: Callable[[Mapping[str, Any]], Any] | None = None
@@ -91,6 +97,10 @@ class PolicySpec:
         if self.check is not None:
             self.check(out)
         return out
+
+    def accounting_config(self, resources: ResourceSpace, params: Mapping[str, Any]) -> AccountingConfig:
+        """The accounting this policy needs on a cluster of ``resources`` with its typed ``params``."""
+        return AccountingConfig() if self.accounting is None else self.accounting(resources, params)
 
     def params_json(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Typed parameters (from ``parse_params``) as JSON, each as its ``Param`` shows it."""

@@ -13,12 +13,12 @@ from fairstream.core.fairness import fair_key, resource_share, resource_shares
 from fairstream.core.model import Decision
 from fairstream.core.placement import Cycle, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
-from fairstream.policies._common import RESOURCE_PARAM, resource_index
+from fairstream.policies._common import RESOURCE_PARAM, resource_accounting
 from fairstream.policies.base import PolicySpec
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
-    resource = resource_index(snapshot, params["resource"])
+    resource = snapshot.accounting.resource  # made from params["resource"] (resource_accounting)
     label = params["resource"]
 
     def key(cycle: Cycle, tenant: str):
@@ -33,4 +33,5 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     return serve_in_order(snapshot, "fair", key, reason, initial_shares=initial)
 
 
-SPEC = PolicySpec("fair", decide, "memoryless weighted max-min on one resource", (RESOURCE_PARAM,), tenant_local=True)
+SPEC = PolicySpec("fair", decide, "memoryless weighted max-min on one resource", (RESOURCE_PARAM,),
+                  tenant_local=True, accounting=resource_accounting)

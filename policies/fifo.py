@@ -19,7 +19,9 @@ def _key(cycle: Cycle, tenant: str) -> tuple:
 
 
 def _reason(cycle: Cycle, tenant: str, key: tuple) -> str:
-    return f"fifo: earliest pending task (arrival #{key[0]})"
+    # The task being placed, not the key: the key was taken when the tenant went into the heap,
+    # and its head may since have been passed over as fitting nowhere (a shape found too big).
+    return f"fifo: earliest pending task (arrival #{cycle.next_task(tenant).seq})"
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:

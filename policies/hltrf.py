@@ -25,12 +25,11 @@ from fairstream.core.fairness import fair_key, normalised_usage
 from fairstream.core.model import ROOT, Decision
 from fairstream.core.placement import Cycle
 from fairstream.core.snapshot import Snapshot
-from fairstream.policies._common import LONG_TERM_PARAMS, LongTermUsage, _non_negative, resource_index
+from fairstream.policies._common import LONG_TERM_PARAMS, LongTermUsage, _non_negative, long_term_accounting
 from fairstream.policies.base import Param, PolicySpec
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
-    resource_index(snapshot, params["resource"])
     t_wait = params["t_wait"]
     tree, rows, now = snapshot.tree, snapshot.rows, snapshot.time
     cycle = Cycle(snapshot, "hltrf")
@@ -113,4 +112,5 @@ SPEC = PolicySpec(
     decide,
     "hierarchical LTRF with starvation timeout t_wait (H-LTRF)",
     LONG_TERM_PARAMS + (Param("t_wait", math.inf, _t_wait, "starvation timeout T_wait in seconds; inf = naive recursive approach"),),
+    accounting=long_term_accounting,
 )

@@ -18,12 +18,11 @@ from fairstream.core.fairness import fair_key, resource_shares
 from fairstream.core.model import Decision, Task
 from fairstream.core.placement import Cycle, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
-from fairstream.policies._common import LONG_TERM_PARAMS, LongTermUsage, resource_index
+from fairstream.policies._common import LONG_TERM_PARAMS, LongTermUsage, long_term_accounting
 from fairstream.policies.base import PolicySpec
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
-    resource_index(snapshot, params["resource"])  # validates the name
     usage = LongTermUsage(snapshot)
 
     def key(cycle: Cycle, tenant: str):
@@ -43,4 +42,4 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
 
 
 SPEC = PolicySpec("ltrf", decide, "long-term max-min over accumulated usage (LTRF)", LONG_TERM_PARAMS,
-                  tenant_local=True)
+                  tenant_local=True, accounting=long_term_accounting)

@@ -62,7 +62,8 @@ class WorkerConfig:
         from fairstream.core.engine import Engine
         from fairstream.core.model import ResourceSpace
         from fairstream.core.tenants import TenantTree
+        from fairstream.policies import get as get_policy
 
         tree = TenantTree.from_specs(list(self.tenants.specs.values())) if self.tenants else TenantTree.from_specs([])
-        return Engine(ResourceSpace(tuple(self.resources)), tree, self.policy, self.params,
+        return Engine(ResourceSpace(tuple(self.resources)), tree, get_policy(self.policy), self.params,
                       auto_tenants=self.auto_tenants, finished_retention=self.finished_retention)

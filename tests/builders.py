@@ -9,6 +9,7 @@ from fairstream.core.engine import Engine
 from fairstream.core.model import NodeHeartbeat, ResourceSpace, TaskCompleted, TaskSubmitted, TenantSpec
 from fairstream.sim.scenario import parse_scenario
 from fairstream.core.tenants import TenantTree
+from fairstream.policies import get as get_policy
 
 
 def tree(*specs: str | TenantSpec) -> TenantTree:
@@ -17,7 +18,7 @@ def tree(*specs: str | TenantSpec) -> TenantTree:
 
 
 def engine(tenants: TenantTree, policy: str, resources=("mem",), **params) -> Engine:
-    return Engine(ResourceSpace(tuple(resources)), tenants, policy, {k: str(v) for k, v in params.items()})
+    return Engine(ResourceSpace(tuple(resources)), tenants, get_policy(policy), {k: str(v) for k, v in params.items()})
 
 
 def node(name: str, time: float = 0.0, labels: dict | None = None, **capacity: float) -> NodeHeartbeat:

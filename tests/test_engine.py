@@ -6,7 +6,8 @@ from collections import Counter
 import pytest
 
 from builders import engine, node, submit, tree
-from fairstream.core.model import DecisionKind, NodeLost, TaskCompleted, TenantSpec
+from fairstream.core.accounting import AccountingConfig
+from fairstream.core.model import DecisionKind, ModelError, NodeLost, TaskCompleted, TenantSpec
 
 UNIT = {"quantum": 1, "quantum_mode": "fixed"}
 
@@ -34,6 +35,17 @@ def test_fifo_skips_a_task_that_fits_nowhere_for_the_next_arrival_of_any_tenant(
     e.step(0, [node("n1", mem=4), submit("hold", "A", 0, mem=3)])
     result = e.step(1, [submit("a-big", "A", 1, mem=2), submit("b-small", "B", 1), submit("a-small", "A", 1)])
     assert [d.task for d in result.decisions if d.kind is DecisionKind.PLACE] == ["b-small"]
+
+
+def test_a_fifo_reason_names_the_arrival_it_places_not_the_one_passed_over():
+    # A's big task (#a) is tried first and fits nowhere; B's big one (#b, the same shape) is
+    # then passed over without a try, and B's small one (#c) is placed: the reason says #c.
+    e = engine(tree("A", "B"), "fifo")
+    e.step(0, [node("n1", mem=4), submit("hold", "A", 0, mem=3)])
+    result = e.step(1, [submit("a-big", "A", 1, mem=2), submit("b-big", "B", 1, mem=2), submit("b-small", "B", 1)])
+    (placed,) = [d for d in result.decisions if d.kind is DecisionKind.PLACE]
+    assert placed.task == "b-small"
+    assert placed.reason == f"fifo: earliest pending task (arrival #{e.tasks['b-small'].seq})"
 
 
 @pytest.mark.parametrize(
@@ -181,3 +193,22 @@ def test_a_policy_cannot_write_to_the_snapshot_it_reads():
     e.step(1, [node("n2", cpu=4, mem=8), submit("a2", "A", time=1, cpu=4, mem=1)])
     assert list(e.snapshot().node_ids) == ["n1", "n2"]  # the engine still changes its own state
     assert e.snapshot().free[1, 0] == 0.0
+
+
+@pytest.mark.parametrize("policy, params, expected", [
+    pytest.param("drf", {}, AccountingConfig(), id="a memoryless policy leaves the accounting at its defaults"),
+    pytest.param("fair", {"resource": "cpu"}, AccountingConfig(resource=0),
+                 id="fair keys its usage on the resource it is fair on"),
+    pytest.param("ltrf", {"round": 3600, "discount": 0.5, "quantum": 30, "quantum_mode": "fixed"},
+                 AccountingConfig(round_length=3600, discount=0.5, quantum=30, adaptive_quantum=False, resource=1),
+                 id="ltrf asks for rounds, discount and quanta from its parameters (memory by default)"),
+    pytest.param("hltrf", {"resource": "dominant"}, AccountingConfig(resource=None), id="hltrf may count the dominant share"),
+])
+def test_a_policy_declares_the_accounting_it_needs(policy, params, expected):
+    assert engine(tree("A"), policy, resources=("cpu", "mem"), **params).accounting.config == expected
+
+
+@pytest.mark.parametrize("policy", ["fair", "ltrf", "hltrf"])
+def test_a_resource_the_cluster_lacks_is_refused_when_the_engine_is_assembled(policy):
+    with pytest.raises(ModelError, match=r"--param resource=gpu: not a resource of this cluster \(known: cpu, mem, dominant\)"):
+        engine(tree("A"), policy, resources=("cpu", "mem"), resource="gpu")

@@ -40,3 +40,14 @@ def test_a_module_loads_only_what_it_needs(module, heavy):
 
 def test_the_producers_never_import_the_worker():
     assert not {m for m in imported_modules("producers") if m.startswith("fairstream.streams")}
+
+
+def test_the_core_never_imports_the_policies_the_simulator_or_the_worker():
+    # One engine, two drivers: the engine is handed a policy (resolved from the registry where
+    # it is assembled) and knows no driver. Type-only imports (under TYPE_CHECKING) are allowed.
+    outward = {m for m in imported_modules("fairstream/core")
+               if m.startswith(("fairstream.policies", "fairstream.sim", "fairstream.lab", "fairstream.streams",
+                                "fairstream.state", "fairstream.producers", "fairstream.wire"))}
+    assert outward <= {"fairstream.policies.base"}  # PolicySpec, for the engine's signature only
+    code = "import sys, fairstream.core.engine; print(sorted(m for m in sys.modules if m.startswith('fairstream.policies')))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fairstream.core.engine import Engine
+from fairstream.policies import get as get_policy
 from fairstream.core.model import EPSILON, NodeHeartbeat, NodeLost, TaskCompleted, TaskState, TaskSubmitted
 from fairstream.sim.scenario import parse_scenario
 from fairstream.sim.simulator import Simulator
@@ -52,7 +53,7 @@ def drive(document, policy, check, params=None, extra_events=(), record=None, co
     ``extra_events`` ((time, event) pairs, such as a node lost) completions of tasks those
     sent back to the queue may be rejected."""
     sc = parse_scenario(document)
-    engine = Engine(sc.resources, sc.tree, policy, params or {})
+    engine = Engine(sc.resources, sc.tree, get_policy(policy), params or {})
     if configure is not None:
         configure(engine)
     heap = [(0.0, 0, i, NodeHeartbeat(0.0, n.id, n.capacity, n.labels)) for i, n in enumerate(sc.nodes)]
@@ -317,7 +318,7 @@ def test_admissible_says_exactly_which_events_a_step_would_reject_and_why(before
     from fairstream.core.model import ResourceSpace
     from fairstream.core.tenants import TenantTree
 
-    engine = Engine(ResourceSpace(("cpu", "mem")), TenantTree.from_specs([]), policy, {})
+    engine = Engine(ResourceSpace(("cpu", "mem")), TenantTree.from_specs([]), get_policy(policy), {})
     engine.step(0.0, before)
     events = [replace(e, time=1.0) for e in events]
     predicted = engine.admissible(events)

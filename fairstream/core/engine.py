@@ -20,11 +20,11 @@ import math
 from collections import OrderedDict
 from types import MappingProxyType
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 import numpy as np
 
-from fairstream.core.accounting import Accounting, AccountingConfig
+from fairstream.core.accounting import Accounting
 from fairstream.core.model import (
     EPSILON,
     CompletionStatus,
@@ -44,9 +44,11 @@ from fairstream.core.model import (
     MAX_COUNT,
     request_task_id,
 )
-from fairstream.policies import get as get_policy
 from fairstream.core.snapshot import PendingQueue, Snapshot
 from fairstream.core.tenants import TenantTree
+
+if TYPE_CHECKING:  # the core never imports the policies: the engine is handed one
+    from fairstream.policies.base import PolicySpec
 
 
 class EventRejected(ModelError):
@@ -62,19 +64,6 @@ class StepResult:
     decisions: list[Decision] = field(default_factory=list)
     rejected: list[tuple[Event, str]] = field(default_factory=list)
     finished: list[Task] = field(default_factory=list)
-
-
-def accounting_config(resources: ResourceSpace, params: Mapping[str, Any]) -> AccountingConfig:
-    """The accounting a policy's parameters ask for (defaults for policies without them)."""
-    resource = params.get("resource", "dominant")
-    index = None if resource == "dominant" or resource not in resources.names else resources.index(resource)
-    return AccountingConfig(
-        round_length=params.get("round", math.inf),
-        discount=params.get("discount", 1.0),
-        quantum=params.get("quantum", 60.0),
-        adaptive_quantum=params.get("quantum_mode", "adaptive") == "adaptive",
-        resource=index,
-    )
 
 
 @dataclass
@@ -133,21 +122,20 @@ class Engine:
         self,
         resources: ResourceSpace,
         tree: TenantTree,
-        policy: str,
+        policy: PolicySpec,
         params: Mapping[str, str] | None = None,
         auto_tenants: bool = True,
         finished_retention: float = 3600.0,
     ) -> None:
+        """``policy``: the registered policy (``fairstream.policies.get(name)``, resolved where the
+        engine is assembled); ``params``: its parameters as given (``{"quantum": "600"}``),
+        parsed and checked here. The policy says what accounting it needs."""
         self.resources = resources
         self.tree = tree
-        self.spec = get_policy(policy)
-        self.params = self.spec.parse_params(params or {})
-        if "resource" in self.params and self.params["resource"] != "dominant":
-            if self.params["resource"] not in resources.names:
-                known = ", ".join(resources.names)
-                raise ModelError(f"--param resource={self.params['resource']}: not a resource of this cluster (known: {known}, dominant)")
+        self.spec = policy
+        self.params = policy.parse_params(params or {})
         self.auto_tenants = auto_tenants
-        self.accounting = Accounting(len(resources), accounting_config(resources, self.params))
+        self.accounting = Accounting(len(resources), policy.accounting_config(resources, self.params))
         self.time: float | None = None
         self.nodes: list[Node] = []
         self.node_row: dict[str, int] = {}

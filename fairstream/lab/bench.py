@@ -32,6 +32,7 @@ import numpy as np
 from fairstream.core.engine import Engine
 from fairstream.core.model import NodeHeartbeat, ResourceSpace, TaskCompleted, TaskSubmitted, TenantSpec
 from fairstream.core.tenants import TenantTree
+from fairstream.policies import get as get_policy
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "swim" / "FB-2009_samples_24_times_1hr_0.tsv"
 
@@ -48,7 +49,7 @@ def bench_policy(policy: str, tenants: int, nodes: int, pending: int, steps: int
     rng = np.random.default_rng(seed)
     space = ResourceSpace(resources)
     tree = TenantTree.from_specs([TenantSpec(f"t{i:04d}", weight=float(rng.integers(1, 5))) for i in range(tenants)])
-    engine = Engine(space, tree, policy, params or {})
+    engine = Engine(space, tree, get_policy(policy), params or {})
     heartbeats = [NodeHeartbeat(0.0, f"n{i:05d}", {r: NODE[r] for r in resources}) for i in range(nodes)]
     counter = 0
 
@@ -220,8 +221,6 @@ def _e2e_run(args: tuple) -> dict:
     from fairstream.sim.scenario import load_scenario
     from fairstream.sim.simulator import Simulator
     from fairstream.sim.traces.busy import busy_cluster
-
-    from fairstream.policies import get as get_policy
 
     policy, divide, durations = args
     scenario = busy_cluster(durations=durations)

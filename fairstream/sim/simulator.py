@@ -107,7 +107,7 @@ class Simulator:
         """``on_decision``: given, each decision goes to it as it is taken and the result keeps
         none (a day-long run writes them out instead of holding millions)."""
         self.scenario = scenario
-        self.engine = Engine(scenario.resources, _fresh_tree(scenario), policy, params)
+        self.engine = Engine(scenario.resources, _fresh_tree(scenario), policies.get(policy), params)
         if metric_resource is None:
             metric_resource = "mem" if "mem" in scenario.resources.names else "dominant"
         if metric_resource != "dominant" and metric_resource not in scenario.resources.names:
