@@ -22,7 +22,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from fairstream.core.fairness import fair_key, normalised_usage
-from fairstream.core.model import ROOT, Decision
+from fairstream.core.model import ROOT, Decision, ReasonCode
 from fairstream.core.placement import Cycle
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies._common import LONG_TERM_PARAMS, LongTermUsage, _non_negative, long_term_accounting
@@ -79,19 +79,19 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
         # Starvation detection: only the lowest demanding leaf is a candidate (Algorithm 2, 13-22).
         while lowest and (demanding_below.get(lowest[0][1], 0) == 0 or lowest[0][0] != node_key(lowest[0][1])):
             heapq.heappop(lowest)  # stale entry: leaf dropped out or its key has grown
-        leaf, reason = None, ""
+        leaf, reason, code = None, "", ReasonCode.FAIR_ORDER
         if lowest and not math.isinf(t_wait):
             candidate = lowest[0][1]
             waited = now - waiting_since[candidate]
             if waited >= t_wait:
-                leaf, reason = candidate, f"hltrf: starved leaf waited {waited:.4g}s >= t_wait"
+                leaf, reason, code = candidate, f"hltrf: starved leaf waited {waited:.4g}s >= t_wait", ReasonCode.STARVED
         if leaf is None:
             leaf, reason = descend()
         task = cycle.next_task(leaf)
         if task is None:
             drop(leaf)
             continue
-        if cycle.try_place(leaf, task, reason):
+        if cycle.try_place(leaf, task, reason, code):
             row = rows[leaf]
             added = usage.charge(cycle, row, task)
             for node in tree.path(leaf)[:-1]:

@@ -18,7 +18,7 @@ import numpy as np
 
 from fairstream.core.fairness import dominant_share, fair_key
 from fairstream.core.model import EPSILON, Decision
-from fairstream.core.placement import Cycle, leaf_arrival
+from fairstream.core.placement import Cycle, leaf_arrival, order_code
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies.base import PolicySpec
 
@@ -47,7 +47,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
                 cycle.skip_for(tenant, task)
             else:
                 cycle.commit(tenant, task, node, f"pmdrf: lowest dominant share/weight on {snapshot.node_ids[node]} "
-                                                 f"({tenant_key.share:.4g})")
+                                                 f"({tenant_key.share:.4g})", order_code(tenant_key))
                 here[tenant] += task.demand
             heapq.heappush(heap, (key(tenant), tenant))
     return cycle.decisions

@@ -38,8 +38,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from fairstream.core.fairness import dominant_share, drf_phi, fair_key, resource_shares, task_dominant_shares
-from fairstream.core.model import EPSILON, Decision
-from fairstream.core.placement import Cycle, leaf_arrival, serve_in_order
+from fairstream.core.model import EPSILON, Decision, ReasonCode
+from fairstream.core.placement import Cycle, leaf_arrival, order_code, serve_in_order
 from fairstream.core.snapshot import Snapshot
 from fairstream.core.solver import SolverError, solve_packing
 from fairstream.policies._common import _fraction, _positive
@@ -156,7 +156,8 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
         task = cycle.next_task(tenant)
         if task is None:
             continue
-        cycle.try_place(tenant, task, lambda: f"qknobler: fairness stage (s/w {tenant_key.share:.4g} < rho/phi {limit:.4g})")
+        cycle.try_place(tenant, task, lambda: f"qknobler: fairness stage (s/w {tenant_key.share:.4g} < rho/phi {limit:.4g})",
+                        order_code(tenant_key))
         heapq.heappush(heap, (key(cycle, tenant), tenant))
 
     # 2. Efficiency-oriented stage: one integer program over the idle resources left, for the
@@ -181,7 +182,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
             if task is None:
                 continue
             if cycle.try_place(tenant, task, lambda: f"qknobler: efficiency stage ({status} integer program: "
-                                                     f"{int(planned[tenant])} tasks of {tenant})"):
+                                                     f"{int(planned[tenant])} tasks of {tenant})", ReasonCode.PACKING):
                 quotas[tenant] -= 1
             if quotas[tenant] > 0:
                 heapq.heappush(heap, (key(cycle, tenant), tenant))

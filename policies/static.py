@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from fairstream.core.fairness import dominant_share, fair_key
-from fairstream.core.model import EPSILON, Decision, Task
+from fairstream.core.model import EPSILON, Decision, ReasonCode, Task
 from fairstream.core.placement import Cycle, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies.base import PolicySpec
@@ -30,7 +30,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     def reason(cycle: Cycle, tenant: str, k) -> str:
         return "static: fits in the tenant's own partition"
 
-    return serve_in_order(snapshot, "static", key, reason, admit=admit)
+    return serve_in_order(snapshot, "static", key, reason, admit=admit, code=ReasonCode.PARTITION)
 
 
 SPEC = PolicySpec("static", decide, "static partitioning by weight (no sharing)")

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from fairstream.core.fairness import dominant_share, fair_key
-from fairstream.core.model import EPSILON, Decision, Task
+from fairstream.core.model import EPSILON, Decision, ReasonCode, Task
 from fairstream.core.placement import Cycle, alignment_scores, leaf_arrival
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies._common import _fraction
@@ -57,7 +57,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
             break
         tenant, task, node, score = choice
         cycle.commit(tenant, task, node, f"tetris: best alignment {score:.4g} among the first {window} "
-                                         f"of {total} DRF-sorted tasks (f={f:g})")
+                                         f"of {total} DRF-sorted tasks (f={f:g})", ReasonCode.PACKING)
     return cycle.decisions
 
 

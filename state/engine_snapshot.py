@@ -54,6 +54,7 @@ from fairstream.core.model import (
     CompletionStatus,
     Constraints,
     DecisionKind,
+    ReasonCode,
     ModelError,
     Node,
     ResourceSpace,
@@ -67,7 +68,7 @@ from fairstream.core.snapshot import PendingQueue, TaskList
 from fairstream.core.tenants import TenantTree
 
 MAGIC = b"FSENGINE"
-VERSION = 2
+VERSION = 3  # 3: unschedulable verdicts carry a ReasonCode
 
 REF, LIST, TUPLE, DICT, SET, FROZENSET, OBJECT, ARRAY, ENUM, ORDERED, POLICY, NUMBER = range(12)
 
@@ -129,7 +130,7 @@ CLASSES: tuple[_Class, ...] = (
     _Class(FlexModel, "classes trees metadata source"),
     _Class(Tree, "children_left children_right feature threshold leaf_class"),
 )
-ENUMS: tuple[type[Enum], ...] = (TaskState, CompletionStatus, DecisionKind)
+ENUMS: tuple[type[Enum], ...] = (TaskState, CompletionStatus, DecisionKind, ReasonCode)
 
 _CLASS_INDEX = {entry.cls: index for index, entry in enumerate(CLASSES)}
 _ENUM_INDEX = {cls: index for index, cls in enumerate(ENUMS)}

@@ -7,7 +7,7 @@ import pytest
 
 from builders import engine, node, submit, tree
 from fairstream.core.accounting import AccountingConfig
-from fairstream.core.model import DecisionKind, ModelError, NodeLost, TaskCompleted, TenantSpec
+from fairstream.core.model import DecisionKind, ModelError, NodeLost, ReasonCode, TaskCompleted, TenantSpec
 
 UNIT = {"quantum": 1, "quantum_mode": "fixed"}
 
@@ -166,7 +166,9 @@ def test_a_task_no_node_could_ever_hold_is_reported_once_and_placed_when_a_large
                          submit("gpu", "A", constraints={"labels": {"gpu": "yes"}}, cpu=1, mem=1)])
     kinds = {(d.task, d.kind) for d in first.decisions}
     assert kinds == {("big", DecisionKind.UNSCHEDULABLE), ("gpu", DecisionKind.UNSCHEDULABLE), ("ok", DecisionKind.PLACE)}
-    reasons = {d.task: d.reason for d in first.decisions}
+    assert {d.task: d.code for d in first.decisions} == {
+        "big": ReasonCode.TOO_LARGE, "gpu": ReasonCode.NO_MATCHING_NODE, "ok": ReasonCode.FAIR_ORDER}
+    reasons = {d.task: d.reason for d in first.decisions}  # the words name the numbers
     assert "largest per resource {'cpu': 4.0, 'mem': 4.0}" in reasons["big"]
     assert "no live node matches its constraints {'labels': {'gpu': 'yes'}}" in reasons["gpu"]
     assert e.step(1.0, [submit("more", "A", cpu=1, mem=1)]).decisions[0].kind is DecisionKind.PLACE  # not reported again

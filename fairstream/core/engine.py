@@ -36,6 +36,7 @@ from fairstream.core.model import (
     Node,
     NodeHeartbeat,
     NodeLost,
+    ReasonCode,
     ResourceSpace,
     Task,
     TaskCompleted,
@@ -233,20 +234,22 @@ class Engine:
                 self._unschedulable.discard(task.id)
             elif task.id not in self._unschedulable:
                 self._unschedulable.add(task.id)
+                code, text = why
                 decisions.append(Decision(self.time, task.id, task.job, task.tenant, "", task.demand_map,
-                                          self.policy, why, DecisionKind.UNSCHEDULABLE, task.count))
+                                          self.policy, text, code, DecisionKind.UNSCHEDULABLE, task.count))
         return decisions
 
-    def _why_unschedulable(self, task: Task, live: np.ndarray, capacity: np.ndarray) -> str | None:
+    def _why_unschedulable(self, task: Task, live: np.ndarray, capacity: np.ndarray) -> tuple[ReasonCode, str] | None:
         eligible = np.array([task.constraints.allows(self._node_ids[r], self._node_labels[r]) for r in live])
         if not eligible.any():
-            return f"unschedulable: no live node matches its constraints {task.constraints.to_json()}"
+            return (ReasonCode.NO_MATCHING_NODE,
+                    f"unschedulable: no live node matches its constraints {task.constraints.to_json()}")
         large = (capacity[eligible] >= task.demand - EPSILON).all(axis=1)
         if large.any():
             return None
         biggest = self.resources.as_dict(capacity[eligible].max(axis=0))
-        return (f"unschedulable: none of the {int(eligible.sum())} live nodes it may use is large enough "
-                f"(needs {task.demand_map}; largest per resource {biggest})")
+        return (ReasonCode.TOO_LARGE, f"unschedulable: none of the {int(eligible.sum())} live nodes it may use is "
+                                      f"large enough (needs {task.demand_map}; largest per resource {biggest})")
 
     def schedule(self) -> list[Decision]:
         """One scheduling pass at the current time."""
@@ -608,7 +611,7 @@ class Engine:
             self._fresh.add(task.shape)
             decisions.append(
                 Decision(event.time, task.id, task.job, task.tenant, event.node, task.demand_map,
-                         self.policy, f"requeue: node {event.node} lost", DecisionKind.REQUEUE)
+                         self.policy, f"requeue: node {event.node} lost", ReasonCode.NODE_LOST, DecisionKind.REQUEUE)
             )
         self.used[row] = 0.0
         self._shares_stale = True

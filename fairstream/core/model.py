@@ -277,6 +277,26 @@ class DecisionKind(str, Enum):
     UNSCHEDULABLE = "unschedulable"
 
 
+class ReasonCode(str, Enum):
+    """Why a decision was taken, typed (``Decision.code``), beside its readable ``reason``.
+
+    The values are stable: consumers and tests match on them, never on the reason's text.
+    """
+
+    # place
+    MIN_SHARE = "min_share"  # the tenant (or a queue above it) was below its guaranteed min_share
+    FAIR_ORDER = "fair_order"  # first in the policy's fairness order (lowest key; see fairness.py)
+    STARVED = "starved"  # H-LTRF: the lowest leaf waited t_wait or longer (Algorithm 2)
+    ARRIVAL_ORDER = "arrival_order"  # FIFO: the earliest pending task that fits
+    PARTITION = "partition"  # static: fits in the tenant's own partition
+    PACKING = "packing"  # an efficiency stage chose it (Tetris alignment, QKnobler's integer program)
+    # requeue
+    NODE_LOST = "node_lost"  # the node it ran on was lost
+    # unschedulable
+    NO_MATCHING_NODE = "no_matching_node"  # no live node matches its constraints
+    TOO_LARGE = "too_large"  # no live node it may use is large enough, however idle
+
+
 class Decision(NamedTuple):
     """One scheduling decision, plain data with the reason it was taken.
 
@@ -284,6 +304,8 @@ class Decision(NamedTuple):
     ``UNSCHEDULABLE``: no live node its constraints allow is large enough for it, however idle
     (``node`` is empty); it stays pending, in case such a node joins, and is reported again only
     after it became schedulable in between.
+
+    ``reason`` says why in words, ``code`` (``ReasonCode``) the same as a type.
 
     ``count``: how many tasks the decision is about. A placement of several tasks of one
     request on one node lists them in ``tasks`` (``task`` is the first); an unschedulable
@@ -298,6 +320,7 @@ class Decision(NamedTuple):
     demand: Mapping[str, float]
     policy: str
     reason: str
+    code: ReasonCode
     kind: DecisionKind = DecisionKind.PLACE
     count: int = 1
     tasks: tuple[str, ...] = ()
@@ -328,6 +351,7 @@ class Decision(NamedTuple):
             "demand": dict(self.demand),
             "policy": self.policy,
             "reason": self.reason,
+            "code": self.code.value,
         }
         if self.count != 1:
             out["count"] = self.count

@@ -18,8 +18,8 @@ from typing import Callable
 
 import numpy as np
 
-from fairstream.core.fairness import dominant_share, fair_key
-from fairstream.core.model import EPSILON, Constraints, Decision, Task, TaskState
+from fairstream.core.fairness import BELOW_MIN_SHARE, FairKey, dominant_share, fair_key
+from fairstream.core.model import EPSILON, Constraints, Decision, ReasonCode, Task, TaskState
 from fairstream.core.snapshot import Snapshot
 
 _START = (0, 0)
@@ -257,8 +257,9 @@ class Cycle:
             for node in tree.path(tenant)
         )
 
-    def try_place(self, tenant: str, task: Task, reason: str | Callable[[], str]) -> bool:
-        """Place ``task`` if caps and some node allow it; otherwise remember why not."""
+    def try_place(self, tenant: str, task: Task, reason: str | Callable[[], str], code: ReasonCode) -> bool:
+        """Place ``task`` if caps and some node allow it; otherwise remember why not. ``reason``
+        (or a function making it, called only on success) and ``code`` say why it was chosen."""
         if not self.within_caps(tenant, task):
             self.skip_for(tenant, task)
             return False
@@ -276,10 +277,10 @@ class Cycle:
                 self._too_large = [f for f in self._too_large if not all(x >= d for x, d in zip(f, demand))]
                 self._too_large.append(demand)
             return False
-        self.commit(tenant, task, node, reason() if callable(reason) else reason)
+        self.commit(tenant, task, node, reason() if callable(reason) else reason, code)
         return True
 
-    def commit(self, tenant: str, task: Task, node: int, reason: str) -> None:
+    def commit(self, tenant: str, task: Task, node: int, reason: str, code: ReasonCode) -> None:
         self.free[node] -= task.demand
         self._free_rows[node] = self.free[node].tolist()
         row = self.snapshot.rows[tenant]
@@ -298,6 +299,7 @@ class Cycle:
                 demand=task.demand_map,
                 policy=self.policy,
                 reason=reason,
+                code=code,
             )
         )
 
@@ -318,6 +320,7 @@ def serve_in_order(
     cycle: Cycle | None = None,
     only: list[str] | None = None,
     key_reads_queue: bool = False,
+    code: ReasonCode = ReasonCode.FAIR_ORDER,
 ) -> list[Decision]:
     """The loop of every flat policy: serve the tenant with the smallest key, one task at a time.
 
@@ -332,7 +335,8 @@ def serve_in_order(
     ``only`` limits the pass to these demanding tenants (the others are known to have nothing
     that fits); by default the snapshot's ``candidates``, if the engine computed them.
     ``key_reads_queue``: the key depends on the tenant's next pending task (FIFO), so a task
-    that cannot be placed changes it.
+    that cannot be placed changes it. ``code``: the decisions' reason code, but ``MIN_SHARE``
+    for a tenant served in the below-min-share class (``order_code``).
     """
     cycle = cycle or Cycle(snapshot, policy)
     if only is None and snapshot.candidates is not None:
@@ -357,7 +361,7 @@ def serve_in_order(
         while (task := cycle.next_task(tenant)) is not None:  # None: nothing of it fits any more
             if admit is not None and not admit(cycle, tenant, task):
                 cycle.skip_for(tenant, task)
-            elif cycle.try_place(tenant, task, lambda: reason(cycle, tenant, tenant_key)):
+            elif cycle.try_place(tenant, task, lambda: reason(cycle, tenant, tenant_key), order_code(tenant_key, code)):
                 if charge is not None:
                     charge(cycle, tenant, task)
                 heapq.heappush(heap, (key(cycle, tenant), tenant))
@@ -366,6 +370,11 @@ def serve_in_order(
                 heapq.heappush(heap, (key(cycle, tenant), tenant))
                 break
     return cycle.decisions
+
+
+def order_code(key: tuple, code: ReasonCode = ReasonCode.FAIR_ORDER) -> ReasonCode:
+    """``MIN_SHARE`` when ``key`` is a ``FairKey`` of the below-min-share class, else ``code``."""
+    return ReasonCode.MIN_SHARE if isinstance(key, FairKey) and key.priority == BELOW_MIN_SHARE else code
 
 
 def alignment_scores(free: np.ndarray, demand: np.ndarray, capacity: np.ndarray) -> np.ndarray:
@@ -381,4 +390,4 @@ def leaf_arrival(snapshot: Snapshot, tenant: str) -> float:
     return float(snapshot.arrival[snapshot.rows[tenant]])
 
 
-__all__ = ["Cycle", "serve_in_order", "leaf_arrival", "alignment_scores"]
+__all__ = ["Cycle", "serve_in_order", "order_code", "leaf_arrival", "alignment_scores"]
