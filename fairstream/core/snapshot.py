@@ -151,14 +151,13 @@ class Snapshot:
 
     def __post_init__(self) -> None:
         # Read-only in fact, not by convention: a policy that writes to a snapshot array raises
-        # at once (it works on a ``Cycle``'s copies instead). Views, so the engine's own arrays
-        # (``node_capacity``) stay writable for it.
+        # at once (it works on a ``Cycle``'s copies instead). The snapshot owns what it is given,
+        # so the engine hands it copies, or fresh views of its own storage (``node_capacity``):
+        # locking a view leaves the array under it writable for the engine.
         for name in _ARRAYS:
             value = getattr(self, name)
-            if value is not None and value.flags.writeable:
-                view = value.view()
-                view.flags.writeable = False
-                object.__setattr__(self, name, view)
+            if value is not None:
+                value.flags.writeable = False
 
     def demanding(self) -> list[str]:
         """Tenants with pending tasks, in row order."""
