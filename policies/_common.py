@@ -12,28 +12,7 @@ from fairstream.core.fairness import marginal_counted, normalised_usage
 from fairstream.core.model import ModelError, ResourceSpace, Task
 from fairstream.core.placement import Cycle
 from fairstream.core.snapshot import Snapshot
-from fairstream.policies.base import Param, parse_choice, parse_float, parse_name
-
-
-def _positive(text: str) -> float:
-    value = parse_float(text)
-    if value <= 0:
-        raise ValueError("must be > 0")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    value = parse_float(text)
-    if value < 0:
-        raise ValueError("must be >= 0")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = parse_float(text)
-    if not 0 <= value <= 1:
-        raise ValueError("must be in [0, 1]")
-    return value
+from fairstream.policies.base import Param, parse_choice, parse_fraction, parse_name, parse_non_negative, parse_positive
 
 
 RESOURCE_PARAM = Param(
@@ -44,11 +23,11 @@ RESOURCE_PARAM = Param(
 #: Parameters of the long-term family; ``long_term_accounting`` makes the engine's accounting from them.
 LONG_TERM_PARAMS = (
     RESOURCE_PARAM,
-    Param("quantum", 60.0, _non_negative, "initial task time quantum Q0 in seconds (formula 15)"),
+    Param("quantum", 60.0, parse_non_negative, "initial task time quantum Q0 in seconds (formula 15)"),
     Param("quantum_mode", "adaptive", parse_choice("adaptive", "fixed"),
           "adaptive: the Quantum Updater tunes Q per queue from finished tasks; fixed: Q0 always"),
-    Param("round", math.inf, _positive, "round length L in seconds (S-LTMM, formula 12); inf = F-LTMM"),
-    Param("discount", 1.0, _fraction, "eta, the rate at which resources beyond the share are counted (formula 7)"),
+    Param("round", math.inf, parse_positive, "round length L in seconds (S-LTMM, formula 12); inf = F-LTMM"),
+    Param("discount", 1.0, parse_fraction, "eta, the rate at which resources beyond the share are counted (formula 7)"),
 )
 
 

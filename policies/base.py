@@ -24,6 +24,27 @@ def parse_float(text: str) -> float:
     return value
 
 
+def parse_positive(text: str) -> float:
+    value = parse_float(text)
+    if value <= 0:
+        raise ValueError("must be > 0")
+    return value
+
+
+def parse_non_negative(text: str) -> float:
+    value = parse_float(text)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+def parse_fraction(text: str) -> float:
+    value = parse_float(text)
+    if not 0 <= value <= 1:
+        raise ValueError("must be in [0, 1]")
+    return value
+
+
 def parse_choice(*choices: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in choices:

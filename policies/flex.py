@@ -20,14 +20,13 @@ from fairstream.core.flex import DEFAULT_MODEL, FlexModel, complementary_degree,
 from fairstream.core.model import Decision, ModelError
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies import drf, fair, fifo, perf
-from fairstream.policies._common import _non_negative
-from fairstream.policies.base import Param, PolicySpec
+from fairstream.policies.base import Param, PolicySpec, parse_non_negative
 
 CANDIDATE_SPECS = {"fifo": fifo.SPEC, "fair": fair.SPEC, "drf": drf.SPEC, "perf": perf.SPEC}
 
 
 def _optional(text: str):
-    return None if text in ("", "none") else _non_negative(text)
+    return None if text in ("", "none") else parse_non_negative(text)
 
 
 def _model(text: str) -> FlexModel:

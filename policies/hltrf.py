@@ -25,8 +25,8 @@ from fairstream.core.fairness import fair_key, normalised_usage
 from fairstream.core.model import ROOT, Decision, ReasonCode
 from fairstream.core.placement import Cycle
 from fairstream.core.snapshot import Snapshot
-from fairstream.policies._common import LONG_TERM_PARAMS, LongTermUsage, _non_negative, long_term_accounting
-from fairstream.policies.base import Param, PolicySpec
+from fairstream.policies._common import LONG_TERM_PARAMS, LongTermUsage, long_term_accounting
+from fairstream.policies.base import Param, PolicySpec, parse_non_negative
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
@@ -104,7 +104,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
 
 
 def _t_wait(text: str) -> float:
-    return _non_negative(text)
+    return parse_non_negative(text)
 
 
 SPEC = PolicySpec(

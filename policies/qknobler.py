@@ -42,15 +42,14 @@ from fairstream.core.model import EPSILON, Decision, ReasonCode
 from fairstream.core.placement import Cycle, leaf_arrival, order_code, serve_in_order
 from fairstream.core.snapshot import Snapshot
 from fairstream.core.solver import SolverError, solve_packing
-from fairstream.policies._common import _fraction, _positive
-from fairstream.policies.base import Param, PolicySpec
+from fairstream.policies.base import Param, PolicySpec, parse_fraction, parse_positive
 
 PARAMS = (
-    Param("rho", 0.5, _fraction, "the knob: the fairness stage fills each tenant to rho * s_i^max "
+    Param("rho", 0.5, parse_fraction, "the knob: the fairness stage fills each tenant to rho * s_i^max "
                                  "(1 = DRF, 0 = efficiency only)"),
-    Param("gap", 0.5, _positive, "the integer program stops within gap x (the smallest task's value) of "
+    Param("gap", 0.5, parse_positive, "the integer program stops within gap x (the smallest task's value) of "
                                  "its optimum; smaller is exact but slower (see solver.py)"),
-    Param("exact_items", 8, lambda text: int(_positive(text)),
+    Param("exact_items", 8, lambda text: int(parse_positive(text)),
           "solve the integer program exactly up to this many distinct demands per pass; beyond, round its LP "
           "relaxation (within one task per resource of the optimum, about 1 ms; see solver.py)"),
 )

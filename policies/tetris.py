@@ -26,11 +26,10 @@ from fairstream.core.fairness import dominant_share, fair_key
 from fairstream.core.model import EPSILON, Decision, ReasonCode, Task
 from fairstream.core.placement import Cycle, alignment_scores, leaf_arrival
 from fairstream.core.snapshot import Snapshot
-from fairstream.policies._common import _fraction
-from fairstream.policies.base import Param, PolicySpec
+from fairstream.policies.base import Param, PolicySpec, parse_fraction
 
 PARAMS = (
-    Param("f", 0.2, _fraction, "fairness knob: the best-aligned task is chosen among the first (1 - f) "
+    Param("f", 0.2, parse_fraction, "fairness knob: the best-aligned task is chosen among the first (1 - f) "
                                "share of the DRF-sorted pending tasks"),
 )
 

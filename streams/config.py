@@ -36,7 +36,7 @@ class WorkerConfig:
     max_ahead: float = 86400.0  # seconds an event may be ahead of its cluster's clock (plus its producer's progress)
     node_timeout: float = math.inf
     snapshot_every: int = 500
-    snapshot_ratio: float = 2.0  # see Processor._snapshot_due
+    snapshot_ratio: float = 2.0  # see fairstream.streams.snapshots.due
     background_snapshots: bool = True  # encoded in a forked child (Processor)
     max_bytes: int = 64 * 1024
     step_window: float = 0.1  # seconds of event time gathered into one scheduling step

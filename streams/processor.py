@@ -66,7 +66,7 @@ class Incoming:
     offset: int
     # When it was produced: the Kafka record's timestamp in seconds (the producer's clock, or
     # the broker's with LogAppendTime); 0 where unknown. Tells an event its producer sent late
-    # from one the worker read late (``Processor._late``).
+    # from one the worker read late (``fairstream.streams.stepper.is_late``).
     produced: float = 0.0
     # The Kafka message key: the cluster id (README, Topics); None for a message sent without one.
     key: bytes | None = None
