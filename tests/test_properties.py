@@ -2,7 +2,6 @@
 every placement respects its task's constraints, work-conserving policies leave no pending task
 that fits somewhere, and the same input gives the same decisions."""
 
-import heapq
 
 import numpy as np
 from hypothesis import HealthCheck, example, given, settings
@@ -48,35 +47,23 @@ def scenarios(draw):
     return {"resources": ["cpu", "mem"], "nodes": nodes, "tenants": tenants, "tasks": tasks}
 
 
-def drive(document, policy, check, params=None, extra_events=(), record=None, configure=None):
-    """Run the engine over the scenario, calling ``check(engine)`` after every step; with
-    ``extra_events`` ((time, event) pairs, such as a node lost) completions of tasks those
-    sent back to the queue may be rejected."""
-    sc = parse_scenario(document)
-    engine = Engine(sc.resources, sc.tree, get_policy(policy), params or {})
-    if configure is not None:
-        configure(engine)
-    heap = [(0.0, 0, i, NodeHeartbeat(0.0, n.id, n.capacity, n.labels)) for i, n in enumerate(sc.nodes)]
-    heap += [(time, 0, -1 - i, event) for i, (time, event) in enumerate(extra_events)]
-    heap += [(t.submit, 1, i, TaskSubmitted(t.submit, t.id, t.job, t.tenant, t.demand, t.constraints))
-             for i, t in enumerate(sc.tasks)]
-    heapq.heapify(heap)
-    duration = {t.id: t.duration for t in sc.tasks}
-    order = len(heap)
-    while heap:
-        now = heap[0][0]
-        batch = []
-        while heap and heap[0][0] == now:
-            batch.append(heapq.heappop(heap)[3])
-        result = engine.step(now, batch)
+def drive(document, policy, check, params=None, lost_at=None, record=None, configure=None):
+    """Simulate the scenario (the simulator's own event loop), calling ``check(engine)`` after
+    every step; ``lost_at``: node n0 is lost then; ``record``: a list that gets every decision;
+    ``configure(engine)``: called before the run."""
+    if lost_at is not None:
+        document = {**document, "events": [{"time": lost_at, "type": "node_lost", "node": "n0"}]}
+
+    def watch(engine, result):
         if record is not None:
             record.extend(result.decisions)
-        assert not result.rejected or extra_events
-        for d in result.decisions:
-            order += 1
-            heapq.heappush(heap, (now + duration[d.task], 0, order, TaskCompleted(now + duration[d.task], d.task)))
         check(engine)
-    return engine
+
+    simulator = Simulator(parse_scenario(document), policy, params or {}, on_step=watch)
+    if configure is not None:
+        configure(simulator.engine)
+    simulator.run()
+    return simulator.engine
 
 
 def no_overcommit_and_constraints_hold(engine):
@@ -172,8 +159,7 @@ def test_quantum_top_ups_kept_per_changed_tenant_equal_formula_15_summed_task_by
         restored = decode_engine(encode_engine(engine)).accounting
         assert np.allclose(restored.top_ups(None, now), expected, atol=1e-9)
 
-    lost = [(float(lost_at), NodeLost(float(lost_at), "n0"))] if lost_at is not None else []
-    drive(document, "ltrf", check, {"quantum": quantum, "quantum_mode": mode, "round": round_length}, lost)
+    drive(document, "ltrf", check, {"quantum": quantum, "quantum_mode": mode, "round": round_length}, lost_at)
 
 
 # ------------------------------------------------------------ the decoder: nothing escapes it
@@ -341,8 +327,7 @@ def decisions_of(document, policy, full_passes: bool, lost_at=None):
     def full(engine):
         engine.spec = dataclasses.replace(engine.spec, tenant_local=False)
 
-    lost = [(float(lost_at), NodeLost(float(lost_at), "n0"))] if lost_at is not None else []
-    drive(document, policy, lambda engine: None, extra_events=lost, record=log, configure=full if full_passes else None)
+    drive(document, policy, lambda engine: None, lost_at=lost_at, record=log, configure=full if full_passes else None)
     return log
 
 

@@ -125,8 +125,11 @@ class MetricsRecorder:
             grown = np.zeros((3, n))
             grown[:, : self._integrals.shape[1]] = self._integrals
             self._integrals = grown
+        degree = None  # the soft fairness degree: constant until ``now``, computed once
         while self.next_sample < now:
-            self._sample(self.next_sample, state)
+            if degree is None:
+                degree = self.soft_fairness()
+            self._sample(self.next_sample, state, degree)
             self.next_sample += self.sample_interval
         dt = now - self.clock
         if dt > 0:
@@ -135,22 +138,25 @@ class MetricsRecorder:
             self._integrals[1] += dt * np.minimum(d, entitled)
             self._integrals[2] += dt * counted
             self.busy_integral += dt * self.engine.used.sum(axis=0) if len(self.engine.used) else 0.0
-            degree = self.soft_fairness()
+            if degree is None:
+                degree = self.soft_fairness()
             self.soft_fairness_integral += dt * degree
             self.soft_fairness_time += dt
             self.soft_fairness_max = max(self.soft_fairness_max, degree)
             self.capacity_integral += dt * self.engine.accounting.capacity
         self.clock = now
 
-    def _sample(self, at: float, state) -> None:
+    def _sample(self, at: float, state, soft_fairness: float) -> None:
         dt = at - self.clock
         engine = self.engine
         g, d, entitled, counted = state
         f_raw = self._integrals[0] + dt * g
         owed = self._integrals[1] + dt * np.minimum(d, entitled)
         f_counted = self._integrals[2] + dt * counted
+        acc = engine.accounting
+        f_policy = acc.usage_keys(list(range(len(acc.ledgers))), max(at, acc.clock or at))  # one vectorised call
         degrees = []
-        for row, ledger in enumerate(engine.accounting.ledgers):
+        for row, ledger in enumerate(acc.ledgers):
             name = ledger.name
             series = self.series.setdefault(name, TenantSeries())
             rho = fairness_degree(float(f_raw[row]), float(owed[row]))
@@ -161,12 +167,12 @@ class MetricsRecorder:
             series.S.append(float(entitled[row]))
             series.f_raw.append(float(f_raw[row]))
             series.f_counted.append(float(f_counted[row]))
-            series.f_policy.append(engine.accounting.usage_key(row, max(at, engine.accounting.clock or at)))
+            series.f_policy.append(f_policy[row])
             series.rho.append(rho)
         self.cluster["time"].append(at)
         self.cluster["psi"].append(sharing_benefit(degrees))
         self.cluster["omega"].append(sharing_loss(degrees))
-        self.cluster["soft_fairness"].append(self.soft_fairness())
+        self.cluster["soft_fairness"].append(soft_fairness)
         cap = engine.accounting.capacity
         used = engine.used.sum(axis=0) if len(engine.used) else np.zeros(len(cap))
         for i, r in enumerate(engine.resources.names):

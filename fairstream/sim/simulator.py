@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 from fairstream import policies
-from fairstream.core.engine import Engine
+from fairstream.core.engine import Engine, StepResult
 from fairstream.sim.metrics import MetricsRecorder, job_statistics
 from fairstream.core.model import (
     Decision,
@@ -103,9 +103,12 @@ class Simulator:
         progress: bool | None = False,
         record_events: bool = False,
         on_decision: Callable[[Decision], None] | None = None,
+        on_step: Callable[[Engine, StepResult], None] | None = None,
     ) -> None:
         """``on_decision``: given, each decision goes to it as it is taken and the result keeps
-        none (a day-long run writes them out instead of holding millions)."""
+        none (a day-long run writes them out instead of holding millions). ``on_step``: called
+        with the engine and the step's result after every step (the property tests watch the
+        engine's invariants through it; the run's own loop is the one loop there is)."""
         self.scenario = scenario
         self.engine = Engine(scenario.resources, _fresh_tree(scenario), policies.get(policy), params)
         if metric_resource is None:
@@ -118,6 +121,7 @@ class Simulator:
         self.progress = progress
         self.record_events = record_events
         self.on_decision = on_decision
+        self.on_step = on_step
 
     def run(self) -> SimResult:
         scenario, engine = self.scenario, self.engine
@@ -210,6 +214,8 @@ class Simulator:
             if result.rejected:
                 event, why = result.rejected[0]
                 raise ModelError(f"event at t={now}: {why}")
+            if self.on_step is not None:
+                self.on_step(engine, result)
             for task in result.finished:
                 job = jobs[task.job]
                 job.finished += 1
