@@ -11,6 +11,7 @@ from fairstream.core.accounting import AccountingConfig
 from fairstream.core.fairness import marginal_counted, normalised_usage
 from fairstream.core.model import ModelError, ResourceSpace, Task
 from fairstream.core.placement import Cycle
+from fairstream.core.preemption import PreemptionRule
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies.base import Param, parse_choice, parse_fraction, parse_name, parse_non_negative, parse_positive
 
@@ -29,6 +30,25 @@ LONG_TERM_PARAMS = (
     Param("round", math.inf, parse_positive, "round length L in seconds (S-LTMM, formula 12); inf = F-LTMM"),
     Param("discount", 1.0, parse_fraction, "eta, the rate at which resources beyond the share are counted (formula 7)"),
 )
+
+
+#: Preemption toward fair share (``fairstream.core.preemption``), for fair, drf, ltrf, hltrf.
+PREEMPTION_PARAMS = (
+    Param("preemption", "off", parse_choice("off", "on"),
+          "on: take room back from tenants above their fair share for a tenant starved past preemption_timeout"),
+    Param("preemption_timeout", 60.0, parse_non_negative,
+          "seconds of event time a tenant must stay below preemption_threshold x its fair share, with pending "
+          "work some node could hold, before victims are chosen (YARN's fairSharePreemptionTimeout)"),
+    Param("preemption_threshold", 0.5, parse_fraction,
+          "a tenant below this fraction of its fair share is starved (YARN's fairSharePreemptionThreshold)"),
+)
+
+
+def preemption_rule(params: Mapping[str, Any]) -> PreemptionRule | None:
+    """The rule ``PREEMPTION_PARAMS`` ask for, None when ``preemption=off``."""
+    if params["preemption"] != "on":
+        return None
+    return PreemptionRule(threshold=params["preemption_threshold"], timeout=params["preemption_timeout"])
 
 
 def resource_index(resources: ResourceSpace, name: str) -> int | None:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 
 from fairstream.core.accounting import AccountingConfig
 from fairstream.core.model import Decision, ModelError, ResourceSpace
+from fairstream.core.preemption import PreemptionRule
 from fairstream.core.snapshot import Snapshot
 
 
@@ -98,6 +99,9 @@ class PolicySpec:
     # cluster cannot honour (a resource it does not have). None: the defaults, which memoryless
     # policies never read (the metrics still do).
     accounting: Callable[[ResourceSpace, Mapping[str, Any]], AccountingConfig] | None = None
+    # The preemption rule its parameters ask for (``fairstream.core.preemption``), or None when
+    # preemption is off; the engine then tracks starved tenants and wakes the simulator for them.
+    preemption: Callable[[Mapping[str, Any]], PreemptionRule | None] | None = None
     # Checks the parameters together (one may exclude another) and may complete them in place
     # (FLEX loads its default model file here); raises ModelError.
     check: Callable[[Mapping[str, Any]], Any] | None = None
@@ -122,6 +126,10 @@ class PolicySpec:
     def accounting_config(self, resources: ResourceSpace, params: Mapping[str, Any]) -> AccountingConfig:
         """The accounting this policy needs on a cluster of ``resources`` with its typed ``params``."""
         return AccountingConfig() if self.accounting is None else self.accounting(resources, params)
+
+    def preemption_rule(self, params: Mapping[str, Any]) -> PreemptionRule | None:
+        """The preemption rule of this policy with typed ``params``, None if it has none or it is off."""
+        return None if self.preemption is None else self.preemption(params)
 
     def params_json(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Typed parameters (from ``parse_params``) as JSON, each as its ``Param`` shows it."""

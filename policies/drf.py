@@ -11,16 +11,20 @@ from typing import Any, Mapping
 from fairstream.core.fairness import dominant_share, fair_key, resource_shares
 from fairstream.core.model import Decision
 from fairstream.core.placement import Cycle, leaf_arrival, serve_in_order
+from fairstream.core.preemption import PreemptionRule, reclaim
 from fairstream.core.snapshot import Snapshot
+from fairstream.policies._common import PREEMPTION_PARAMS, preemption_rule
 from fairstream.policies.base import PolicySpec
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
-    return dominant_share_pass(snapshot, "drf")
+    return dominant_share_pass(snapshot, "drf", preemption_rule(params))
 
 
-def dominant_share_pass(snapshot: Snapshot, policy: str) -> list[Decision]:
-    """Lowest weighted dominant share of the whole cluster first, first fit on real nodes."""
+def dominant_share_pass(snapshot: Snapshot, policy: str, rule: PreemptionRule | None = None) -> list[Decision]:
+    """Lowest weighted dominant share of the whole cluster first, first fit on real nodes; with
+    a preemption ``rule``, then room taken back for starved tenants from those of the highest
+    weighted dominant share."""
 
     def key(cycle: Cycle, tenant: str):
         row = snapshot.rows[tenant]
@@ -30,8 +34,17 @@ def dominant_share_pass(snapshot: Snapshot, policy: str) -> list[Decision]:
     def reason(cycle: Cycle, tenant: str, k) -> str:
         return f"{policy}: lowest dominant share/weight ({k.share:.4g})"
 
+    def victim_key(tenant: str, allocation) -> float:
+        row = snapshot.rows[tenant]
+        return dominant_share(allocation[row], snapshot.capacity) / snapshot.share_fraction[row]
+
     initial = resource_shares(snapshot.allocation, snapshot.capacity, None) / snapshot.share_fraction
-    return serve_in_order(snapshot, policy, key, reason, initial_shares=initial)
+    cycle = Cycle(snapshot, policy)
+    serve_in_order(snapshot, policy, key, reason, initial_shares=initial, cycle=cycle)
+    if rule is not None:
+        reclaim(cycle, rule, victim_key)
+    return cycle.decisions
 
 
-SPEC = PolicySpec("drf", decide, "memoryless weighted dominant resource fairness", tenant_local=True)
+SPEC = PolicySpec("drf", decide, "memoryless weighted dominant resource fairness", PREEMPTION_PARAMS,
+                  tenant_local=True, preemption=preemption_rule)

@@ -25,7 +25,8 @@ from fairstream.core.fairness import fair_key, normalised_usage
 from fairstream.core.model import ROOT, Decision, ReasonCode
 from fairstream.core.placement import Cycle
 from fairstream.core.snapshot import Snapshot
-from fairstream.policies._common import LONG_TERM_PARAMS, LongTermUsage, long_term_accounting
+from fairstream.core.preemption import reclaim
+from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, LongTermUsage, long_term_accounting, preemption_rule
 from fairstream.policies.base import Param, PolicySpec, parse_non_negative
 
 
@@ -100,6 +101,9 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
             heapq.heappush(lowest, (node_key(leaf), leaf))
         if cycle.next_task(leaf) is None:
             drop(leaf)
+    rule = preemption_rule(params)
+    if rule is not None:  # victims: the leaves of the highest long-term usage/weight
+        reclaim(cycle, rule, lambda tenant, allocation: usage.key(rows[tenant]) / snapshot.share_fraction[rows[tenant]])
     return cycle.decisions
 
 
@@ -111,6 +115,7 @@ SPEC = PolicySpec(
     "hltrf",
     decide,
     "hierarchical LTRF with starvation timeout t_wait (H-LTRF)",
-    LONG_TERM_PARAMS + (Param("t_wait", math.inf, _t_wait, "starvation timeout T_wait in seconds; inf = naive recursive approach"),),
+    LONG_TERM_PARAMS + (Param("t_wait", math.inf, _t_wait, "starvation timeout T_wait in seconds; inf = naive recursive approach"),) + PREEMPTION_PARAMS,
     accounting=long_term_accounting,
+    preemption=preemption_rule,
 )

@@ -18,7 +18,8 @@ from fairstream.core.fairness import fair_key, resource_shares
 from fairstream.core.model import Decision, Task
 from fairstream.core.placement import Cycle, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
-from fairstream.policies._common import LONG_TERM_PARAMS, LongTermUsage, long_term_accounting
+from fairstream.core.preemption import reclaim
+from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, LongTermUsage, long_term_accounting, preemption_rule
 from fairstream.policies.base import PolicySpec
 
 
@@ -36,10 +37,19 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     def reason(cycle: Cycle, tenant: str, k) -> str:
         return f"ltrf: lowest accumulated usage/weight ({k.share:.4g})"
 
+    def victim_key(tenant: str, allocation) -> float:  # long-term usage: the most served go first
+        row = snapshot.rows[tenant]
+        return usage.key(row) / snapshot.share_fraction[row]
+
     initial = (resource_shares(snapshot.accumulated, snapshot.capacity, usage.resource)
                + snapshot.pseudo_accumulated) / snapshot.share_fraction
-    return serve_in_order(snapshot, "ltrf", key, reason, charge=charge, initial_shares=initial)
+    cycle = Cycle(snapshot, "ltrf")
+    serve_in_order(snapshot, "ltrf", key, reason, charge=charge, initial_shares=initial, cycle=cycle)
+    rule = preemption_rule(params)
+    if rule is not None:
+        reclaim(cycle, rule, victim_key)
+    return cycle.decisions
 
 
-SPEC = PolicySpec("ltrf", decide, "long-term max-min over accumulated usage (LTRF)", LONG_TERM_PARAMS,
-                  tenant_local=True, accounting=long_term_accounting)
+SPEC = PolicySpec("ltrf", decide, "long-term max-min over accumulated usage (LTRF)", LONG_TERM_PARAMS + PREEMPTION_PARAMS,
+                  tenant_local=True, accounting=long_term_accounting, preemption=preemption_rule)

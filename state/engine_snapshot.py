@@ -48,6 +48,7 @@ import msgpack
 import numpy as np
 
 from fairstream.core.accounting import Accounting, AccountingConfig, QuantumTree, RecentTasks, TenantLedger, _Running
+from fairstream.core.preemption import PreemptionRule
 from fairstream.core.engine import Engine
 from fairstream.core.flex import FlexModel, Tree
 from fairstream.core.model import (
@@ -68,7 +69,7 @@ from fairstream.core.snapshot import PendingQueue, TaskList
 from fairstream.core.tenants import TenantTree
 
 MAGIC = b"FSENGINE"
-VERSION = 3  # 3: unschedulable verdicts carry a ReasonCode
+VERSION = 4  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state
 
 REF, LIST, TUPLE, DICT, SET, FROZENSET, OBJECT, ARRAY, ENUM, ORDERED, POLICY, NUMBER = range(12)
 
@@ -108,7 +109,8 @@ class _Class:
 CLASSES: tuple[_Class, ...] = (
     _Class(Engine, "resources tree spec params auto_tenants accounting time nodes node_row _capacity _used _alive "
                    "_node_ids _node_labels _shares_stale tasks requests finished_ids finished_retention pending _seq _shapes "
-                   "_unschedulable _to_check _nodes_changed _verdicts _grown _touched _passed _fresh _shape_demands",
+                   "_unschedulable _to_check _nodes_changed _verdicts _grown _touched _passed _fresh _shape_demands "
+                   "preemption starved_since",
            derived="_node_view", rebuild=_rebuild_engine),  # the snapshot's node view, made again on use
     _Class(ResourceSpace, "names _position"),
     _Class(TenantTree, "specs children effective_share has_limits _paths"),
@@ -117,6 +119,7 @@ CLASSES: tuple[_Class, ...] = (
                        "capacity fractions clock round_start quanta",
            derived="_index"),  # the top-up index, rebuilt on first use
     _Class(AccountingConfig, "round_length discount quantum adaptive_quantum resource"),
+    _Class(PreemptionRule, "threshold timeout"),
     _Class(QuantumTree, "initial adaptive quantum _children_sum _children_count _finished version"),
     _Class(TenantLedger, "name pending running first_arrival round_arrival pseudo_accumulated waiting_since recent"),
     _Class(RecentTasks, "demand weighted entries boundary done round_start"),

@@ -353,3 +353,38 @@ def test_a_task_the_fast_check_accepts_is_one_the_schema_accepts(key, value):
     if _plain_task(task):
         document = {"nodes": [{"id": "n", "capacity": {"cpu": 1}}], "tasks": [task]}
         assert jsonschema.Draft202012Validator(scenario_schema()).is_valid(document), task
+
+
+# ------------------------------------------------------------------- preemption toward fair share
+
+@SETTINGS
+@given(document=scenarios(), policy=st.sampled_from(["drf", "fair", "ltrf", "hltrf"]),
+       timeout=st.sampled_from([0, 1, 3]), threshold=st.sampled_from([0.5, 1.0]))
+def test_preemption_never_takes_a_tenant_below_its_share_nor_acts_without_a_starved_tenant(document, policy, timeout,
+                                                                                          threshold):
+    from fairstream.core.model import DecisionKind
+    from fairstream.core.preemption import share_ratios
+
+    params = {"preemption": "on", "preemption_timeout": str(timeout), "preemption_threshold": str(threshold)}
+    starved_before: dict[str, float] = {}
+
+    def check(engine, result):
+        no_overcommit_and_constraints_hold(engine)
+        preempts = [d for d in result.decisions if d.kind is DecisionKind.PREEMPT]
+        if preempts:
+            now = engine.time
+            # Someone was starved past the timeout before the pass, and each preemption names one.
+            due = {t for t, since in starved_before.items() if now - since >= timeout - EPSILON}
+            assert due, f"preempted at t={now} with no tenant starved past the timeout"
+            assert all(any(f"frees room for {t}," in d.reason for t in due) for d in preempts)
+            acc = engine.accounting
+            active = np.array([l.running > 0 or (l.name in engine.pending and engine.pending[l.name].count > 0)
+                               for l in acc.ledgers])
+            ratios = share_ratios(acc.allocation, acc.capacity, acc.fractions, active, acc.config.resource)
+            for victim in {d.tenant for d in preempts}:
+                assert ratios[acc.row[victim]] >= 1 - 1e-6, f"{victim} taken below its share at t={now}"
+        starved_before.clear()
+        starved_before.update(engine.starved_since)
+
+    simulator = Simulator(parse_scenario(document), policy, params, on_step=check)
+    simulator.run()

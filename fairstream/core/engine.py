@@ -45,7 +45,8 @@ from fairstream.core.model import (
     MAX_COUNT,
     request_task_id,
 )
-from fairstream.core.snapshot import PendingQueue, Snapshot
+from fairstream.core.preemption import PreemptionRule, RunningTask, share_ratios, starved_past_timeout
+from fairstream.core.snapshot import EMPTY_MAPPING, PendingQueue, Snapshot
 from fairstream.core.tenants import TenantTree
 
 if TYPE_CHECKING:  # the core never imports the policies: the engine is handed one
@@ -137,6 +138,10 @@ class Engine:
         self.params = policy.parse_params(params or {})
         self.auto_tenants = auto_tenants
         self.accounting = Accounting(len(resources), policy.accounting_config(resources, self.params))
+        # Preemption toward fair share (``fairstream.core.preemption``): the policy's rule, or
+        # None when off; then since when each starved tenant has been starved (event time).
+        self.preemption: PreemptionRule | None = policy.preemption_rule(self.params)
+        self.starved_since: dict[str, float] = {}
         self.time: float | None = None
         self.nodes: list[Node] = []
         self.node_row: dict[str, int] = {}
@@ -203,7 +208,40 @@ class Engine:
             self._refresh_shares()
         result.decisions.extend(self._report_unschedulable())
         result.decisions.extend(self.schedule())
+        if self.preemption is not None:
+            self._track_starvation()
         return result
+
+    def wake_at(self) -> float | None:
+        """The next event time at which a pass could preempt though no event arrives (a starved
+        tenant's timeout runs out), or None. The simulator steps the engine then; the worker's
+        passes follow its heartbeats."""
+        if self.preemption is None or self.time is None:
+            return None
+        due = [since + self.preemption.timeout for since in self.starved_since.values()]
+        later = [t for t in due if t > self.time]
+        return min(later) if later else None
+
+    def _track_starvation(self) -> None:
+        """After a pass: a tenant with pending work some live node could hold, below the rule's
+        threshold x its instantaneous fair share, is starved since now unless it already was;
+        any other tenant is not."""
+        acc, rule = self.accounting, self.preemption
+        active = np.array([ledger.running > 0 or (ledger.name in self.pending and self.pending[ledger.name].count > 0)
+                           for ledger in acc.ledgers], dtype=bool)
+        ratios = share_ratios(acc.allocation, acc.capacity, acc.fractions, active, acc.config.resource)
+        starved = {}
+        for tenant, queue in self.pending.items():
+            if not queue.count or ratios[acc.row[tenant]] >= rule.threshold - EPSILON:
+                continue
+            if any(self._verdicts.get(shape) is None for shape in queue.groups):  # some node could hold it
+                starved[tenant] = self.starved_since.get(tenant, self.time)
+        self.starved_since = starved
+
+    def _running_tasks(self) -> tuple[RunningTask, ...]:
+        return tuple(RunningTask(task.id, task.job, task.tenant, self.node_row[task.node], task.demand, task.demand_map,
+                                 task.start, task.seq)
+                     for task in self.tasks.values() if task.state is TaskState.RUNNING)
 
     def _report_unschedulable(self) -> list[Decision]:
         """An ``UNSCHEDULABLE`` decision for each pending task that fits no live node its
@@ -266,7 +304,8 @@ class Engine:
             self._fresh.clear()
             self._passed = True
         decisions = self.spec.decide(snapshot, self.params)
-        requests = [self._start(decision) for decision in decisions]
+        requests = [self._preempt(decision) if decision.kind is DecisionKind.PREEMPT else self._start(decision)
+                    for decision in decisions]
         if not any(requests):
             return decisions
         return _grouped(decisions, requests)
@@ -297,6 +336,11 @@ class Engine:
         if self._node_view is None:  # made again only when a node joins or its labels change
             self._node_view = (tuple(self._node_ids), tuple(MappingProxyType(labels) for labels in self._node_labels))
         node_ids, node_labels = self._node_view
+        starved_since, running_tasks = EMPTY_MAPPING, None
+        if self.starved_since:
+            starved_since = MappingProxyType(dict(self.starved_since))
+            if starved_past_timeout(self.starved_since, now, self.preemption):
+                running_tasks = self._running_tasks()
         return Snapshot(
             time=now,
             resources=self.resources,
@@ -320,6 +364,8 @@ class Engine:
             running=np.array([ledger.running for ledger in acc.ledgers], dtype=float),
             node_capacity=self.capacity,
             node_allocation=self._node_allocation() if self.spec.needs_node_allocation else None,
+            starved_since=starved_since,
+            running_tasks=running_tasks,
         )
 
     def _node_allocation(self) -> dict[tuple[int, str], np.ndarray]:
@@ -603,12 +649,7 @@ class Engine:
         requeued.sort(key=lambda t: t.seq)
         decisions = []
         for task in requeued:
-            self.used[row] -= task.demand
-            self.accounting.on_requeue(self.accounting.row[task.tenant], task.running_entry, event.time)
-            task.state, task.node, task.start, task.running_entry = TaskState.PENDING, None, None, None
-            self.pending[task.tenant].add(task)
-            self._touched.add(task.tenant)
-            self._fresh.add(task.shape)
+            self._back_to_pending(task, row, event.time)
             decisions.append(
                 Decision(event.time, task.id, task.job, task.tenant, event.node, task.demand_map,
                          self.policy, f"requeue: node {event.node} lost", ReasonCode.NODE_LOST, DecisionKind.REQUEUE)
@@ -618,6 +659,25 @@ class Engine:
         return decisions
 
     # --------------------------------------------------------------- decisions
+
+    def _back_to_pending(self, task: Task, row: int, time: float) -> None:
+        """A running task stops (its node lost, or preempted) and waits again, same id."""
+        self.used[row] -= task.demand
+        self.accounting.on_requeue(self.accounting.row[task.tenant], task.running_entry, time)
+        task.state, task.node, task.start, task.running_entry = TaskState.PENDING, None, None, None
+        self.pending[task.tenant].add(task)
+        self._touched.add(task.tenant)
+        self._fresh.add(task.shape)
+
+    def _preempt(self, decision: Decision) -> None:
+        """Apply one ``PREEMPT``: the task stops and is pending again; its room is free at once."""
+        task = self.tasks.get(decision.task)
+        if task is None or task.state is not TaskState.RUNNING or task.node != decision.node:
+            raise PolicyViolation(f"{decision.policy} preempted task {decision.task!r}, not running on {decision.node}")
+        row = self.node_row[decision.node]
+        self._back_to_pending(task, row, decision.time)
+        self._grown.add(row)
+        return None
 
     def _start(self, decision: Decision) -> str | None:
         """Apply one placement; returns the id of the request it took a task of (or None)."""
@@ -679,13 +739,16 @@ def _grouped(decisions: list[Decision], requests: list[str | None]) -> list[Deci
     """One decision per request and node: the placements of a pass that took tasks of one
     request to one node become one decision listing them (``Decision.tasks``), where the first
     of them was; single tasks stay as they are."""
-    groups: dict[tuple[str, str], list[Decision]] = {}
+    groups: dict[tuple[str, str, int], list[Decision]] = {}
     order: list = []
+    segment = 0  # placements after a preemption are not merged into ones before it
     for decision, request in zip(decisions, requests):
+        if decision.kind is DecisionKind.PREEMPT:
+            segment += 1
         if request is None:
             order.append(decision)
             continue
-        key = (request, decision.node)
+        key = (request, decision.node, segment)
         if key not in groups:
             groups[key] = []
             order.append(key)

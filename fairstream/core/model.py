@@ -275,6 +275,7 @@ class DecisionKind(str, Enum):
     PLACE = "place"
     REQUEUE = "requeue"
     UNSCHEDULABLE = "unschedulable"
+    PREEMPT = "preempt"
 
 
 class ReasonCode(str, Enum):
@@ -290,6 +291,9 @@ class ReasonCode(str, Enum):
     ARRIVAL_ORDER = "arrival_order"  # FIFO: the earliest pending task that fits
     PARTITION = "partition"  # static: fits in the tenant's own partition
     PACKING = "packing"  # an efficiency stage chose it (Tetris alignment, QKnobler's integer program)
+    RECLAIMED = "reclaimed"  # placed for a starved tenant on room preempted for it
+    # preempt
+    FAIR_SHARE_PREEMPTION = "fair_share_preemption"  # killed to give a starved tenant its fair share
     # requeue
     NODE_LOST = "node_lost"  # the node it ran on was lost
     # unschedulable
@@ -301,6 +305,8 @@ class Decision(NamedTuple):
     """One scheduling decision, plain data with the reason it was taken.
 
     ``PLACE``: run ``task`` on ``node``. ``REQUEUE``: the task's node was lost; it is pending again.
+    ``PREEMPT``: kill ``task`` on ``node`` to give its room to a starved tenant (the reason names
+    it); the task is pending again with the same id and starts over when placed.
     ``UNSCHEDULABLE``: no live node its constraints allow is large enough for it, however idle
     (``node`` is empty); it stays pending, in case such a node joins, and is reported again only
     after it became schedulable in between.

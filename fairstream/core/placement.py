@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from fairstream.core.fairness import BELOW_MIN_SHARE, FairKey, dominant_share, fair_key
-from fairstream.core.model import EPSILON, Constraints, Decision, ReasonCode, Task, TaskState
+from fairstream.core.model import EPSILON, Constraints, Decision, DecisionKind, ReasonCode, Task, TaskState
 from fairstream.core.snapshot import Snapshot
 
 _START = (0, 0)
@@ -123,15 +123,16 @@ class Cycle:
         self._heads[tenant] = rest
         return within
 
-    def shape_heads(self, tenant: str) -> list[Task]:
-        """The next pending entry of each of the tenant's shapes still worth trying, in arrival order."""
+    def shape_heads(self, tenant: str, every_shape: bool = False) -> list[Task]:
+        """The next pending entry of each of the tenant's shapes still worth trying (with
+        ``every_shape``: also those that fitted no node's free room in this pass), in arrival order."""
         queue = self.snapshot.pending.get(tenant)
         if queue is None:
             return []
         failed_here = self._failed_for.get(tenant, ())
         heads = []
         for shape, group in queue.groups.items():
-            if shape in self._failed_shapes or shape in failed_here:
+            if not every_shape and (shape in self._failed_shapes or shape in failed_here):
                 continue
             task, _, _ = group.next_from(*self._cursor.get((tenant, shape), _START))
             if task is not None:
@@ -302,6 +303,23 @@ class Cycle:
                 code=code,
             )
         )
+
+
+    def evict(self, task, reason: str, code: ReasonCode) -> None:
+        """Preempt running ``task`` (a ``preemption.RunningTask``): its room and its tenant's
+        allocation come back in this pass, and a ``PREEMPT`` decision says so."""
+        node = task.node
+        self.free[node] += task.demand
+        self._free_rows[node] = self.free[node].tolist()
+        self.allocation[self.snapshot.rows[task.tenant]] -= task.demand
+        if self.capped:
+            for group in self.snapshot.tree.path(task.tenant):
+                self.group_allocation[group] -= task.demand
+        self._candidates.clear()  # first-fit lists were made before this room came free
+        self._failed_shapes.clear()
+        self._too_large.clear()
+        self.decisions.append(Decision(self.snapshot.time, task.id, task.job, task.tenant, self.snapshot.node_ids[node],
+                                       task.demand_map, self.policy, reason, code, DecisionKind.PREEMPT))
 
 
 KeyFn = Callable[[Cycle, str], tuple]

@@ -9,7 +9,8 @@ what the pass costs).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -101,6 +102,9 @@ class PendingQueue:
                     yield task
 
 
+EMPTY_MAPPING: Mapping[str, float] = MappingProxyType({})
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """The cluster as one pass sees it. Row ``i`` of every tenant array is ``tenants[i]``.
@@ -148,6 +152,11 @@ class Snapshot:
     # node when the last pass ended, so it can only fit on ``grown_rows`` now.
     grown_rows: np.ndarray | None = None
     fresh_shapes: frozenset[int] = frozenset()
+    # Preemption (``fairstream.core.preemption``): since when each starved tenant has been
+    # starved (event time), and the running tasks, given only when one is starved past the
+    # policy's timeout (a pass without preemption pays nothing for them).
+    starved_since: Mapping[str, float] = field(default_factory=lambda: EMPTY_MAPPING)
+    running_tasks: tuple | None = None
 
     def __post_init__(self) -> None:
         # Read-only in fact, not by convention: a policy that writes to a snapshot array raises

@@ -69,6 +69,38 @@ class MetricsRecorder:
         self.soft_fairness_max = 0.0
         self.busy_integral = np.zeros(len(names))
         self.capacity_integral = np.zeros(len(names))
+        # Preemption (issue "Preemption toward fair share"): per tenant, when it first wanted
+        # anything, how long until it first held its fair share, and what preemption cost it.
+        self.wanting_since: dict[str, float] = {}
+        self.time_to_fair_share: dict[str, float] = {}
+        self.preemptions: dict[str, int] = {}
+        self.work_lost: dict[str, float] = {}  # task-seconds of work killed by preemption
+
+    def record_preemption(self, tenant: str, lost: float) -> None:
+        """A task of ``tenant`` was preempted after running ``lost`` seconds (work lost)."""
+        self.preemptions[tenant] = self.preemptions.get(tenant, 0) + 1
+        self.work_lost[tenant] = self.work_lost.get(tenant, 0.0) + lost
+
+    def _watch_fair_share(self, at: float, g: np.ndarray, d: np.ndarray) -> None:
+        """Time to fair share: from a tenant's first demand to the first instant it holds
+        min(its instantaneous fair share, what it asks for), in the metric resource. The fair
+        share is its weight fraction over the tenants with running or pending work (as
+        preemption measures it, ``fairstream.core.preemption``)."""
+        acc = self.engine.accounting
+        n = len(g)
+        if not n or len(self.time_to_fair_share) == n:
+            return
+        active = d > 0
+        weights = np.where(active, acc.fractions[:n], 0.0)
+        total = weights.sum()
+        fair = weights / total if total > 0 else weights
+        for row in np.flatnonzero(active).tolist():
+            name = acc.ledgers[row].name
+            if name in self.time_to_fair_share:
+                continue
+            since = self.wanting_since.setdefault(name, at)
+            if g[row] >= min(fair[row], d[row]) - 1e-9:
+                self.time_to_fair_share[name] = at - since
 
     def _by_name(self, which: int) -> dict[str, float]:
         ledgers = self.engine.accounting.ledgers
@@ -120,6 +152,7 @@ class MetricsRecorder:
             self.clock = now
             self.next_sample = now
         state = self._state()
+        self._watch_fair_share(self.clock, state[0], state[1])  # the state as of the last step
         n = len(state[0])
         if self._integrals.shape[1] < n:
             grown = np.zeros((3, n))

@@ -32,7 +32,7 @@ from fairstream.core.model import (
 from fairstream.sim.scenario import Scenario, TaskSpec, spec_of_task
 
 # Order of event kinds within one instant (all are applied before the pass anyway).
-_COMPLETE, _NODE, _SUBMIT = 0, 1, 2
+_COMPLETE, _NODE, _SUBMIT, _WAKE = 0, 1, 2, 3
 
 
 @dataclass
@@ -78,11 +78,16 @@ class SimResult:
             "sharing_benefit": sum(max(r - 1, 0) for r in degrees.values()),
             "sharing_loss": sum(min(r - 1, 0) for r in degrees.values()),
             "soft_fairness": self.metrics.soft_fairness_summary(),
+            "preemptions": sum(self.metrics.preemptions.values()),
+            "work_lost": sum(self.metrics.work_lost.values()),
             "tenants": {
                 name: {
                     "fairness_degree": degrees.get(name, 1.0),
                     "accumulated_usage": usage.get(name, 0.0),
                     "accumulated_counted": counted.get(name, 0.0),
+                    "time_to_fair_share": self.metrics.time_to_fair_share.get(name),
+                    "preemptions": self.metrics.preemptions.get(name, 0),
+                    "work_lost": self.metrics.work_lost.get(name, 0.0),
                     **tenants.get(name, {}),
                 }
                 for name in sorted(set(degrees) | set(tenants))
@@ -172,6 +177,8 @@ class Simulator:
 
         jobs: dict[str, JobRecord] = {}
         attempts: dict[str, int] = {}  # running tasks' attempt numbers (a requeue makes another)
+        started: dict[str, float] = {}  # running tasks' start times (work lost to preemption)
+        woken: set[float] = set()  # times a pass was asked for with no event (preemption timeouts)
         decisions: list[Decision] = []
         keep = decisions.append if self.on_decision is None else self.on_decision
         placements = placed_tasks = 0
@@ -192,7 +199,7 @@ class Simulator:
                     task_id, attempt = payload
                     if attempts.get(task_id) != attempt:
                         continue  # the attempt was requeued by a node loss
-                    del attempts[task_id]
+                    del attempts[task_id], started[task_id]
                     batch.append(TaskCompleted(now, task_id))
                 elif kind == _SUBMIT:
                     spec: TaskSpec = payload
@@ -205,8 +212,9 @@ class Simulator:
                     job.tasks += spec.tasks
                     batch.append(TaskSubmitted(now, spec.id, spec.job, spec.tenant, spec.demand, spec.constraints,
                                                spec.count))
-                else:
+                elif kind == _NODE:
                     batch.append(payload)
+                # _WAKE: no event, a pass at this time (a starved tenant's preemption timeout)
             self.metrics.advance(now)
             if self.record_events:
                 recorded.append((now, batch))
@@ -230,8 +238,11 @@ class Simulator:
                         del left[spec.id], specs[spec.id]
             for decision in result.decisions:
                 keep(decision)
-                if decision.kind is DecisionKind.REQUEUE:
+                if decision.kind is DecisionKind.REQUEUE or decision.kind is DecisionKind.PREEMPT:
                     attempts[decision.task] += 1
+                    started_at = started.pop(decision.task)
+                    if decision.kind is DecisionKind.PREEMPT:
+                        self.metrics.record_preemption(decision.tenant, now - started_at)
                     continue
                 if decision.kind is not DecisionKind.PLACE:
                     continue  # unschedulable: reported, still pending
@@ -240,7 +251,12 @@ class Simulator:
                 duration = spec_of(decision.task).duration
                 for task_id in decision.task_ids:
                     attempts[task_id] = attempts.get(task_id, 0) + 1
+                    started[task_id] = now
                     push(now + duration, _COMPLETE, (task_id, attempts[task_id]))
+            wake = engine.wake_at()
+            if wake is not None and wake not in woken:
+                woken.add(wake)
+                push(wake, _WAKE, None)
         bar.close()
         self.metrics.advance(now + self.metrics.sample_interval)
         return SimResult(self.engine.policy, dict(self.engine.params), decisions, jobs, self.metrics, now, recorded,
