@@ -6,7 +6,7 @@ of their job, or a whole other job) are not published by replay: the emulator re
 
 ``emulate``: plays the cluster. It consumes decisions, runs each placed task for its trace
 duration and publishes its completion when the accelerated clock gets there, with that event
-time; a requeued task's pending completion is cancelled. A task starts at its decision's time,
+time; a requeued or preempted task's pending completion is cancelled. A task starts at its decision's time,
 or, as on a real cluster, when the emulator hears of the decision if that is later (the
 worker's latency times ``speed``): so nothing it publishes goes back in its own time. It releases
 held-back tasks when what they wait for has completed, and sends every node's heartbeat every
@@ -43,6 +43,7 @@ class EmulatorReport:
     placed: int = 0
     completed: int = 0
     requeued: int = 0
+    preempted: int = 0  # tasks killed by preempt decisions (they run again when placed again)
     duplicates_ignored: int = 0
     moved: int = 0  # placed again on another node while running (after the worker lost state)
     stale_ignored: int = 0  # placed again after it had finished (after the worker lost state)
@@ -115,11 +116,16 @@ async def run_emulator(
 
     def place(decision: dict, task_id: str):
         """Apply ``decision`` to one of its tasks; returns the completion to schedule, if any."""
-        if decision["kind"] == "requeue":
+        if decision["kind"] in ("requeue", "preempt"):
+            # Its node was lost, or it is killed for a starved tenant: it stops, its pending
+            # completion is cancelled, and it runs again from the start when placed again.
             attempts[task_id] = attempts.get(task_id, 0) + 1
             if task_id in running:
                 release(task_id)
-            report.requeued += 1
+            if decision["kind"] == "preempt":
+                report.preempted += 1
+            else:
+                report.requeued += 1
             return None
         if decision["kind"] != "place":
             return None  # unschedulable: nothing to run

@@ -452,6 +452,37 @@ def test_a_fb2009_sample_through_kafka_with_the_emulator_matches_the_simulator(t
         assert stored["usage:0"][tenant]["counted"] == pytest.approx(usage["counted"])
 
 
+def test_the_worker_preempts_on_kafka_and_the_emulator_kills_and_restarts_the_preempted_tasks(tmp_path):
+    # One node of 4 cpu; A fills it at t = 0 with 4 tasks of 400 s; B asks for 4 at t = 100.
+    # B's fair share is 2 (2 active tenants); it holds 0 < 0.5 x 2 from t = 100, so the first
+    # pass after t = 110 (heartbeats every 5 s of event time) preempts 2 of A's tasks, the
+    # youngest (a-3, a-2), and places 2 of B's on their room. The emulator kills them and
+    # runs them again from the start when they are placed again: every task completes once.
+    from fairstream.producers.emulator import run_emulator
+    from fairstream.sim.scenario import parse_scenario
+
+    app_id = f"t{uuid.uuid4().hex[:8]}"
+    topics = Topics().with_prefix(app_id)
+    scenario = parse_scenario({
+        "resources": ["cpu"], "nodes": [{"id": "n", "capacity": {"cpu": 4}}],
+        "tasks": [{"id": "a", "job": "ja", "tenant": "A", "submit": 0, "duration": 400, "demand": {"cpu": 1}, "count": 4},
+                  {"id": "b", "job": "jb", "tenant": "B", "submit": 100, "duration": 20, "demand": {"cpu": 1}, "count": 4}]})
+    worker = Worker(app_id, tmp_path, "--resources", "cpu", "--param", "preemption=on", "--param", "preemption_timeout=10",
+                    "--max-lateness", "1e9").start()
+    try:
+        worker.wait_for_log("worker.partitions_assigned")  # A's tasks are decided before B arrives
+        report = asyncio.run(run_emulator(scenario, "pre", BROKER, topics, speed=20, heartbeat_interval=5, timeout=240))
+        decisions = asyncio.run(collect(topics.decisions, lambda ms: sum(m["kind"] == "preempt" for m in ms) >= 2
+                                        and sum(m["kind"] == "place" for m in ms) >= 6))  # 4 + 2 again
+    finally:
+        worker.stop()
+    assert report.completed == scenario.task_count and report.over_committed == [], report.to_json()
+    preempts = {d["id"]: d for d in decisions if d["kind"] == "preempt"}.values()
+    assert sorted(d["task"] for d in preempts) == ["a-2", "a-3"] and report.preempted == 2
+    assert all(d["code"] == "fair_share_preemption" and "frees room for B" in d["reason"] for d in preempts)
+    assert {d["tenant"] for d in placed(decisions) if d["code"] == "reclaimed"} == {"B"}
+
+
 KAFKA_SECRET = "fairstream-test-secret"  # the SASL user of scripts/services.sh
 def _tls_dir() -> Path:
     """The test CA and client certificate of the running broker: this checkout's, or those of
