@@ -45,7 +45,7 @@ from fairstream.core.model import (
     MAX_COUNT,
     request_task_id,
 )
-from fairstream.core.preemption import PreemptionRule, RunningTask, share_ratios, starved_past_timeout
+from fairstream.core.preemption import PreemptionRule, RunningTask, active_tenants, share_ratios, starved_past_timeout
 from fairstream.core.snapshot import EMPTY_MAPPING, PendingQueue, Snapshot
 from fairstream.core.tenants import TenantTree
 
@@ -227,8 +227,8 @@ class Engine:
         threshold x its instantaneous fair share, is starved since now unless it already was;
         any other tenant is not."""
         acc, rule = self.accounting, self.preemption
-        active = np.array([ledger.running > 0 or (ledger.name in self.pending and self.pending[ledger.name].count > 0)
-                           for ledger in acc.ledgers], dtype=bool)
+        active = active_tenants([ledger.name for ledger in acc.ledgers], [ledger.running for ledger in acc.ledgers],
+                                self.pending)
         ratios = share_ratios(acc.allocation, acc.capacity, acc.fractions, active, acc.config.resource)
         starved = {}
         for tenant, queue in self.pending.items():
@@ -677,7 +677,6 @@ class Engine:
         row = self.node_row[decision.node]
         self._back_to_pending(task, row, decision.time)
         self._grown.add(row)
-        return None
 
     def _start(self, decision: Decision) -> str | None:
         """Apply one placement; returns the id of the request it took a task of (or None)."""

@@ -4,6 +4,8 @@ Terms (LTRF paper, ICS'14, section 4.2; DRF, NSDI'11):
 
 - *share* ``S_i = R * w_i / sum_k w_k`` (formula 2): the part of capacity ``R`` a tenant is
   entitled to; in a tree, ``w_i`` is the product of weight fractions along the path.
+- *instantaneous fair share*: ``w_i`` renormalised over the tenants with running or pending
+  work (YARN's), what preemption restores (``fairstream.core.preemption``).
 - *dominant share* of an allocation vector: ``max_r alloc_r / capacity_r``.
 - *counted (discounted) allocation* ``g' = min(g, S) + eta * max(g - S, 0)`` (formula 7).
 - *accumulated usage* ``f_i(t)``: integral of the counted allocation over the current window
@@ -51,6 +53,15 @@ def dominant_share(allocation: np.ndarray, capacity: np.ndarray) -> float:
             if best is None or share > best:
                 best = share
     return 0.0 if best is None else best
+
+
+def instantaneous_fair_shares(fractions: np.ndarray, active: np.ndarray) -> np.ndarray:
+    """Each tenant's instantaneous fair share, as YARN's: its weight fraction (``S_i / R``)
+    renormalised over the ``active`` tenants (those with running or pending work), 0 for the
+    others. Preemption measures starvation against it; the metrics' time to fair share too."""
+    weights = np.where(active, fractions, 0.0)
+    total = weights.sum()
+    return weights / total if total > 0 else weights
 
 
 def resource_share(allocation: np.ndarray, capacity: np.ndarray, resource: int | None) -> float:

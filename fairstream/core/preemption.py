@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from fairstream.core.fairness import resource_shares
+from fairstream.core.fairness import instantaneous_fair_shares, resource_shares
 from fairstream.core.model import EPSILON, ReasonCode, Task
 
 
@@ -68,13 +68,16 @@ class RunningTask:
     seq: int
 
 
+def active_tenants(tenants: Sequence[str], running: Sequence[float], pending: Mapping) -> np.ndarray:
+    """Per tenant row: has it running tasks or pending ones (``pending``: tenant -> queue)?"""
+    return np.array([r > 0 or (t in pending and pending[t].count > 0) for t, r in zip(tenants, running)], dtype=bool)
+
+
 def share_ratios(allocation: np.ndarray, capacity: np.ndarray, fractions: np.ndarray, active: np.ndarray,
                  resource: int | None) -> np.ndarray:
     """Each tenant's current share over its instantaneous fair share (module docstring): one
     row per tenant; inf for an inactive tenant (it is owed nothing)."""
-    weights = np.where(active, fractions, 0.0)
-    total = weights.sum()
-    fair = weights / total if total > 0 else weights
+    fair = instantaneous_fair_shares(fractions, active)
     shares = resource_shares(allocation, capacity, resource)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(fair > 0, shares / np.where(fair > 0, fair, 1.0), np.inf)
@@ -103,7 +106,7 @@ def reclaim(cycle, rule: PreemptionRule, victim_key: VictimKey) -> None:
     starved = [t for t in starved_past_timeout(snap.starved_since, snap.time, rule) if t in snap.pending]
     if not starved:
         return
-    active = (snap.running > 0) | np.array([t in snap.pending for t in snap.tenants], dtype=bool)
+    active = active_tenants(snap.tenants, snap.running, snap.pending)
 
     def ratios(allocation: np.ndarray) -> np.ndarray:
         return share_ratios(allocation, snap.capacity, snap.share_fraction, active, snap.accounting.resource)
@@ -145,8 +148,9 @@ def _make_room(cycle, tenant: str, task: Task, by_tenant: dict[str, list[Running
     # A victim is above its share and ahead of the starved tenant in the policy's own order
     # (for LTRF: more long-term usage), so preemption never undoes what the policy chose.
     own = victim_key(tenant, allocation)
+    above = ratios(allocation)
     heap = [(-key, v) for v in by_tenant
-            if v != tenant and ratios(allocation)[snap.rows[v]] > 1.0 + EPSILON and (key := victim_key(v, allocation)) > own]
+            if v != tenant and above[snap.rows[v]] > 1.0 + EPSILON and (key := victim_key(v, allocation)) > own]
     heapq.heapify(heap)
     node = None
     while heap and node is None:
@@ -183,4 +187,5 @@ def _make_room(cycle, tenant: str, task: Task, by_tenant: dict[str, list[Running
     return True
 
 
-__all__ = ["PreemptionRule", "RunningTask", "share_ratios", "starved_past_timeout", "reclaim"]
+__all__ = ["PreemptionRule", "RunningTask", "active_tenants", "share_ratios", "starved_past_timeout",
+           "reclaim"]

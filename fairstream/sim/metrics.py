@@ -26,6 +26,7 @@ import numpy as np
 from fairstream.core.fairness import (
     counted_allocation,
     fairness_degree,
+    instantaneous_fair_shares,
     resource_shares,
     soft_fairness_degree,
     sharing_benefit,
@@ -71,7 +72,8 @@ class MetricsRecorder:
         self.capacity_integral = np.zeros(len(names))
         # Preemption (issue "Preemption toward fair share"): per tenant, when it first wanted
         # anything, how long until it first held its fair share, and what preemption cost it.
-        self.wanting_since: dict[str, float] = {}
+        self._wanting_since = np.zeros(0)  # per tenant row; nan until it first wants anything
+        self._reached = np.zeros(0, dtype=bool)  # per tenant row: held its fair share once
         self.time_to_fair_share: dict[str, float] = {}
         self.preemptions: dict[str, int] = {}
         self.work_lost: dict[str, float] = {}  # task-seconds of work killed by preemption
@@ -88,19 +90,18 @@ class MetricsRecorder:
         preemption measures it, ``fairstream.core.preemption``)."""
         acc = self.engine.accounting
         n = len(g)
-        if not n or len(self.time_to_fair_share) == n:
+        if len(self._reached) < n:  # tenants joined
+            grown = len(self._reached)
+            self._wanting_since = np.concatenate([self._wanting_since, np.full(n - grown, np.nan)])
+            self._reached = np.concatenate([self._reached, np.zeros(n - grown, dtype=bool)])
+        if not n or self._reached.all():
             return
         active = d > 0
-        weights = np.where(active, acc.fractions[:n], 0.0)
-        total = weights.sum()
-        fair = weights / total if total > 0 else weights
-        for row in np.flatnonzero(active).tolist():
-            name = acc.ledgers[row].name
-            if name in self.time_to_fair_share:
-                continue
-            since = self.wanting_since.setdefault(name, at)
-            if g[row] >= min(fair[row], d[row]) - 1e-9:
-                self.time_to_fair_share[name] = at - since
+        self._wanting_since[active & np.isnan(self._wanting_since)] = at
+        reached = active & ~self._reached & (g >= np.minimum(instantaneous_fair_shares(acc.fractions[:n], active), d) - 1e-9)
+        for row in np.flatnonzero(reached).tolist():  # once per tenant in a run
+            self._reached[row] = True
+            self.time_to_fair_share[acc.ledgers[row].name] = at - float(self._wanting_since[row])
 
     def _by_name(self, which: int) -> dict[str, float]:
         ledgers = self.engine.accounting.ledgers
