@@ -57,6 +57,11 @@ def test_a_tenant_starved_past_the_timeout_gets_its_fair_share_from_the_youngest
     assert all(d.code is ReasonCode.FAIR_SHARE_PREEMPTION and "frees room for B" in d.reason for d in preempted)
     reclaimed = [d for d in result.decisions if d.code is ReasonCode.RECLAIMED and d.time == 130]
     assert sum(d.count for d in reclaimed) == 50 and {d.tenant for d in reclaimed} == {"B"}
+    # Each placement comes right after the preemption that made its room (an agent applying
+    # decisions in order never over-commits), never merged into an earlier placement.
+    at_130 = [(d.kind, d.count) for d in result.decisions if d.time == 130]
+    assert at_130 == [(DecisionKind.PREEMPT, 1), (DecisionKind.PLACE, 1)] * 50
+    assert [task for d in reclaimed for task in d.task_ids] == [f"b-{k}" for k in range(50)]
     # A is never cut below its share of 50 while B is active.
     assert min(counts.get("A", 0) for t, counts in running if 100 <= t < 10000) == 50
     summary = result.summary()["tenants"]
@@ -93,6 +98,18 @@ def test_preemption_takes_only_what_it_must(document, expected):
 def test_timeout_and_threshold_decide_when_a_tenant_is_starved(timeout, threshold, expected):
     result, _ = run(two_tenants(), "drf", timeout=timeout, threshold=threshold)
     assert sum(1 for d in result.decisions if d.kind is DecisionKind.PREEMPT) == expected
+
+
+@pytest.mark.parametrize("policy", ["ltrf", "hltrf"])
+def test_a_tenant_that_used_less_over_the_long_term_is_not_preempted_for_one_that_used_more(policy):
+    # Timeout 10: A is cut to 50 at t = 110. At t = 10,000 A's first 50 finish and LTRF gives
+    # the room to B, whose long-term usage is lower: A held 100 units over [100, 110] while B
+    # held none (B's pseudo accumulated usage made them level at t = 100), so f_A - f_B is
+    # about 100 x 10 = 1,000 unit-seconds. A, holding nothing, is starved from t = 10,000; at
+    # t = 10,010 B has gained only 50 x 10 = 500 on A, so it is still behind A in LTRF's order
+    # and is not a victim: preemption never undoes the policy's own choice.
+    result, _ = run(two_tenants(), policy, timeout=10)
+    assert {d.tenant for d in result.decisions if d.kind is DecisionKind.PREEMPT} == {"A"}
 
 
 def test_a_preempted_task_goes_back_to_pending_with_its_id_and_starts_over():
