@@ -19,7 +19,8 @@ from fairstream.core.model import ModelError
 
 def _trace_options(args) -> dict:
     """The loader options the command line gave for this trace format (None: the default)."""
-    keys = {"swim": ("limit", "nodes", "tenants", "max_tasks_per_job"), "google": ("limit", "nodes", "users")}[args.format]
+    keys = {"swim": ("limit", "nodes", "tenants", "max_tasks_per_job"), "google": ("limit", "nodes", "users"),
+            "philly": ("limit", "nodes", "tenants", "seed")}[args.format]
     return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
 
 
@@ -29,7 +30,7 @@ def _scenario_from_args(args):
 
     if args.trace:
         if args.format is None:
-            raise ModelError("--trace needs --format swim|google")
+            raise ModelError("--trace needs --format swim|google|philly")
         scenario = load_trace(args.trace, args.format, **_trace_options(args))
         if args.scenario:  # the cluster (nodes, tenant tree) comes from a scenario file
             cluster = load_scenario(args.scenario)
@@ -38,7 +39,7 @@ def _scenario_from_args(args):
                 scenario.tree = cluster.tree
         return scenario
     if not args.scenario:
-        raise ModelError("give --scenario FILE or --trace FILE --format swim|google")
+        raise ModelError("give --scenario FILE or --trace FILE --format swim|google|philly")
     return load_scenario(args.scenario)
 
 
@@ -82,6 +83,21 @@ def cmd_sweep(args) -> int:
                      policies=policies)
     print(json.dumps({"workload": args.workload, "runs": len(document["rows"]), "out": args.out,
                       "figures": document["figures"]}))
+    return 0
+
+
+def cmd_compare_preemption(args) -> int:
+    """Policies with and without preemption where tenants arrive to a busy cluster: table and plots."""
+    from fairstream.lab.preemption_study import study
+    from fairstream.sim.traces.late_tenants import DEFAULT_PHILLY
+
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    document = study(Path(args.out), workloads, policies, _floats(args.timeouts, "--timeouts"), args.threshold,
+                     [int(x) for x in _floats(args.seeds, "--seeds")], str(args.trace or DEFAULT_PHILLY),
+                     workers=args.workers, progress=args.progress)
+    print(json.dumps({"settings": len(document["rows"]), "runs": len(document["runs"]), "out": args.out,
+                      "table": str(Path(args.out) / "table.md"), "figures": document["figures"]}))
     return 0
 
 
@@ -350,10 +366,15 @@ def cmd_policies(args) -> int:
 
 
 def cmd_generate(args) -> int:
+    from fairstream.sim.traces.late_tenants import DEFAULT_PHILLY, late_tenants, read_runtimes
     from fairstream.sim.traces.macro import macro_benchmark
 
-    weights = tuple(float(w) for w in args.weights.split(":"))
-    scenario = macro_benchmark(seed=args.seed, weights=weights, scale=args.scale, memory_only=args.memory_only)
+    if args.workload == "macro":
+        weights = tuple(float(w) for w in args.weights.split(":"))
+        scenario = macro_benchmark(seed=args.seed, weights=weights, scale=args.scale, memory_only=args.memory_only)
+    else:
+        runtimes = read_runtimes(args.trace or DEFAULT_PHILLY) if args.workload == "philly" else None
+        scenario = late_tenants(runtimes, name=args.workload, seed=args.seed)
     text = json.dumps(scenario.to_json(), indent=None, separators=(",", ":"))
     if args.out == "-":
         sys.stdout.write(text + "\n")
@@ -408,9 +429,14 @@ def build_parser() -> argparse.ArgumentParser:
     workload = argparse.ArgumentParser(add_help=False)  # where a run's tasks and cluster come from
     workload.add_argument("--scenario", help="scenario JSON (see fairstream/schemas/scenario.schema.json)")
     workload.add_argument("--trace", help="a real trace file")
-    workload.add_argument("--format", choices=["swim", "google"], help="trace format")
-    workload.add_argument("--limit", type=int, help="trace: first N jobs (swim) or tasks (google)")
-    workload.add_argument("--tenants", type=int, help="swim: number of queues, jobs round robin (default 4)")
+    workload.add_argument("--format", choices=["swim", "google", "philly"],
+                          help="trace format (philly: tenants arriving to a busy cluster, run times drawn from the "
+                               "file; docs/workloads.md)")
+    workload.add_argument("--limit", type=int,
+                          help="trace: first N jobs (swim), tasks (google), or jobs per late tenant (philly)")
+    workload.add_argument("--tenants", type=int, help="swim: number of queues, jobs round robin (default 4); "
+                                                      "philly: tenants (default 4)")
+    workload.add_argument("--seed", type=int, help="philly: generator seed (default 1)")
     workload.add_argument("--users", type=int, help="google: keep the first N users")
     workload.add_argument("--max-tasks-per-job", type=int, dest="max_tasks_per_job",
                           help="swim: at most N maps and N reduces per job (the papers capped their largest jobs so)")
@@ -461,6 +487,19 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--workers", type=int, help="parallel simulations (default: one per core)")
     sweep.set_defaults(func=cmd_sweep)
 
+    compare = sub.add_parser("compare-preemption", parents=[progress],
+                             help="policies with and without preemption where tenants arrive to a busy cluster: "
+                                  "time to fair share, work lost, makespan, job completion time; table and plots")
+    compare.add_argument("--out", default="preemption-out")
+    compare.add_argument("--workloads", default="philly,long-tasks", help="philly and/or long-tasks")
+    compare.add_argument("--policies", default="drf,ltrf", help="policies with a preemption parameter")
+    compare.add_argument("--timeouts", default="60,600", help="preemption_timeout values (seconds) to run with")
+    compare.add_argument("--threshold", type=float, default=0.5, help="preemption_threshold")
+    compare.add_argument("--seeds", default="1,2,3", help="workload seeds; the table gives the mean and range")
+    compare.add_argument("--trace", help="philly: the run-time file (default: the Philly file in ../shared/traces)")
+    compare.add_argument("--workers", type=int, help="parallel simulations (default: one per core)")
+    compare.set_defaults(func=cmd_compare_preemption)
+
     train = sub.add_parser("train-flex", parents=[progress],
                            help="train FLEX's decision trees from simulated workloads (model, report, confusion matrices)")
     train.add_argument("--out", default="flex-model")
@@ -477,8 +516,10 @@ def build_parser() -> argparse.ArgumentParser:
     pol = sub.add_parser("policies", help="list policies and their parameters")
     pol.set_defaults(func=cmd_policies)
 
-    gen = sub.add_parser("generate", help="write the macro-benchmark as a scenario file")
-    gen.add_argument("workload", choices=["macro"])
+    gen = sub.add_parser("generate", help="write a generated workload as a scenario file (macro: the four-queue "
+                                          "macro-benchmark; philly, long-tasks: tenants arriving to a busy cluster)")
+    gen.add_argument("workload", choices=["macro", "philly", "long-tasks"])
+    gen.add_argument("--trace", help="philly: the run-time file (default: the Philly file in ../shared/traces)")
     gen.add_argument("--seed", type=int, default=1)
     gen.add_argument("--weights", default="1:1:1:1", help="queue weights Facebook:Purdue:Spark:TPC-H")
     gen.add_argument("--scale", type=float, default=1.0)
@@ -551,7 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
                            ("emulate", "play the cluster: run decided tasks for their trace durations, publish completions")):
         cmd = sub.add_parser(name, help=helptext)
         cmd.add_argument("trace", help="trace or scenario file")
-        cmd.add_argument("--format", choices=["swim", "google", "scenario"], required=True)
+        cmd.add_argument("--format", choices=["swim", "google", "philly", "scenario"], required=True)
         cmd.add_argument("--cluster", default="default")
         cmd.add_argument("--speed", type=float, default=100.0, help="event seconds per wall second")
         cmd.add_argument("--limit", type=int)

@@ -127,3 +127,23 @@ def test_preemption_is_off_by_default_and_its_parameters_are_checked():
     assert get("drf").parse_params({})["preemption"] == "off"
     with pytest.raises(ModelError, match="preemption_threshold=2"):
         get("ltrf").parse_params({"preemption_threshold": "2"})
+
+
+def three_tenants() -> dict:
+    """One node of 100 units; A submits 100 unit tasks of 10,000 s at t = 0, B at t = 100,
+    C at t = 200."""
+    document = two_tenants()
+    document["tasks"].append({"id": "c", "job": "jc", "tenant": "C", "submit": 200, "duration": 10000,
+                              "demand": {"cpu": 1}, "count": 100})
+    return document
+
+
+@pytest.mark.parametrize("policy", ["drf", "fair"])
+def test_time_to_fair_share_counts_whole_tasks_when_the_exact_share_is_a_fraction_of_one(policy):
+    # From t = 200 each of three tenants' fair share is 100 / 3 = 33.33 units. At t = 230 C is
+    # starved past the timeout; A and B (50 each since t = 130) give back down to 34 each, not
+    # 33 (below 33.33): C holds 100 - 34 - 34 = 32. Nobody is a whole unit task above its share
+    # (34 - 33.33 = 0.67 < 1), so 32 is C's fair share as whole tasks allow: reached after 30 s.
+    result, running = run(three_tenants(), policy)
+    assert [held_at(running, 230, t) for t in "ABC"] == [34, 34, 32]
+    assert result.summary()["tenants"]["C"]["time_to_fair_share"] == 30.0

@@ -25,14 +25,13 @@ reaching E (none: the largest E). Ties go to DRF, then Fair, FIFO, Perf. Feature
 from __future__ import annotations
 
 import json
-import os
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from fairstream.core.flex import (CANDIDATES, SLA_KINDS, complementary_degree, fairness_loss, from_sklearn,
                              long_term_fairness_loss, makespan_reduction)
+from fairstream.lab.parallel import run_all
 
 #: The FLEX paper's Table 4 (best grid-search setting); random-state fixed for repeatable models.
 TABLE_4 = {"criterion": "entropy", "splitter": "best", "max_features": 2, "max_depth": 3,
@@ -135,20 +134,6 @@ def dataset(results: list[dict], kind: str, loss: str = "F") -> tuple[np.ndarray
     return np.array(rows), labels
 
 
-def _run_all(function, plan: list, workers: int | None, progress: bool | None, desc: str) -> list:
-    """``function`` over ``plan`` in parallel processes, results in plan order, with a progress bar."""
-    from fairstream.sim.simulator import progress_bar
-
-    bar = progress_bar(len(plan), progress, unit="workload", desc=desc)
-    results = []
-    with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
-        for result in pool.map(function, plan):
-            results.append(result)
-            bar.update(1)
-    bar.close()
-    return results
-
-
 def train(out: Path, workloads: int = 48, seed: int = 1, grid: bool = False, workers: int | None = None,
           progress: bool | None = None, held_out: int = 0, long_term: bool = False) -> dict:
     """Simulate, label, fit one tree per SLA kind, cross-validate, write the model and a report."""
@@ -161,7 +146,7 @@ def train(out: Path, workloads: int = 48, seed: int = 1, grid: bool = False, wor
     plan = [(int(rng.integers(1, 2**31)), float(share), mix)
             for i, (share, mix) in enumerate((s, m) for s in np.linspace(0, 1, max(workloads // 2, 2))
                                              for m in ("facebook", "google"))]
-    results = _run_all(evaluate, plan, workers, progress, "simulating")
+    results = run_all(evaluate, plan, workers, progress, "simulating", unit="workload")
     (out / "training-data.json").write_text(json.dumps(results, indent=1))
     loss = "F_long_term" if long_term else "F"
     classifiers, report = {}, {"workloads": len(results), "fairness_loss": loss, "parameters": {}, "per_sla": {}}
@@ -235,7 +220,7 @@ def evaluate_model(model_path: Path, workloads: int, seed: int, workers: int | N
     rng = np.random.default_rng(seed + 1000)
     plan = [(int(rng.integers(1, 2**31)), float(share), mix, str(model_path))
             for share in np.linspace(0, 1, max(workloads // 2, 1)) for mix in ("facebook", "google")]
-    results = _run_all(evaluate_against_tetris, plan, workers, progress, "evaluating")
+    results = run_all(evaluate_against_tetris, plan, workers, progress, "evaluating", unit="workload")
 
     def mean(key: str, threshold: str) -> float | None:
         values = [r[key][threshold] for r in results if r[key][threshold] is not None]

@@ -21,10 +21,7 @@ processes, one per core. Writes ``sweep.json``, ``table.md``, ``table.csv`` and 
 
 from __future__ import annotations
 
-import csv
 import json
-import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,7 +105,7 @@ def sweep(workload: str, knobs: list[float], users: list[int], options: dict, ou
           workers: int | None = None, progress: bool | None = None, policies: tuple[str, ...] = PAPER_POLICIES) -> dict:
     from fairstream.core.model import ModelError
     from fairstream.policies import REGISTRY
-    from fairstream.sim.simulator import progress_bar
+    from fairstream.lab.parallel import run_all
 
     unknown = [p for p in policies if p not in REGISTRY]
     if unknown:  # one line, before any run starts
@@ -117,13 +114,7 @@ def sweep(workload: str, knobs: list[float], users: list[int], options: dict, ou
     planned = plan(workload, knobs, users, options, policies)
     unique = list(dict.fromkeys(run for _, run in planned))
     results: dict[Run, dict] = {}
-    bar = progress_bar(len(unique), progress, unit="run", desc="sweeping")
-    with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
-        futures = {pool.submit(simulate, run): run for run in unique}
-        for future in as_completed(futures):
-            results[futures[future]] = future.result()
-            bar.update(1)
-    bar.close()
+    results = dict(zip(unique, run_all(simulate, unique, workers, progress, desc="sweeping")))
     rows = [{"figure": figure, **results[run]} for figure, run in planned]
     add_speedups(rows)
     document = {"workload": workload, "options": {k: v for k, v in options.items()}, "knobs": knobs,
@@ -149,11 +140,9 @@ def add_speedups(rows: list[dict]) -> None:
 
 
 def write_tables(rows: list[dict], out: Path) -> None:
-    with open(out / "table.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=FIELDS)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: row.get(k) for k in FIELDS})
+    from fairstream.sim.output import write_csv
+
+    write_csv(rows, FIELDS, out / "table.csv")
 
     def cell(value):
         if value is None:

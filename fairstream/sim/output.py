@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from pathlib import Path
@@ -88,3 +89,14 @@ def write_run(result: SimResult, out: Path, baseline: SimResult | None = None, p
 
         written += plot_run(result, out)
     return written
+
+
+def write_csv(rows: list[dict], fields: tuple[str, ...], path: Path) -> Path:
+    """``rows`` as CSV with the columns ``fields`` (a missing field is empty)."""
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: row.get(k) for k in fields})
+    return path
+

@@ -13,6 +13,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 MAX_LINES = 10
 
 
+def _save(fig, path: Path) -> Path:
+    """Lay out, write and close ``fig``; returns ``path``."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _per_tenant(ax, series: dict, field: str, title: str, ylabel: str) -> None:
     names = sorted(series)
     if len(names) > MAX_LINES:
@@ -40,7 +48,8 @@ def _sharing(ax, metrics, title: str) -> None:
 
 
 def plot_run(result, out: Path) -> list[Path]:
-    """Accumulated usage, current allocation, fairness degree per tenant; cluster Psi/Omega."""
+    """Accumulated usage, current allocation, fairness degree per tenant; cluster Psi/Omega;
+    preemptions, work lost and time to fair share per tenant when anything was preempted."""
     m = result.metrics
     unit = m.metric_resource if m.metric_resource != "dominant" else "dominant share"
     written = []
@@ -54,10 +63,7 @@ def plot_run(result, out: Path) -> list[Path]:
         _per_tenant(ax, m.series, field, title, ylabel)
         if field == "rho":
             ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-        fig.tight_layout()
-        fig.savefig(out / filename, dpi=110)
-        plt.close(fig)
-        written.append(out / filename)
+        written.append(_save(fig, out / filename))
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     _sharing(top, m, f"{result.policy}: sharing benefit and loss (formulas 4-5)")
@@ -69,10 +75,9 @@ def plot_run(result, out: Path) -> list[Path]:
     bottom.set_ylim(0, 1.05)
     bottom.legend(fontsize=8)
     bottom.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out / "cluster.png", dpi=110)
-    plt.close(fig)
-    written.append(out / "cluster.png")
+    written.append(_save(fig, out / "cluster.png"))
+    if m.preemptions:
+        written.append(plot_preemption(m, result.policy, out / "preemption.png"))
     return written
 
 
@@ -87,9 +92,7 @@ def plot_comparison(results: dict, speedups: dict, out: Path) -> list[Path]:
         _sharing(left, m, f"{policy}: sharing benefit / loss")
         _per_tenant(right, m.series, "rho", f"{policy}: fairness degree per queue", "rho")
         right.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-    fig.tight_layout()
-    fig.savefig(out / "figure5_fairness.png", dpi=110)
-    plt.close(fig)
+    written = [_save(fig, out / "figure5_fairness.png")]
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     width = 0.8 / max(len(policies), 1)
@@ -101,10 +104,7 @@ def plot_comparison(results: dict, speedups: dict, out: Path) -> list[Path]:
     ax.set_ylabel("speedup vs static (makespan)")
     ax.set_title("Figure 6: per-queue speedup relative to static partitioning")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "figure6_speedup.png", dpi=110)
-    plt.close(fig)
-    return [out / "figure5_fairness.png", out / "figure6_speedup.png"]
+    return written + [_save(fig, out / "figure6_speedup.png")]
 
 
 def plot_side_by_side(results: dict, marks: dict[str, float], path: Path) -> Path:
@@ -121,10 +121,7 @@ def plot_side_by_side(results: dict, marks: dict[str, float], path: Path) -> Pat
                 ax.axvline(at, color="grey", linewidth=0.8, linestyle="--")
                 ax.annotate(label, (at, 1.0), xycoords=("data", "axes fraction"), fontsize=7, ha="left", va="top",
                             xytext=(3, -3), textcoords="offset points")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def sweep_figures(rows: list[dict], out: Path) -> list[Path]:
@@ -149,10 +146,7 @@ def sweep_figures(rows: list[dict], out: Path) -> list[Path]:
         for ax in (left, right):
             ax.grid(alpha=0.3)
         path = out / f"{figure}-knob.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(fig, path))
     seven = [r for r in rows if r["figure"] == "fig7"]
     if seven:
         knobs = sorted({r["knob"] for r in seven if r["knob"] is not None}) or [1.0]
@@ -186,7 +180,72 @@ def _line_figure(path: Path, title: str, xlabel: str, lines: list[tuple[str, lis
     ax.set_ylabel("speedup")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
+
+
+def plot_preemption(metrics, policy: str, path: Path) -> Path:
+    """Preemptions and work lost (task-seconds) per tenant, with each tenant's time to fair share."""
+    names = sorted(set(metrics.preemptions) | set(metrics.time_to_fair_share))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.bar(names, [metrics.preemptions.get(n, 0) for n in names], color="tab:red", label="preemptions")
+    left.set_ylabel("tasks preempted")
+    twin = left.twinx()
+    twin.plot(names, [metrics.work_lost.get(n, 0.0) for n in names], "ko", label="work lost")
+    twin.set_ylabel("work lost (task-seconds)")
+    left.set_title(f"{policy}: preemptions and work lost per tenant")
+    right.bar(names, [metrics.time_to_fair_share.get(n, float("nan")) for n in names], color="tab:blue")
+    right.set_ylabel("seconds")
+    right.set_title(f"{policy}: time to fair share per tenant")
+    for ax in (left, right):
+        ax.tick_params(axis="x", labelrotation=45, labelsize=8)
+        ax.grid(alpha=0.3, axis="y")
+    return _save(fig, path)
+
+
+def preemption_figures(rows: list[dict], out: Path) -> list[Path]:
+    """``fairstream compare-preemption``: per workload, (a) each late tenant's time to fair share
+    per setting, (b) what it costs: the late tenants' mean time to fair share against the work
+    lost, one point per setting (bars: the range over seeds), and (c) the first late tenant's
+    share of the cluster over time per setting (one seed)."""
+    written = []
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        mine = [r for r in rows if r["workload"] == workload]
+        late = sorted(n for n in mine[0]["tenants"] if n != "vc0")
+        fig, (bars, cost, share) = plt.subplots(1, 3, figsize=(17, 4.6))
+        width = 0.8 / len(mine)
+        for k, row in enumerate(mine):
+            xs = [i + (k - (len(mine) - 1) / 2) * width for i in range(len(late))]
+            values = [row["tenants"][n]["time_to_fair_share"] or row["makespan"] for n in late]
+            bars.bar(xs, values, width=width, label=row["label"])
+        bars.set_xticks(range(len(late)), late)
+        bars.set_yscale("log")
+        bars.set_ylabel("seconds (log)")
+        bars.set_title(f"{workload}: time to fair share of the late tenants")
+        bars.legend(fontsize=7)
+        for row in mine:  # bars: the range over seeds, when the rows were aggregated
+            x, y = row["work_lost_pct"], row["late_ttfs_mean"]
+            (xlo, xhi), (ylo, yhi) = row.get("work_lost_pct_range") or (x, x), row.get("late_ttfs_mean_range") or (y, y)
+            cost.errorbar([x], [y], xerr=[[x - xlo], [xhi - x]], yerr=[[y - ylo], [yhi - y]], capsize=3,
+                          marker="s" if row["preemption"] == "off" else "o", linestyle="", label=row["label"])
+        cost.set_yscale("symlog", linthresh=10)
+        cost.set_xlabel("work lost to preemption (% of the workload's task-seconds)")
+        cost.set_ylabel("late tenants' mean time to fair share (s)")
+        cost.set_title(f"{workload}: what preemption buys and costs")
+        cost.legend(fontsize=7)
+        first = late[0]
+        arrival = min((row["allocation"][first]["arrival"] for row in mine
+                       if row["allocation"].get(first, {}).get("arrival") is not None), default=0.0)
+        for row in mine:
+            series = row["allocation"].get(first)
+            if series:
+                share.step(series["time"], series["g"], where="post", label=row["label"], linewidth=1.1)
+        share.set_xlim(max(arrival - 600, 0), arrival + 6 * 3600)
+        share.set_xlabel("time (s)")
+        share.set_ylabel("share of the cluster")
+        share.set_title(f"{workload}: {first}'s share, first 6 hours after it arrives")
+        share.legend(fontsize=7)
+        for ax in (bars, cost, share):
+            ax.grid(alpha=0.3)
+        path = out / f"preemption-{workload}.png"
+        written.append(_save(fig, path))
+    return written

@@ -1,12 +1,13 @@
-"""Workloads: loaders for real traces (SWIM Facebook 2009, Google 2011) and the seeded
-generator of the LTRF papers' four-queue macro-benchmark. Each returns a ``Scenario``."""
+"""Workloads: loaders for real traces (SWIM Facebook 2009, Google 2011, Philly run times) and
+the seeded generators (the LTRF papers' four-queue macro-benchmark, tenants arriving to a busy
+cluster). Each returns a ``Scenario``."""
 
 from __future__ import annotations
 
 from fairstream.core.model import ModelError
 from fairstream.sim.scenario import NodeSpec, Scenario
 
-FORMATS = ("swim", "google")
+FORMATS = ("swim", "google", "philly")
 
 
 def load_trace(path: str, fmt: str, **options) -> Scenario:
@@ -18,6 +19,10 @@ def load_trace(path: str, fmt: str, **options) -> Scenario:
         from fairstream.sim.traces.google import load_google
 
         return load_google(path, **options)
+    if fmt == "philly":
+        from fairstream.sim.traces.late_tenants import load_philly
+
+        return load_philly(path, **options)
     raise ModelError(f"--format {fmt}: unknown trace format (known: {', '.join(FORMATS)})")
 
 

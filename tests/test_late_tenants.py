@@ -1,0 +1,105 @@
+"""Tenants arriving to a busy cluster (fairstream.sim.traces.late_tenants) and the preemption
+study that runs on it (fairstream compare-preemption): what the workload is, and what a user
+gets back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fairstream.cli import main
+from fairstream.core.model import ModelError
+from fairstream.sim.traces import load_trace
+from fairstream.sim.traces.late_tenants import late_tenants, read_runtimes
+
+
+def runtimes_file(tmp_path, lines: list[str]):
+    path = tmp_path / "runtime.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_the_first_tenant_fills_the_cluster_at_zero_and_the_others_arrive_stagger_apart_with_a_burst():
+    scenario = late_tenants(None, seed=4, backlog_jobs=50, jobs_per_tenant=10, stagger_s=3600)
+    by_tenant: dict[str, list] = {}
+    for spec in scenario.tasks:
+        by_tenant.setdefault(spec.tenant, []).append(spec)
+    assert sorted(by_tenant) == ["vc0", "vc1", "vc2", "vc3"]
+    assert len(by_tenant["vc0"]) == 50 and {s.submit for s in by_tenant["vc0"]} == {0.0}
+    # vc<k> arrives at k x 3,600 s with its 10 jobs at once.
+    for k in (1, 2, 3):
+        assert len(by_tenant[f"vc{k}"]) == 10 and {s.submit for s in by_tenant[f"vc{k}"]} == {k * 3600.0}
+    # Long tasks: 1 to 8 hours; a job of g GPUs is one request of g tasks of <1 gpu, 8 GB>.
+    assert all(3600 <= s.duration <= 8 * 3600 for s in scenario.tasks)
+    assert {s.tasks for s in scenario.tasks} <= {1, 2, 4, 8}
+    assert all(s.demand == {"gpu": 1.0, "mem": 8.0} for s in scenario.tasks)
+    assert [s.submit for s in scenario.tasks] == sorted(s.submit for s in scenario.tasks)
+    # 32 nodes of 8 GPUs: 50 backlog jobs ask for more (at least 50 GPUs, 2.2 a job on average).
+    assert len(scenario.nodes) == 32 and scenario.nodes[0].capacity == {"gpu": 8.0, "mem": 64.0}
+
+
+def test_the_workload_is_seeded():
+    assert late_tenants(None, seed=2).to_json() == late_tenants(None, seed=2).to_json()
+    assert late_tenants(None, seed=2).to_json() != late_tenants(None, seed=3).to_json()
+
+
+def test_philly_run_times_are_drawn_from_the_file(tmp_path):
+    path = runtimes_file(tmp_path, ["runtime", "0.0", "120.0", "86400.0"])
+    scenario = load_trace(str(path), "philly", limit=5, tenants=2, nodes=4)
+    # A run time of 0 s counts as 1 s; every other comes from the file.
+    assert {s.duration for s in scenario.tasks} <= {1.0, 120.0, 86400.0}
+    assert len(scenario.tasks) == 10 * 5 + 5 and len(scenario.nodes) == 4  # backlog: ten times a late tenant's
+
+
+@pytest.mark.parametrize("lines, message", [
+    pytest.param(["seconds", "1"], "runtime.csv:1: expected the header 'runtime'", id="a file without the header"),
+    pytest.param(["runtime", "1", "soon"], "runtime.csv:3: a run time must be a number", id="a word among numbers"),
+    pytest.param(["runtime", "-5"], "runtime.csv:2: a run time must be finite and >= 0", id="a negative run time"),
+    pytest.param(["runtime", "nan"], "runtime.csv:2: a run time must be finite and >= 0", id="not a number"),
+    pytest.param(["runtime"], "runtime.csv: no run times", id="a header alone"),
+])
+def test_a_bad_run_time_file_is_one_error_naming_the_line(tmp_path, lines, message):
+    with pytest.raises(ModelError, match=message):
+        read_runtimes(runtimes_file(tmp_path, lines))
+
+
+def test_simulate_runs_the_philly_workload_and_plots_preemptions(tmp_path, capsys):
+    path = runtimes_file(tmp_path, ["runtime", *[str(3600 * k) for k in range(1, 9)]])
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", str(path), "--format", "philly", "--limit", "10", "--nodes", "4",
+                 "--policy", "drf", "--param", "preemption=on", "--no-baseline", "--out", str(out)]) == 0
+    summary = json.loads((out / "metrics.json").read_text())["summary"]
+    assert summary["unfinished_tasks"] == 0 and summary["preemptions"] > 0
+    assert (out / "preemption.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_preemption_writes_the_table_the_runs_and_a_figure_per_workload(tmp_path, capsys):
+    out = tmp_path / "study"
+    assert main(["compare-preemption", "--workloads", "long-tasks", "--policies", "drf", "--timeouts", "60",
+                 "--seeds", "1,2", "--workers", "1", "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["settings"] == 2 and printed["runs"] == 4
+    study = json.loads((out / "study.json").read_text())
+    off, on = study["rows"]
+    assert (off["label"], on["label"]) == ("drf, off", "drf, on 60 s") and on["seeds"] == 2
+    # Long tasks hold the cluster for hours: without preemption the late tenants wait far longer
+    # than the timeout; with it, each is starved (below half its share) from its arrival, so it
+    # holds its share 60 s after it arrives, at the price of work lost.
+    assert off["late_ttfs_mean"] > 3600 and on["late_ttfs_mean"] == 60.0
+    assert off["work_lost"] == 0 and on["work_lost"] > 0 and on["preemptions"] > 0
+    table = (out / "table.md").read_text()
+    assert "| long-tasks | drf, on 60 s | 60 |" in table
+    assert (out / "preemption-long-tasks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv, message", [
+    pytest.param(["--policies", "fifo"], "--policies fifo: not a policy with preemption", id="a policy without preemption"),
+    pytest.param(["--workloads", "swim"], "--workloads swim: unknown workload", id="an unknown workload"),
+    pytest.param(["--timeouts", "-1"], "--timeouts: seconds must be >= 0", id="a negative timeout"),
+    pytest.param(["--trace", "/nonexistent/philly.csv"], "cannot read", id="a missing run-time file"),
+])
+def test_compare_preemption_input_errors_are_one_line(tmp_path, capsys, argv, message):
+    assert main(["compare-preemption", "--out", str(tmp_path / "o"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
