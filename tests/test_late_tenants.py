@@ -103,3 +103,21 @@ def test_compare_preemption_input_errors_are_one_line(tmp_path, capsys, argv, me
     assert main(["compare-preemption", "--out", str(tmp_path / "o"), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("workload", ["long-tasks", "philly"])
+def test_generate_writes_the_workload_as_a_scenario_file_that_loads_back(workload, tmp_path, capsys):
+    from fairstream.sim.scenario import load_scenario
+    from fairstream.sim.traces.late_tenants import DEFAULT_PHILLY
+
+    path = tmp_path / "w.json"
+    argv = ["generate", workload, "--seed", "3", "--out", str(path)]
+    if workload == "philly":
+        runtimes = runtimes_file(tmp_path, ["runtime", "60", "7200"])
+        argv += ["--trace", str(runtimes)]
+        expected = late_tenants(read_runtimes(runtimes), name="philly", seed=3)
+    else:
+        expected = late_tenants(None, seed=3)
+    assert DEFAULT_PHILLY.name == "philly_runtime.csv"
+    assert main(argv) == 0
+    assert load_scenario(path).to_json() == expected.to_json()
