@@ -138,10 +138,21 @@ def cmd_simulate(args) -> int:
     out = Path(args.out)
     writer = DecisionWriter(out)  # decisions go to disk as they are taken, not into memory
     try:
-        result = Simulator(scenario, args.policy, params, metric_resource=args.metric_resource,
-                           progress=progress, on_decision=writer).run()
+        simulator = Simulator(scenario, args.policy, params, metric_resource=args.metric_resource,
+                              progress=progress, on_decision=writer, explain_at=args.explain_at)
+        result = simulator.run()
     finally:
         writer.close()
+    if simulator.explanation is not None:
+        from fairstream.wire.visibility import explanation_documents
+
+        explanation = simulator.explanation
+        folder = out / "explain"
+        folder.mkdir(exist_ok=True)
+        documents = explanation_documents(args.cluster or "default", explanation.status_json(),
+                                          explanation.pending_json()["pending"])
+        for name, document in documents.items():
+            (folder / name).write_text(json.dumps(document, indent=1) + "\n")
     baseline = None
     if args.policy != "static" and not args.no_baseline:
         baseline = Simulator(scenario, "static", {}, metric_resource=args.metric_resource, progress=progress,
@@ -260,6 +271,74 @@ def cmd_tail(args) -> int:
     from fairstream.producers.client import tail
 
     tail(args.broker, args.topic, not args.latest, args.idle_timeout, args.count)
+    return 0
+
+
+def _visibility(args):
+    from fairstream.state.store import ViewReader, redis_client
+    from fairstream.streams.api import Visibility
+
+    return Visibility(ViewReader(redis_client(args.redis, sync=True), args.app_id))
+
+
+def _table(rows: list[list], header: list[str]) -> str:
+    widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
+    lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+    return "\n".join(lines)
+
+
+def _num(value, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}g}"
+
+
+def cmd_status(args) -> int:
+    """Each tenant of a running worker's cluster: share, fair share, the policy's key and rank."""
+    from fairstream.streams.api import NotFound
+
+    try:
+        document = _visibility(args).tenants(args.cluster)
+    except NotFound as exc:
+        raise ModelError(str(exc)) from None
+    if args.json:
+        print(json.dumps(document, indent=1))
+        return 0
+    print(f"cluster {document['cluster']} at event time {document['time']:g}, policy {document['policy']}, "
+          f"order: {document['order']} (smaller first)")
+    rows = [[t["tenant"], t["rank"] or "-", _num(t["weight"], 3), _num(t["fair_share"]),
+             _num(max(t["share"].values(), default=0.0)), _num(t["order_value"]), t["running"], t["pending"],
+             _num(t["quantum"]), "starved" if t["starved_since"] is not None else ""]
+            for t in document["tenants"]]
+    print(_table(rows, ["tenant", "rank", "weight", "fair share", "share", "key", "running", "pending", "quantum",
+                        ""]))
+    return 0
+
+
+def cmd_pending(args) -> int:
+    """Why pending tasks wait in a running worker's cluster: one tenant's, one task, or all."""
+    from fairstream.streams.api import NotFound
+    from fairstream.wire.visibility import DocumentError
+
+    try:
+        document = _visibility(args).pending(args.cluster, args.tenant, args.task, args.page, args.size)
+    except NotFound as exc:
+        raise ModelError(str(exc)) from None
+    except DocumentError as exc:
+        raise ModelError(str(exc)) from None
+    if args.json:
+        print(json.dumps(document, indent=1))
+        return 0
+    if args.task:
+        entry = document["entry"]
+        print(f"{args.task} ({entry['tenant']}, job {entry['job']}): position {document['position']} in "
+              f"{entry['tenant']}'s queue; {entry['reason']}: {entry['message']}")
+        return 0
+    shown = len(document["entries"])
+    first = (document["page"] - 1) * document["size"]
+    print(f"cluster {document['cluster']} at event time {document['time']:g}, policy {document['policy']}: "
+          f"{document['tasks_total']} pending tasks in {document['entries_total']} entries; entries "
+          f"{first + 1 if shown else 0}-{first + shown} of {document['entries_listed']} listed")
+    rows = [[e["tenant"], e["position"], e["id"], e["tasks"], e["reason"], e["message"]] for e in document["entries"]]
+    print(_table(rows, ["tenant", "position", "task or request", "tasks", "reason", "why"]))
     return 0
 
 
@@ -456,6 +535,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--out", required=True, help="output directory")
     sim.add_argument("--no-baseline", action="store_true", help="skip the second, static run used for speedup_vs_static (it about doubles the run's time)")
     sim.add_argument("--no-plots", action="store_true")
+    sim.add_argument("--explain-at", type=float, metavar="T",
+                     help="write explain/tenants.json and explain/pending.json for event time T: each tenant's "
+                          "status and why each pending task waits, as the worker's HTTP API serves them")
     sim.set_defaults(func=cmd_simulate)
 
     demo = sub.add_parser("demo", parents=[progress], help="the four-queue macro-benchmark: static vs fair vs ltrf")
@@ -560,8 +642,15 @@ def build_parser() -> argparse.ArgumentParser:
                              "the previous one is applied, with what arrived meanwhile, up to 500 messages)")
     worker.add_argument("--finished-retention", type=float, default=worker_defaults.finished_retention,
                         help="seconds of event time a finished task's id is remembered (duplicate detection)")
-    worker.add_argument("--metrics-port", type=int, default=worker_defaults.metrics_port, help="Prometheus metrics on ADDRESS:PORT (0: off)")
+    worker.add_argument("--metrics-port", type=int, default=worker_defaults.metrics_port,
+                        help="HTTP on ADDRESS:PORT: Prometheus /metrics, the /v1 visibility API and the web page at / "
+                             "(0: off)")
     worker.add_argument("--metrics-address", default=worker_defaults.metrics_address, help="address of the metrics endpoint (0.0.0.0 in containers)")
+    worker.add_argument("--explain-interval", type=positive_seconds, default=worker_defaults.explain_interval,
+                        help="seconds of wall time between writes of each cluster's explanation (why tasks wait, "
+                             "tenants' status) to Redis; inf: never")
+    worker.add_argument("--explain-max-entries", type=positive_int, default=worker_defaults.explain_max_entries,
+                        help="pending entries kept per tenant in the explanation (a request counts once)")
     worker.add_argument("--log-retention", type=positive_seconds, default=None,
                         help="seconds of event time of input log kept in Redis (default: all); older steps are "
                              "trimmed to a checkpoint that export-log --snapshot-out writes")
@@ -615,6 +704,24 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--redis", default=env_redis, help="the Redis of the drills without one of their own")
     drill.add_argument("--json", action="store_true", help="one JSON object per drill instead of the table")
     drill.set_defaults(func=cmd_drill)
+
+    status = sub.add_parser("status", help="a running worker's tenants: share, fair share, the policy's key, rank")
+    status.add_argument("--cluster", default="default")
+    status.add_argument("--redis", default=env_redis)
+    status.add_argument("--app-id", default=worker_defaults.app_id)
+    status.add_argument("--json", action="store_true", help="the API's document instead of the table")
+    status.set_defaults(func=cmd_status)
+
+    pending = sub.add_parser("pending", help="why tasks wait in a running worker's cluster (paged)")
+    pending.add_argument("--cluster", default="default")
+    pending.add_argument("--tenant", help="one tenant's pending tasks")
+    pending.add_argument("--task", help="one task: its position and why it waits")
+    pending.add_argument("--page", type=positive_int, default=1)
+    pending.add_argument("--size", type=positive_int, default=50, help="entries per page (at most 1000)")
+    pending.add_argument("--redis", default=env_redis)
+    pending.add_argument("--app-id", default=worker_defaults.app_id)
+    pending.add_argument("--json", action="store_true", help="the API's document instead of the table")
+    pending.set_defaults(func=cmd_pending)
 
     export = sub.add_parser("export-log", help="write a cluster's recorded worker input (for simulate --events)")
     export.add_argument("--cluster", required=True)

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 
 from fairstream.core.accounting import AccountingConfig
 from fairstream.core.model import Decision, ModelError, ResourceSpace
+from fairstream.core.placement import TenantOrder
 from fairstream.core.preemption import PreemptionRule
 from fairstream.core.snapshot import Snapshot
 
@@ -105,6 +106,16 @@ class PolicySpec:
     # Checks the parameters together (one may exclude another) and may complete them in place
     # (FLEX loads its default model file here); raises ModelError.
     check: Callable[[Mapping[str, Any]], Any] | None = None
+    # Its order of tenants (``placement.TenantOrder``), the key its own pass serves by, for
+    # "why is my task pending" (``fairstream.core.explain``). None: DRF's order stands in
+    # (``placement.dominant_share_order``), and ``explain`` says so.
+    order: Callable[[Snapshot, Mapping[str, Any]], TenantOrder] | None = None
+    # A per-tenant quota its pass checks before placing (static's partition):
+    # ``quota(snapshot, params)(cycle, tenant, task)`` is False for a task over it.
+    quota: Callable[[Snapshot, Mapping[str, Any]], Callable] | None = None
+    # For policies whose choice among tenants also weighs packing (Tetris, QKnobler, FLEX):
+    # what decides who gets freed room, said to a waiting task instead of "behind tenants".
+    efficiency: str | None = None
 
     def parse_params(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         """Typed parameters from ``{"quantum": "600"}``; unknown names or bad values raise

@@ -17,32 +17,46 @@ import numpy as np
 
 from fairstream.core.fairness import dominant_share, fair_key
 from fairstream.core.model import Decision
-from fairstream.core.placement import Cycle, leaf_arrival, serve_in_order
+from fairstream.core.placement import Cycle, TenantOrder, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies.base import PolicySpec
 
 
-def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
+def order(snapshot: Snapshot, params: Mapping[str, Any]) -> TenantOrder:
+    """Lowest dominant share of the servers a tenant's constraints allow, per weight, first."""
     cycle = Cycle(snapshot, "cdrf")
     live = snapshot.free[:, 0] >= 0
     pools: dict[str, np.ndarray] = {}
-    for tenant in snapshot.demanding():
-        allowed = np.zeros(len(snapshot.node_ids), dtype=bool)
-        for task in cycle.shape_heads(tenant):
-            allowed |= cycle.eligible(task.constraints)
-        pools[tenant] = snapshot.node_capacity[allowed & live].sum(axis=0)
+
+    def pool(tenant: str) -> np.ndarray:
+        """The capacity of the live servers its pending tasks may use (all live ones if it
+        has none pending: its key is then read, not served by)."""
+        if tenant not in pools:
+            heads = cycle.shape_heads(tenant)
+            allowed = np.zeros(len(snapshot.node_ids), dtype=bool) if heads else np.ones(len(snapshot.node_ids), bool)
+            for task in heads:
+                allowed |= cycle.eligible(task.constraints)
+            pools[tenant] = snapshot.node_capacity[allowed & live].sum(axis=0)
+        return pools[tenant]
+
+    for tenant in snapshot.demanding():  # as the pass starts: before it takes any task
+        pool(tenant)
 
     def key(c: Cycle, tenant: str):
         row = snapshot.rows[tenant]
-        share = dominant_share(c.allocation[row], pools[tenant]) / snapshot.share_fraction[row]
+        share = dominant_share(c.allocation[row], pool(tenant)) / snapshot.share_fraction[row]
         return fair_key(share, leaf_arrival(snapshot, tenant), tenant, c.below_min_share(tenant))
 
+    return TenantOrder("dominant share of its allowed servers / weight", key)
+
+
+def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     def reason(c: Cycle, tenant: str, k) -> str:
         return f"cdrf: lowest dominant share of its allowed servers/weight ({k.share:.4g})"
 
-    return serve_in_order(snapshot, "cdrf", key, reason, cycle=cycle)
+    return serve_in_order(snapshot, "cdrf", order(snapshot, params).key, reason)
 
 
-SPEC = PolicySpec("cdrf", decide, "constrained DRF: dominant share of the servers a job may use")
+SPEC = PolicySpec("cdrf", decide, "constrained DRF: dominant share of the servers a job may use", order=order)
 
 __all__ = ["SPEC", "decide"]

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fairstream.core.fairness import dominant_share, fair_key, resource_shares
+from fairstream.core.fairness import dominant_share, resource_shares
 from fairstream.core.model import Decision
-from fairstream.core.placement import Cycle, leaf_arrival, serve_in_order
+from fairstream.core.placement import Cycle, dominant_share_order, serve_in_order
 from fairstream.core.preemption import PreemptionRule, reclaim
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies._common import PREEMPTION_PARAMS, preemption_rule
@@ -26,10 +26,7 @@ def dominant_share_pass(snapshot: Snapshot, policy: str, rule: PreemptionRule | 
     a preemption ``rule``, then room taken back for starved tenants from those of the highest
     weighted dominant share."""
 
-    def key(cycle: Cycle, tenant: str):
-        row = snapshot.rows[tenant]
-        share = dominant_share(cycle.allocation[row], snapshot.capacity) / snapshot.share_fraction[row]
-        return fair_key(share, leaf_arrival(snapshot, tenant), tenant, cycle.below_min_share(tenant))
+    key = dominant_share_order(snapshot).key
 
     def reason(cycle: Cycle, tenant: str, k) -> str:
         return f"{policy}: lowest dominant share/weight ({k.share:.4g})"
@@ -47,4 +44,5 @@ def dominant_share_pass(snapshot: Snapshot, policy: str, rule: PreemptionRule | 
 
 
 SPEC = PolicySpec("drf", decide, "memoryless weighted dominant resource fairness", PREEMPTION_PARAMS,
-                  tenant_local=True, preemption=preemption_rule)
+                  tenant_local=True, preemption=preemption_rule,
+                  order=lambda snapshot, params: dominant_share_order(snapshot))

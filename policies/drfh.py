@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from fairstream.core.model import Decision
+from fairstream.core.placement import dominant_share_order
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies.base import PolicySpec
 from fairstream.policies.drf import dominant_share_pass
@@ -22,6 +23,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     return dominant_share_pass(snapshot, "drfh")
 
 
-SPEC = PolicySpec("drfh", decide, "DRF over heterogeneous servers: global dominant share, real servers (= drf)")
+SPEC = PolicySpec("drfh", decide, "DRF over heterogeneous servers: global dominant share, real servers (= drf)",
+                  order=lambda snapshot, params: dominant_share_order(snapshot))
 
 __all__ = ["SPEC", "decide"]

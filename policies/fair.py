@@ -11,21 +11,29 @@ from typing import Any, Mapping
 
 from fairstream.core.fairness import fair_key, resource_share, resource_shares
 from fairstream.core.model import Decision
-from fairstream.core.placement import Cycle, leaf_arrival, serve_in_order
+from fairstream.core.placement import Cycle, TenantOrder, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
 from fairstream.core.preemption import reclaim
 from fairstream.policies._common import PREEMPTION_PARAMS, RESOURCE_PARAM, preemption_rule, resource_accounting
 from fairstream.policies.base import PolicySpec
 
 
-def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
+def order(snapshot: Snapshot, params: Mapping[str, Any]) -> TenantOrder:
+    """Lowest current share of the resource per weight first."""
     resource = snapshot.accounting.resource  # made from params["resource"] (resource_accounting)
-    label = params["resource"]
 
     def key(cycle: Cycle, tenant: str):
         row = snapshot.rows[tenant]
         share = resource_share(cycle.allocation[row], snapshot.capacity, resource) / snapshot.share_fraction[row]
         return fair_key(share, leaf_arrival(snapshot, tenant), tenant, cycle.below_min_share(tenant))
+
+    return TenantOrder(f"{params['resource']} share / weight", key)
+
+
+def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
+    resource = snapshot.accounting.resource
+    label = params["resource"]
+    key = order(snapshot, params).key
 
     def reason(cycle: Cycle, tenant: str, k) -> str:
         return f"fair: lowest current {label} share/weight ({k.share:.4g})"
@@ -44,4 +52,4 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
 
 
 SPEC = PolicySpec("fair", decide, "memoryless weighted max-min on one resource", (RESOURCE_PARAM,) + PREEMPTION_PARAMS,
-                  tenant_local=True, accounting=resource_accounting, preemption=preemption_rule)
+                  tenant_local=True, accounting=resource_accounting, preemption=preemption_rule, order=order)

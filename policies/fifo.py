@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from fairstream.core.model import Decision, ReasonCode
-from fairstream.core.placement import Cycle, serve_in_order
+from fairstream.core.placement import Cycle, TenantOrder, serve_in_order
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies.base import PolicySpec
 
@@ -28,4 +28,5 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     return serve_in_order(snapshot, "fifo", _key, _reason, key_reads_queue=True, code=ReasonCode.ARRIVAL_ORDER)
 
 
-SPEC = PolicySpec("fifo", decide, "first come, first served over all tenants", tenant_local=True)
+SPEC = PolicySpec("fifo", decide, "first come, first served over all tenants", tenant_local=True,
+                  order=lambda snapshot, params: TenantOrder("arrival number of its earliest pending task", _key))

@@ -88,6 +88,8 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
 
 
 SPEC = PolicySpec("flex", decide, "meta-scheduler: a decision tree picks FIFO, Fair, DRF or Perf for the workload "
-                                  "and SLA", PARAMS, check=prepare)
+                                  "and SLA", PARAMS, check=prepare,
+                  efficiency="flex runs FIFO, Fair, DRF or Perf (packing) as its decision tree picks for the "
+                             "workload")
 
 __all__ = ["SPEC", "decide", "workload_degree", "sla"]

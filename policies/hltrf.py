@@ -28,6 +28,7 @@ from fairstream.core.snapshot import Snapshot
 from fairstream.core.preemption import reclaim
 from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, LongTermUsage, long_term_accounting, preemption_rule
 from fairstream.policies.base import Param, PolicySpec, parse_non_negative
+from fairstream.policies.ltrf import usage_order
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
@@ -118,4 +119,6 @@ SPEC = PolicySpec(
     LONG_TERM_PARAMS + (Param("t_wait", math.inf, _t_wait, "starvation timeout T_wait in seconds; inf = naive recursive approach"),) + PREEMPTION_PARAMS,
     accounting=long_term_accounting,
     preemption=preemption_rule,
+    # Its leaves' own order (flat LTRF's): the tree walk and the starved leaf come first.
+    order=lambda snapshot, params: usage_order(snapshot, LongTermUsage(snapshot)),
 )

@@ -16,20 +16,28 @@ from typing import Any, Mapping
 
 from fairstream.core.fairness import fair_key, resource_shares
 from fairstream.core.model import Decision, Task
-from fairstream.core.placement import Cycle, leaf_arrival, serve_in_order
+from fairstream.core.placement import Cycle, TenantOrder, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
 from fairstream.core.preemption import reclaim
 from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, LongTermUsage, long_term_accounting, preemption_rule
 from fairstream.policies.base import PolicySpec
 
 
-def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
-    usage = LongTermUsage(snapshot)
+def usage_order(snapshot: Snapshot, usage: LongTermUsage) -> TenantOrder:
+    """Lowest weighted accumulated usage ``f_i / w_i`` first (formula 11), as ``usage`` charges
+    a pass's placements."""
 
     def key(cycle: Cycle, tenant: str):
         row = snapshot.rows[tenant]
         weighted = usage.key(row) / snapshot.share_fraction[row]
         return fair_key(weighted, leaf_arrival(snapshot, tenant), tenant, cycle.below_min_share(tenant))
+
+    return TenantOrder("accumulated usage / weight", key)
+
+
+def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
+    usage = LongTermUsage(snapshot)
+    key = usage_order(snapshot, usage).key
 
     def charge(cycle: Cycle, tenant: str, task: Task) -> None:
         usage.charge(cycle, snapshot.rows[tenant], task)
@@ -52,4 +60,5 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
 
 
 SPEC = PolicySpec("ltrf", decide, "long-term max-min over accumulated usage (LTRF)", LONG_TERM_PARAMS + PREEMPTION_PARAMS,
-                  tenant_local=True, accounting=long_term_accounting, preemption=preemption_rule)
+                  tenant_local=True, accounting=long_term_accounting, preemption=preemption_rule,
+                  order=lambda snapshot, params: usage_order(snapshot, LongTermUsage(snapshot)))

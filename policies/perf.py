@@ -17,6 +17,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
             for d in tetris.decide(snapshot, {"f": 0.0})]
 
 
-SPEC = PolicySpec("perf", decide, "pure packing: best-aligned task and node among all pending (Tetris, f = 0)")
+SPEC = PolicySpec("perf", decide, "pure packing: best-aligned task and node among all pending (Tetris, f = 0)",
+                  efficiency="perf gives freed room to the best-aligned pending task, whoever's it is")
 
 __all__ = ["SPEC", "decide"]

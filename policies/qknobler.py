@@ -280,6 +280,7 @@ def water_fill(count: int, members: list[int], weights: np.ndarray, upper: np.nd
 
 
 SPEC = PolicySpec("qknobler", decide, "fairness stage to rho * DRF share, then an integer program for efficiency",
-                  PARAMS)
+                  PARAMS, efficiency="qknobler serves tenants in DRF order up to rho x their DRF share, then gives "
+                                     "the rest of the room by an integer program for efficiency")
 
 __all__ = ["SPEC", "decide", "average_demands", "water_fill"]

@@ -8,29 +8,42 @@ max = min = share; the nodes themselves are not split.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from fairstream.core.fairness import dominant_share, fair_key
 from fairstream.core.model import EPSILON, Decision, ReasonCode, Task
-from fairstream.core.placement import Cycle, leaf_arrival, serve_in_order
+from fairstream.core.placement import Cycle, TenantOrder, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies.base import PolicySpec
 
 
-def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
+def order(snapshot: Snapshot, params: Mapping[str, Any]) -> TenantOrder:
+    """Lowest weighted dominant share first (within each tenant's partition)."""
+
     def key(cycle: Cycle, tenant: str):
         row = snapshot.rows[tenant]
         share = dominant_share(cycle.allocation[row], snapshot.capacity) / snapshot.share_fraction[row]
         return fair_key(share, leaf_arrival(snapshot, tenant), tenant)
 
+    return TenantOrder("dominant share / weight", key)
+
+
+def quota(snapshot: Snapshot, params: Mapping[str, Any]) -> Callable[[Cycle, str, Task], bool]:
+    """Whether a task fits in its tenant's partition ``S_i`` after the pass's placements."""
+
     def admit(cycle: Cycle, tenant: str, task: Task) -> bool:
         row = snapshot.rows[tenant]
         return bool((cycle.allocation[row] + task.demand <= snapshot.share[row] + EPSILON).all())
 
+    return admit
+
+
+def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     def reason(cycle: Cycle, tenant: str, k) -> str:
         return "static: fits in the tenant's own partition"
 
-    return serve_in_order(snapshot, "static", key, reason, admit=admit, code=ReasonCode.PARTITION)
+    return serve_in_order(snapshot, "static", order(snapshot, params).key, reason, admit=quota(snapshot, params),
+                          code=ReasonCode.PARTITION)
 
 
-SPEC = PolicySpec("static", decide, "static partitioning by weight (no sharing)")
+SPEC = PolicySpec("static", decide, "static partitioning by weight (no sharing)", order=order, quota=quota)

@@ -101,6 +101,8 @@ def best_pair(cycle: Cycle, candidates: list[tuple[str, Task]]):
     return best
 
 
-SPEC = PolicySpec("tetris", decide, "best-aligned task among the first (1 - f) of the DRF-sorted tasks", PARAMS)
+SPEC = PolicySpec("tetris", decide, "best-aligned task among the first (1 - f) of the DRF-sorted tasks", PARAMS,
+                  efficiency="tetris gives freed room to the best-aligned task among the first (1 - f) of the "
+                             "tasks in DRF order")
 
 __all__ = ["SPEC", "decide"]

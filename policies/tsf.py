@@ -24,13 +24,13 @@ rounding here).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from fairstream.core.fairness import fair_key, monopoly_tasks, task_share
 from fairstream.core.model import Decision, Task
-from fairstream.core.placement import Cycle, leaf_arrival, serve_in_order
+from fairstream.core.placement import Cycle, TenantOrder, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies.base import Param, PolicySpec
 
@@ -57,22 +57,15 @@ PARAMS = (
 )
 
 
-def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
+def task_share_order(snapshot: Snapshot, params: Mapping[str, Any], cycle: Cycle,
+                     placed: Mapping[str, int]) -> tuple[TenantOrder, Callable[[str], int]]:
+    """Lowest task share per weight first: tasks running and ``placed`` in this pass over
+    ``h``, the tasks the tenant could run alone on the whole cluster without constraints (a
+    tenant with a dedicated pool: over ``k``, its pool's tasks, Theorem 1). Also returns ``h``."""
     live = snapshot.free[:, 0] >= 0  # lost nodes carry -1 everywhere
     capacities = snapshot.node_capacity[live]
-    tenants = snapshot.demanding()
-    cycle = Cycle(snapshot, "tsf")
     running = snapshot.running if snapshot.running is not None else np.zeros(len(snapshot.tenants))
-    placed: dict[str, int] = {}
     monopoly: dict[str, int] = {}
-
-    # How many demanding tenants may use each node: the contention a placement there causes.
-    contention = np.zeros(len(snapshot.node_ids))
-    for tenant in tenants:
-        allowed = np.zeros(len(snapshot.node_ids), dtype=bool)
-        for task in cycle.shape_heads(tenant):
-            allowed |= cycle.eligible(task.constraints)
-        contention += allowed & live
 
     def h(tenant: str) -> int:
         if tenant not in monopoly:
@@ -103,6 +96,25 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
             share = task_share(tasks, h(tenant)) / snapshot.share_fraction[row]
         return fair_key(share, leaf_arrival(snapshot, tenant), tenant, c.below_min_share(tenant))
 
+    return TenantOrder("task share / weight", key), h
+
+
+def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
+    live = snapshot.free[:, 0] >= 0  # lost nodes carry -1 everywhere
+    tenants = snapshot.demanding()
+    cycle = Cycle(snapshot, "tsf")
+    placed: dict[str, int] = {}
+
+    # How many demanding tenants may use each node: the contention a placement there causes.
+    contention = np.zeros(len(snapshot.node_ids))
+    for tenant in tenants:
+        allowed = np.zeros(len(snapshot.node_ids), dtype=bool)
+        for task in cycle.shape_heads(tenant):
+            allowed |= cycle.eligible(task.constraints)
+        contention += allowed & live
+
+    order, h = task_share_order(snapshot, params, cycle, placed)
+
     def charge(c: Cycle, tenant: str, task: Task) -> None:
         placed[tenant] = placed.get(tenant, 0) + 1
 
@@ -110,10 +122,10 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
         return f"tsf: lowest task share/weight ({k.share:.4g}; h={h(tenant)} tasks with the whole cluster)"
 
     cycle.node_order = np.lexsort((np.arange(len(contention)), contention))  # least contended first
-    return serve_in_order(snapshot, "tsf", key, reason, charge=charge, cycle=cycle)
+    return serve_in_order(snapshot, "tsf", order.key, reason, charge=charge, cycle=cycle)
 
 
 SPEC = PolicySpec("tsf", decide, "max-min over task shares: tasks run / tasks it could run alone without constraints",
-                  PARAMS)
+                  PARAMS, order=lambda snapshot, params: task_share_order(snapshot, params, Cycle(snapshot, "tsf"), {})[0])
 
 __all__ = ["SPEC", "decide"]

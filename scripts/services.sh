@@ -7,7 +7,8 @@
 #   Redis on 127.0.0.1:6379
 # Usage: scripts/services.sh start|stop|status
 # `start` is idempotent: it installs what is missing (Kafka's jars from Maven Central with mvn,
-# redis-server and kcat from Debian's packages), then starts whatever is not already answering.
+# redis-server, kcat, chromium and chromium-driver from Debian's packages), then starts whatever
+# is not already answering.
 # State, logs and pids live in .services/ (git-ignored). Where Docker is available,
 # docker-compose.yml is the documented alternative.
 set -euo pipefail
@@ -45,6 +46,9 @@ ensure_tools() {
   command -v kcat >/dev/null || { log "installing kcat"; apt_install kcat; }
   command -v openssl >/dev/null || { log "installing openssl"; apt_install openssl; }
   command -v java >/dev/null || { log "installing a Java runtime"; apt_install openjdk-17-jre-headless; }
+  # A real headless browser for the web page's test (tests/test_web_page.py).
+  { command -v chromium >/dev/null && command -v chromedriver >/dev/null; } \
+    || { log "installing chromium and chromium-driver"; apt_install chromium chromium-driver; }
   if [ ! -f "$kafka_dir/libs/.complete" ]; then
     command -v mvn >/dev/null || { log "installing maven"; apt_install maven; }
     log "fetching Kafka 3.9.1 jars from Maven Central"

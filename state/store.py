@@ -114,6 +114,12 @@ class BatchCommit:
     checkpoints: dict[str, tuple[int, float, bytes]] = field(default_factory=dict)  # cluster -> (steps, time, engine)
     trims: dict[str, Trim] = field(default_factory=dict)  # cluster -> log head to drop
     expected_steps: dict[str, int] = field(default_factory=dict)  # cluster -> steps before this batch's
+    # Views written whole: the old hash goes, this one stands (a tenant that left is not kept).
+    replaced_views: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # cluster -> view -> fields
+    history: dict[str, str] = field(default_factory=dict)  # cluster -> one sample appended to its history
+
+
+HISTORY_SAMPLES = 720  # a cluster's history keeps its last so many samples (an hour at 5 s)
 
 
 class StateStore(Protocol):
@@ -124,6 +130,7 @@ class StateStore(Protocol):
     async def outbox(self) -> list[list[OutboxEntry]]: ...  # the batches committed, not yet published
     async def clear_outbox(self, published: list[list[OutboxEntry]]) -> None: ...
     async def view(self, cluster: str, name: str) -> dict[str, Any]: ...
+    async def history(self, cluster: str) -> list[Any]: ...
     async def full_log(self, cluster: str) -> RetainedLog: ...
 
 
@@ -138,6 +145,7 @@ class MemoryStore:
         self._views: dict[str, dict[str, dict[str, str]]] = {}
         self._log_base: dict[str, int] = {}
         self._checkpoints: dict[str, dict[int, tuple[float, bytes]]] = {}
+        self._history: dict[str, list[str]] = {}
 
     async def clusters(self) -> list[str]:
         return sorted(self._log)
@@ -165,6 +173,12 @@ class MemoryStore:
         for cluster, views in batch.views.items():
             for name, fields in views.items():
                 self._views.setdefault(cluster, {}).setdefault(name, {}).update(fields)
+        for cluster, views in batch.replaced_views.items():
+            for name, fields in views.items():
+                self._views.setdefault(cluster, {})[name] = dict(fields)
+        for cluster, sample in batch.history.items():
+            self._history.setdefault(cluster, []).append(sample)
+            del self._history[cluster][:-HISTORY_SAMPLES]
         for cluster, (steps, time, blob) in batch.checkpoints.items():
             self._checkpoints.setdefault(cluster, {})[steps] = (time, blob)
         for cluster, trim in batch.trims.items():
@@ -184,10 +198,36 @@ class MemoryStore:
     async def view(self, cluster: str, name: str) -> dict[str, Any]:
         return {k: loads(v) for k, v in self._views.get(cluster, {}).get(name, {}).items()}
 
+    async def history(self, cluster: str) -> list[Any]:
+        return [loads(v) for v in self._history.get(cluster, [])]
+
+    def view_reader(self) -> "MemoryViewReader":
+        return MemoryViewReader(self)
+
     async def full_log(self, cluster: str) -> RetainedLog:
         base = self._log_base.get(cluster, 0)
         blob = self._checkpoints.get(cluster, {}).get(base, (0.0, None))[1] if base else None
         return RetainedLog(list(self._log.get(cluster, [])), base, blob)
+
+
+class MemoryViewReader:
+    """``ViewReader`` over a ``MemoryStore`` (single-process runs and their tests)."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+
+    def clusters(self) -> list[str]:
+        return sorted(self.store._log)
+
+    def field(self, cluster: str, view: str, name: str) -> Any:
+        raw = self.store._views.get(cluster, {}).get(view, {}).get(name)
+        return None if raw is None else loads(raw)
+
+    def fields(self, cluster: str, view: str) -> list[str]:
+        return sorted(self.store._views.get(cluster, {}).get(view, {}))
+
+    def history(self, cluster: str) -> list[Any]:
+        return [loads(v) for v in self.store._history.get(cluster, [])]
 
 
 # One batch's commit, atomically: first the fencing checks (ARGV[1] of them, each a log key, its
@@ -283,6 +323,15 @@ class RedisStore:
                 if fields:
                     _chunked(add, "HSET", self._key("c", cluster, "view", name),
                              [x for pair in fields.items() for x in pair], 2)
+        for cluster, views in batch.replaced_views.items():
+            for name, fields in views.items():
+                add(("DEL", self._key("c", cluster, "view", name)))
+                if fields:
+                    _chunked(add, "HSET", self._key("c", cluster, "view", name),
+                             [x for pair in fields.items() for x in pair], 2)
+        for cluster, sample in batch.history.items():
+            add(("RPUSH", self._key("c", cluster, "history"), sample))
+            add(("LTRIM", self._key("c", cluster, "history"), -HISTORY_SAMPLES, -1))
         for cluster, (steps, time, blob) in batch.checkpoints.items():
             add(("SET", self._key("c", cluster, "checkpoint", str(steps)), blob))
             add(("HSET", self._key("c", cluster, "checkpoints"), str(steps), repr(time)))
@@ -323,6 +372,9 @@ class RedisStore:
         raw = await self.redis.hgetall(self._key("c", cluster, "view", name))
         return {k.decode(): loads(v) for k, v in raw.items()}
 
+    async def history(self, cluster: str) -> list[Any]:
+        return [loads(v) for v in await self.redis.lrange(self._key("c", cluster, "history"), 0, -1)]
+
     async def full_log(self, cluster: str) -> RetainedLog:
         while True:
             pipe = self.redis.pipeline(transaction=True)
@@ -340,13 +392,40 @@ class RedisStore:
                 return RetainedLog([loads(s) for s in steps], base, blob)  # blob None: its checkpoint is gone
 
 
-def redis_client(url: str, **options):
-    """A ``redis.asyncio`` client; TLS with a ``rediss://`` URL. The password: the URL's, else
-    the file ``FAIRSTREAM_REDIS_PASSWORD_FILE`` names (a mounted secret; its last newline
-    dropped), else ``FAIRSTREAM_REDIS_PASSWORD``: so it need not be on a command line, where
-    every user of the machine can read it."""
+class ViewReader:
+    """What the worker wrote for operators, read synchronously (``fairstream status``,
+    ``pending``, the HTTP API's threads): the same keys as ``RedisStore``."""
+
+    def __init__(self, client, prefix: str = "fairstream") -> None:
+        self.redis = client
+        self.prefix = prefix
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((self.prefix,) + parts)
+
+    def clusters(self) -> list[str]:
+        return sorted(m.decode() for m in self.redis.smembers(self._key("clusters")))
+
+    def field(self, cluster: str, view: str, name: str) -> Any:
+        """One field of a view, decoded, or None."""
+        raw = self.redis.hget(self._key("c", cluster, "view", view), name)
+        return None if raw is None else loads(raw)
+
+    def fields(self, cluster: str, view: str) -> list[str]:
+        return sorted(k.decode() for k in self.redis.hkeys(self._key("c", cluster, "view", view)))
+
+    def history(self, cluster: str) -> list[Any]:
+        return [loads(v) for v in self.redis.lrange(self._key("c", cluster, "history"), 0, -1)]
+
+
+def redis_client(url: str, sync: bool = False, **options):
+    """A ``redis.asyncio`` client (``sync``: a plain ``redis`` one); TLS with a ``rediss://``
+    URL. The password: the URL's, else the file ``FAIRSTREAM_REDIS_PASSWORD_FILE`` names (a
+    mounted secret; its last newline dropped), else ``FAIRSTREAM_REDIS_PASSWORD``: so it need
+    not be on a command line, where every user of the machine can read it."""
     import os
 
+    import redis
     import redis.asyncio as aioredis
 
     env = os.environ
@@ -357,4 +436,4 @@ def redis_client(url: str, **options):
             options["password"] = Path(env["FAIRSTREAM_REDIS_PASSWORD_FILE"]).read_text().removesuffix("\n")
         elif env.get("FAIRSTREAM_REDIS_PASSWORD"):
             options["password"] = env["FAIRSTREAM_REDIS_PASSWORD"]
-    return aioredis.from_url(url, **options)  # a password in the URL overrides these
+    return (redis if sync else aioredis).from_url(url, **options)  # a password in the URL overrides these

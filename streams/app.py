@@ -74,8 +74,20 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         max_engines=config.max_engines,
         max_ahead=config.max_ahead,
         input_log=KafkaInputLog(config),
+        explain_interval=config.explain_interval,
+        explain_max_entries=config.explain_max_entries,
     )
     app.consumer.on_seek = processor.consuming_from
+
+    if config.explain_interval != float("inf"):
+        @app.timer(interval=max(config.explain_interval, 0.1))
+        async def flush_explanations() -> None:
+            # A cluster that went quiet within explain_interval of its last write shows its
+            # last state too; a store that is down is tried again at the next tick.
+            try:
+                await processor.flush_explanations()
+            except Exception as exc:  # noqa: BLE001 - the view waits for the next tick
+                log.warning("worker.explain_unwritten", error=str(exc))
 
     for attribute, kind in KINDS:
         topic = app.topic(getattr(config.topics, attribute), value_serializer="raw", key_serializer="raw")
@@ -97,7 +109,10 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         processor.metrics.watch_lag(lambda: consumer_lag(app, processor, set(config.topics.inputs)))
         if config.metrics_port:
             try:
-                processor.metrics.serve(config.metrics_port, config.metrics_address)
+                from fairstream.streams.api import serve_http
+
+                serve_http(processor.metrics.registry, config.redis_url, config.app_id, config.metrics_port,
+                           config.metrics_address)
             except OSError as exc:  # e.g. a second worker on the same machine
                 structlog.get_logger("fairstream.worker").warning(
                     "worker.metrics_unavailable", port=config.metrics_port, error=str(exc))

@@ -43,8 +43,10 @@ class WorkerConfig:
     finished_retention: float = 3600.0  # seconds of event time finished task ids are remembered
     log_retention: float = math.inf  # seconds of event time of input log kept in the store
     max_engines: int = 1000  # cluster engines kept in memory; the least recently used go first
-    metrics_port: int = 9464  # 0: no metrics endpoint
+    metrics_port: int = 9464  # 0: no HTTP endpoint (metrics, the /v1 API, the web page)
     metrics_address: str = "127.0.0.1"
+    explain_interval: float = 1.0  # seconds between writes of a cluster's explanation (inf: never)
+    explain_max_entries: int = 10_000  # pending entries kept per tenant in it (a request counts once)
     kafka_options: dict = field(default_factory=dict)  # security settings passed to Faust
     # Faust's local directory; it holds nothing of ours (state is in Redis), so by default it
     # goes to the temporary directory rather than "<app-id>-data" in the working directory.

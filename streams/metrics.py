@@ -1,4 +1,5 @@
-"""Prometheus metrics of the worker (``--metrics-port``, default 9464; 0 turns them off).
+"""Prometheus metrics of the worker, served at ``/metrics`` on ``--metrics-port`` (default 9464;
+0 turns the endpoint off) with the visibility API (``streams/api.py``).
 
 Rates (events/s, decisions/s) come from the counters with PromQL's ``rate()``.
 """
@@ -9,7 +10,7 @@ import gc
 import time
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 
@@ -68,9 +69,6 @@ class WorkerMetrics:
         """Report ``source()`` as ``fairstream_consumer_lag`` at every scrape: per input
         partition this worker consumes, the messages Kafka holds that are not applied yet."""
         self.lag.source = source
-
-    def serve(self, port: int, address: str = "127.0.0.1") -> None:
-        start_http_server(port, addr=address, registry=self.registry)
 
 
 class _Lag:

@@ -34,6 +34,7 @@ from typing import AsyncIterator, Awaitable, Callable, Mapping, Protocol
 import structlog
 
 from fairstream.core.engine import Engine
+from fairstream.core.explain import explain
 from fairstream.wire.jsoncodec import dumps_text, loads
 from fairstream.core.model import Event
 from fairstream.state.engine_snapshot import SnapshotError, decode_engine
@@ -47,6 +48,7 @@ from fairstream.wire.events import BadElement, BadInput, DeadLetter, decision_me
 from fairstream.wire.log import events_in
 from fairstream.wire.log import replay as replay_log
 from fairstream.wire.topics import Topics
+from fairstream.wire.visibility import DEFAULT_MAX_ENTRIES, history_sample, stored_views
 
 log = structlog.get_logger("fairstream.worker")
 
@@ -114,6 +116,8 @@ class Processor:
         max_engines: int = 1000,
         max_ahead: float = 86400.0,
         input_log: InputLog | None = None,
+        explain_interval: float = 1.0,
+        explain_max_entries: int = DEFAULT_MAX_ENTRIES,
     ) -> None:
         from fairstream.streams.metrics import WorkerMetrics
 
@@ -136,6 +140,11 @@ class Processor:
         self.input_log = input_log
         self.consumer_start: dict[str, int] = {}  # consuming_from: Kafka's committed offsets, not yet checked
         self.owed: dict[str, int] = {}  # per position, how far the store must be read up to again (start)
+        # Each cluster's explanation (why tasks wait, tenants' status) is written with a commit
+        # at most every ``explain_interval`` seconds (inf: never), ``explain_max_entries``
+        # pending entries per tenant (``fairstream.wire.visibility``).
+        self.explain_interval = explain_interval
+        self.explain_max_entries = explain_max_entries
         self._lock = asyncio.Lock()
         self._waiting: list[_Ticket] = []  # batches waiting for the lock, applied together
         self._started = False
@@ -457,6 +466,8 @@ class Processor:
             commit.outbox.extend((self.topics.decisions, decision_message(cluster, d)) for d in run.decisions)
             commit.views[cluster] = views(engine, run.touched, touched_nodes(run.steps), session.written_quanta)
             commit.views[cluster]["clock"] = {"time": dumps_text(engine.time), "produced": dumps_text(session.produced)}
+            session.explain_due = True
+            self._explain(cluster, session, commit)
             session.steps_taken += len(run.steps)
             session.events_since_snapshot += events_in(run.steps)
             rules = self.snapshot_rules
@@ -471,6 +482,39 @@ class Processor:
                 else:
                     snapshots.add_snapshot(cluster, session, steps_now, time_now, snapshots.encoded(engine), commit,
                                            rules)
+
+    def _explain(self, cluster: str, session: ClusterSession, commit: BatchCommit, force: bool = False) -> None:
+        """Into ``commit``: the cluster's explanation (``fairstream.core.explain``), replacing the
+        last, and a point of its history, if it changed and the last is ``explain_interval`` old."""
+        now = time.monotonic()
+        if not session.explain_due or (not force and now - session.explained_at < self.explain_interval):
+            return
+        explanation = explain(session.engine)
+        status = explanation.status_json()
+        commit.replaced_views.setdefault(cluster, {})["explain"] = stored_views(
+            status, explanation.pending_json()["pending"], self.explain_max_entries)
+        commit.history[cluster] = history_sample(status)
+        session.explained_at, session.explain_due = now, False
+
+    async def flush_explanations(self) -> int:
+        """Write the explanations a batch left due (it came within ``explain_interval`` of the
+        last): called on a timer, so the last state of a cluster that went quiet is shown.
+        Fenced like a batch: a cluster another worker moved on is forgotten, not written."""
+        async with self._lock:
+            due = [(cluster, session) for cluster, session in self.sessions.items() if session.explain_due
+                   and time.monotonic() - session.explained_at >= self.explain_interval]
+            if not due or not self._started:
+                return 0
+            commit = BatchCommit()
+            for cluster, session in due:
+                commit.expected_steps[cluster] = session.steps_taken
+                self._explain(cluster, session, commit)
+            try:
+                await self.store.commit(commit)
+            except StaleLog as exc:
+                self.sessions.pop(exc.cluster, None)
+                return 0
+            return len(due)
 
     def _evict_idle(self, keep) -> None:
         """Drop the engines used longest ago while more than ``max_engines`` are cached (never

@@ -77,6 +77,8 @@ def config_from_args(args) -> WorkerConfig:
         background_snapshots=not args.snapshot_inline,
         log_retention=math.inf if args.log_retention is None else args.log_retention,
         max_engines=args.max_engines,
+        explain_interval=args.explain_interval,
+        explain_max_entries=args.explain_max_entries,
     )
 
 

@@ -3,6 +3,7 @@ log and views in the store. Forgetting a cluster is dropping its session."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from fairstream.core.engine import Engine
@@ -23,3 +24,7 @@ class ClusterSession:
     produced: float
     written_quanta: dict[str, float] = field(default_factory=dict)  # what the store's quanta view holds
     snapshotting: Snapshotting | None = None  # a snapshot being encoded in a child
+    # The explanation view (``streams.processor.Processor._explain``): when it was last written
+    # (monotonic seconds), and whether the cluster changed since.
+    explained_at: float = -math.inf
+    explain_due: bool = False

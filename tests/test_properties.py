@@ -109,6 +109,25 @@ def test_identical_input_gives_identical_decisions(document, policy):
     assert [d.to_json() for d in first.decisions] == [d.to_json() for d in second.decisions]
 
 
+def every_pending_task_has_one_reason_and_none_fits_now(engine):
+    """``explain`` accounts for every pending task exactly once, and after a pass none of them
+    waits while a node has room for it (``next_pass``): the pass placed whatever fitted."""
+    from fairstream.core.explain import WaitReason, explain
+
+    explanation = explain(engine)
+    listed = {entry.id: entry.tasks for entries in explanation.pending.values() for entry in entries}
+    assert sum(listed.values()) == sum(queue.count for queue in engine.pending.values())
+    assert {e.reason for entries in explanation.pending.values() for e in entries}.isdisjoint({WaitReason.NEXT_PASS})
+    assert {t.tenant: t.pending for t in explanation.tenants if t.pending} == {
+        tenant: queue.count for tenant, queue in engine.pending.items() if queue.count}
+
+
+@SETTINGS
+@given(document=scenarios(), policy=st.sampled_from(ALL))
+def test_every_pending_task_has_exactly_one_wait_reason_after_every_pass(document, policy):
+    drive(document, policy, every_pending_task_has_one_reason_and_none_fits_now)
+
+
 def test_the_checks_themselves_catch_an_over_committed_node():
     # A test that cannot fail is a bug: corrupt an engine's state and the check must notice.
     document = {"resources": ["cpu", "mem"], "nodes": [{"id": "n0", "capacity": {"cpu": 1, "mem": 1}}],

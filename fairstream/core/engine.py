@@ -277,6 +277,12 @@ class Engine:
                                           self.policy, text, code, DecisionKind.UNSCHEDULABLE, task.count))
         return decisions
 
+    def unschedulable_reason(self, shape: int) -> str | None:
+        """Why no live node could ever hold tasks of ``shape`` (its ``unschedulable`` decision's
+        reason), or None if one could (or it was not judged: no live node yet)."""
+        verdict = self._verdicts.get(shape)
+        return None if verdict is None else verdict[1]
+
     def _why_unschedulable(self, task: Task, live: np.ndarray, capacity: np.ndarray) -> tuple[ReasonCode, str] | None:
         eligible = np.array([task.constraints.allows(self._node_ids[r], self._node_labels[r]) for r in live])
         if not eligible.any():

@@ -14,6 +14,7 @@ therefore work-conserving for the order it is given: it stops only when no pendi
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -327,6 +328,34 @@ ChargeFn = Callable[[Cycle, str, Task], None]
 ReasonFn = Callable[[Cycle, str, tuple], str]
 
 
+@dataclass(frozen=True)
+class TenantOrder:
+    """A policy's order of tenants, "who is served next", as its own pass computes it:
+    ``key(cycle, tenant)`` (smaller first: a ``FairKey``, or a tuple led by a number) on a
+    ``Cycle``'s state, and ``label`` saying what the key's number is ("accumulated usage /
+    weight"). The pass serves by it; ``fairstream.core.explain`` ranks waiting tenants by it."""
+
+    label: str
+    key: KeyFn
+
+    @staticmethod
+    def value(key: tuple) -> float:
+        """The number a key orders by (``FairKey.share``, else its first element)."""
+        return float(key.share) if isinstance(key, FairKey) else float(key[0])
+
+
+def dominant_share_order(snapshot: Snapshot) -> TenantOrder:
+    """Weighted dominant share of the whole cluster, then arrival, then id (DRF's order);
+    tenants below a min share first."""
+
+    def key(cycle: Cycle, tenant: str):
+        row = snapshot.rows[tenant]
+        share = dominant_share(cycle.allocation[row], snapshot.capacity) / snapshot.share_fraction[row]
+        return fair_key(share, leaf_arrival(snapshot, tenant), tenant, cycle.below_min_share(tenant))
+
+    return TenantOrder("dominant share / weight", key)
+
+
 def serve_in_order(
     snapshot: Snapshot,
     policy: str,
@@ -408,4 +437,5 @@ def leaf_arrival(snapshot: Snapshot, tenant: str) -> float:
     return float(snapshot.arrival[snapshot.rows[tenant]])
 
 
-__all__ = ["Cycle", "serve_in_order", "order_code", "leaf_arrival", "alignment_scores"]
+__all__ = ["Cycle", "TenantOrder", "dominant_share_order", "serve_in_order", "order_code", "leaf_arrival",
+           "alignment_scores"]

@@ -109,11 +109,15 @@ class Simulator:
         record_events: bool = False,
         on_decision: Callable[[Decision], None] | None = None,
         on_step: Callable[[Engine, StepResult], None] | None = None,
+        explain_at: float | None = None,
     ) -> None:
         """``on_decision``: given, each decision goes to it as it is taken and the result keeps
         none (a day-long run writes them out instead of holding millions). ``on_step``: called
         with the engine and the step's result after every step (the property tests watch the
-        engine's invariants through it; the run's own loop is the one loop there is)."""
+        engine's invariants through it; the run's own loop is the one loop there is).
+        ``explain_at``: event time T at which ``explanation`` is taken (``fairstream.core.explain``:
+        every tenant's status and why each pending task waits, as the worker's API shows them),
+        the state after the last step at or before T."""
         self.scenario = scenario
         self.engine = Engine(scenario.resources, _fresh_tree(scenario), policies.get(policy), params)
         if metric_resource is None:
@@ -127,6 +131,8 @@ class Simulator:
         self.record_events = record_events
         self.on_decision = on_decision
         self.on_step = on_step
+        self.explain_at = explain_at
+        self.explanation = None
 
     def run(self) -> SimResult:
         scenario, engine = self.scenario, self.engine
@@ -192,6 +198,8 @@ class Simulator:
             if not heap:
                 break
             now = heap[0][0]
+            if self.explain_at is not None and self.explanation is None and now > self.explain_at:
+                self.explanation = _explain(engine, gates, self.explain_at)
             batch = []
             while heap and heap[0][0] == now:
                 _, kind, _, payload = heapq.heappop(heap)
@@ -258,6 +266,8 @@ class Simulator:
                 woken.add(wake)
                 push(wake, _WAKE, None)
         bar.close()
+        if self.explain_at is not None and self.explanation is None:
+            self.explanation = _explain(engine, gates, self.explain_at)
         self.metrics.advance(now + self.metrics.sample_interval)
         return SimResult(self.engine.policy, dict(self.engine.params), decisions, jobs, self.metrics, now, recorded,
                          placements, placed_tasks)
@@ -336,6 +346,19 @@ class ReleaseGates:
 
     def _release_job_stage(self, job: str, stage: int) -> list[TaskSpec]:
         return self.held_stage.get(job, {}).pop(stage, [])
+
+
+def _explain(engine: Engine, gates: "ReleaseGates", at: float):
+    """``explain`` of the engine as it stands, with the later stages and chained jobs submitted
+    by ``at`` that the run still holds back."""
+    from fairstream.core.explain import HeldEntry, explain
+
+    held = [spec for stages in gates.held_stage.values() for specs in stages.values() for spec in specs]
+    held += [spec for specs in gates.held_after.values() for spec in specs]
+    entries = [HeldEntry(spec.tenant, spec.id, spec.job, spec.tasks, dict(spec.demand), spec.submit, spec.stage,
+                         spec.after_job)
+               for spec in sorted(held, key=lambda s: (s.submit, s.id)) if spec.submit <= at]
+    return explain(engine, entries)
 
 
 def _fresh_tree(scenario: Scenario):

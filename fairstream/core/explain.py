@@ -1,0 +1,282 @@
+"""Why a task waits, and where each tenant stands: the engine's state after a pass, explained
+by the code that decides (issue "Operators can see why").
+
+``explain(engine)`` reads the state a pass left (``Engine.snapshot``), builds the pass's own
+working state on it (``placement.Cycle``) and asks it, per pending request, the questions the
+pass asked: could any live node ever hold it (the engine's ``unschedulable`` verdict), would it
+lift its tenant or a queue over ``max_share`` (``Cycle.within_caps``), is it over its tenant's
+quota (the policy's ``quota``: static's partition), does any node its constraints allow have
+room (``Cycle.find_node``), does any node have room at all. A request that waits for room waits
+in the policy's own order of tenants (``PolicySpec.order``, the key its pass serves by): the
+first waiting tenant gets the next room that fits its task, the others wait behind it. Nothing
+here changes the engine: "what if" without mutation.
+
+Reasons (``WaitReason``), the first that holds:
+
+- ``unschedulable``: no live node it may use could hold it even idle (as its decision said);
+- ``stage_not_released``: (simulation) its job's earlier stage, or the job it is chained
+  after, has not finished;
+- ``max_share``: its tenant or a queue above it is at ``max_share``;
+- ``partition``: it does not fit in its tenant's quota (``static``'s partition);
+- ``constraints``: nodes have room for it, but none its constraints allow;
+- ``next_pass``: a node has room for it now; the next pass places it;
+- ``preemption_pending``: no node has room; its tenant is starved and preemption takes room
+  back when the timeout runs out (``fairstream.core.preemption``);
+- ``efficiency``: no node has room; when room frees, the policy's packing stage chooses among
+  tenants (Tetris, QKnobler, Perf, FLEX), said in the policy's words;
+- ``no_room``: no node has room; its tenant is first in the policy's order among the waiting;
+- ``behind_tenants``: no node has room; tenants ahead of it in the policy's order get room
+  first: the reason names the first of them and the gap in the policy's key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Iterable
+
+import numpy as np
+
+from fairstream.core.fairness import dominant_share, instantaneous_fair_shares
+from fairstream.core.model import EPSILON
+from fairstream.core.placement import Cycle, dominant_share_order
+from fairstream.core.preemption import active_tenants
+
+if TYPE_CHECKING:
+    from fairstream.core.engine import Engine
+    from fairstream.core.model import Task
+
+
+class WaitReason(str, Enum):
+    UNSCHEDULABLE = "unschedulable"
+    STAGE = "stage_not_released"
+    MAX_SHARE = "max_share"
+    PARTITION = "partition"
+    CONSTRAINTS = "constraints"
+    NEXT_PASS = "next_pass"
+    PREEMPTION_PENDING = "preemption_pending"
+    EFFICIENCY = "efficiency"
+    NO_ROOM = "no_room"
+    BEHIND_TENANTS = "behind_tenants"
+
+
+@dataclass(frozen=True)
+class PendingEntry:
+    """A pending single task or request (``tasks`` > 1: tasks ``first`` ... of request ``id``)."""
+
+    tenant: str
+    id: str
+    job: str
+    tasks: int
+    first: str
+    position: int  # the tenant's pending tasks ahead of it (0: its next)
+    demand: dict[str, float]
+    submitted: float
+    reason: WaitReason
+    message: str
+    waits_for: str | None = None  # behind_tenants: the tenant that gets the next room
+    gap: float | None = None  # behind_tenants: its key less that tenant's, in the policy's key
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tenant": self.tenant, "id": self.id, "job": self.job, "tasks": self.tasks, "first": self.first,
+                "position": self.position, "demand": self.demand, "submitted": self.submitted,
+                "reason": self.reason.value, "message": self.message, "waits_for": self.waits_for, "gap": self.gap}
+
+
+@dataclass(frozen=True)
+class HeldEntry:
+    """Work its driver holds back from the engine (the simulator's later job stages)."""
+
+    tenant: str
+    id: str
+    job: str
+    tasks: int
+    demand: dict[str, float]
+    submitted: float
+    stage: int
+    after_job: str | None = None  # a chained job: it starts when this job has finished
+
+    def message(self) -> str:
+        if self.after_job is not None:
+            return f"job {self.job} starts when job {self.after_job} has finished"
+        return f"stage {self.stage} of job {self.job} starts when its earlier stages have finished"
+
+
+@dataclass(frozen=True)
+class TenantStatus:
+    tenant: str
+    weight: float  # as configured in the tree
+    entitled: float  # effective share of the cluster (the weight fraction down the tree)
+    fair_share: float  # instantaneous: the weight fraction over the tenants with work
+    share: dict[str, float]  # current allocation / cluster capacity, per resource
+    order_value: float | None  # the policy's key (None: no work)
+    rank: int | None  # 1-based among the tenants with pending work, in the policy's order
+    quantum: float
+    running: int
+    pending: int
+    accumulated: float  # normalised accumulated usage in the current round (``Accounting.usage_key``)
+    starved_since: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tenant": self.tenant, "weight": self.weight, "entitled": self.entitled,
+                "fair_share": self.fair_share, "share": self.share, "order_value": _finite(self.order_value),
+                "rank": self.rank, "quantum": _finite(self.quantum), "running": self.running,
+                "pending": self.pending, "accumulated": self.accumulated, "starved_since": self.starved_since}
+
+
+@dataclass(frozen=True)
+class Explanation:
+    time: float
+    policy: str
+    order_label: str  # what ``TenantStatus.order_value`` is ("accumulated usage / weight")
+    tenants: list[TenantStatus]
+    pending: dict[str, list[PendingEntry]] = field(default_factory=dict)  # per tenant, in its order
+
+    def status_json(self) -> dict[str, Any]:
+        return {"time": self.time, "policy": self.policy, "order": self.order_label,
+                "tenants": [t.to_json() for t in self.tenants]}
+
+    def pending_json(self) -> dict[str, Any]:
+        return {"time": self.time, "policy": self.policy, "order": self.order_label,
+                "pending": {t: [e.to_json() for e in entries] for t, entries in self.pending.items()}}
+
+
+def _text(value: Any) -> str:
+    """A demand or constraint as compact JSON, for messages."""
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else value
+
+
+def explain(engine: "Engine", held: Iterable[HeldEntry] = ()) -> Explanation:
+    """The engine's state now: every tenant's status and every pending request's reason
+    (module docstring). ``held``: work its driver has not submitted yet (later stages)."""
+    spec, params = engine.spec, engine.params
+    snap = engine.snapshot()
+    cycle = Cycle(snap, engine.policy)
+    order = spec.order(snap, params) if spec.order is not None else dominant_share_order(snap)
+    label = order.label if spec.order is not None else f"{order.label} (DRF's order, standing in: {spec.name} " \
+                                                       f"has no tenant order of its own)"
+    quota = spec.quota(snap, params) if spec.quota is not None else None
+    acc = engine.accounting
+    names = engine.resources.names
+    live = snap.free[:, 0] >= 0 if len(snap.free) else np.zeros(0, dtype=bool)
+
+    keys = {tenant: order.key(cycle, tenant) for tenant in snap.pending}
+    ranked = sorted(snap.pending, key=lambda t: keys[t])
+    rank = {tenant: k + 1 for k, tenant in enumerate(ranked)}
+
+    # Per tenant and shape: the reason its head waits, before the order is applied.
+    verdicts: dict[tuple[str, int], tuple[WaitReason, str] | None] = {}
+    room_limited: list[str] = []
+    for tenant in ranked:
+        limited = False
+        for shape, group in snap.pending[tenant].groups.items():
+            head, _ = group.pending_at(0)
+            if head is None:
+                continue
+            verdicts[(tenant, shape)] = verdict = _shape_verdict(engine, cycle, quota, tenant, head, live)
+            limited |= verdict is None
+        if limited:
+            room_limited.append(tenant)
+    first = room_limited[0] if room_limited else None
+
+    def room_reason(tenant: str, task: "Task") -> tuple[WaitReason, str, str | None, float | None]:
+        need = _text(engine.resources.as_dict(task.demand))
+        since = engine.starved_since.get(tenant)
+        if engine.preemption is not None and since is not None:
+            due = since + engine.preemption.timeout
+            if due > snap.time:
+                return (WaitReason.PREEMPTION_PENDING,
+                        f"no node has room for {need}; {tenant} is below {engine.preemption.threshold:g} x its fair "
+                        f"share since {since:g}: preemption takes room back for it at {due:g}", None, None)
+        if spec.efficiency is not None:
+            return WaitReason.EFFICIENCY, f"no node has room for {need}; when room frees, {spec.efficiency}", None, None
+        if tenant == first:
+            return (WaitReason.NO_ROOM, f"no node has room for {need}; {tenant} is first in line for freed room "
+                                        f"({label} {order.value(keys[tenant]):.4g})", None, None)
+        gap = order.value(keys[tenant]) - order.value(keys[first])
+        ahead = room_limited.index(tenant)
+        return (WaitReason.BEHIND_TENANTS,
+                f"no node has room for {need}; freed room goes first to {first} ({label} "
+                f"{order.value(keys[first]):.4g} against {tenant}'s {order.value(keys[tenant]):.4g}; "
+                f"{ahead} waiting tenant{'s' if ahead != 1 else ''} ahead)", first, gap)
+
+    pending: dict[str, list[PendingEntry]] = {}
+    for tenant in ranked:
+        entries = sorted((task for task in snap.pending[tenant]), key=lambda t: t.seq)
+        out, position = [], 0
+        for task in entries:
+            verdict = verdicts.get((tenant, task.shape))
+            if verdict is None:
+                reason, message, waits_for, gap = room_reason(tenant, task)
+            else:
+                (reason, message), waits_for, gap = verdict, None, None
+            count = task.count
+            out.append(PendingEntry(tenant, task.id, task.job, count, task.task_ids(0, 1)[0], position,
+                                    dict(task.demand_map), task.submit, reason, message, waits_for, gap))
+            position += count
+        pending[tenant] = out
+    for entry in held:  # after everything submitted: it arrives when its stage is released
+        position = sum(e.tasks for e in pending.setdefault(entry.tenant, []))
+        first_id = f"{entry.id}-0" if entry.tasks > 1 else entry.id
+        pending[entry.tenant].append(PendingEntry(
+            entry.tenant, entry.id, entry.job, entry.tasks, first_id, position, dict(entry.demand), entry.submitted,
+            WaitReason.STAGE, entry.message()))
+
+    active = active_tenants([ledger.name for ledger in acc.ledgers], [ledger.running for ledger in acc.ledgers],
+                            engine.pending)
+    fair = instantaneous_fair_shares(acc.fractions, active)
+    capacity = acc.capacity
+    accumulated = acc.usage_keys(list(range(len(acc.ledgers))), snap.time)
+    tenants = []
+    for row, ledger in enumerate(acc.ledgers):
+        name = ledger.name
+        queue = engine.pending.get(name)
+        waiting = queue.count if queue is not None else 0
+        key = keys.get(name)
+        if key is None and (waiting or ledger.running):
+            key = order.key(cycle, name)
+        share = {r: float(acc.allocation[row, i] / capacity[i]) if capacity[i] > 0 else 0.0
+                 for i, r in enumerate(names)}
+        spec_node = engine.tree.specs.get(name)
+        tenants.append(TenantStatus(
+            name, float(spec_node.weight) if spec_node is not None else 1.0, float(acc.fractions[row]),
+            float(fair[row]), share, order.value(key) if key is not None else None, rank.get(name),
+            float(acc.quantum(row)), int(ledger.running), int(waiting), float(accumulated[row]),
+            engine.starved_since.get(name)))
+    return Explanation(snap.time, engine.policy, label, tenants, pending)
+
+
+def _shape_verdict(engine: "Engine", cycle: Cycle, quota, tenant: str, head: "Task",
+                   live: np.ndarray) -> tuple[WaitReason, str] | None:
+    """Why the head of one of ``tenant``'s shapes waits, unless only for room (None)."""
+    unschedulable = engine.unschedulable_reason(head.shape)
+    if unschedulable is not None:
+        return WaitReason.UNSCHEDULABLE, unschedulable
+    if not cycle.within_caps(tenant, head):
+        snap = cycle.snapshot
+        at_cap = next((node for node in snap.tree.path(tenant) if snap.tree.specs[node].max_share < 1
+                       and dominant_share(cycle.group_allocation[node] + head.demand, snap.capacity)
+                       > snap.tree.specs[node].max_share + EPSILON), tenant)
+        return (WaitReason.MAX_SHARE, f"{at_cap} is at its max_share {snap.tree.specs[at_cap].max_share:g}: "
+                                      f"one more task would take it over")
+    if quota is not None and not quota(cycle, tenant, head):
+        return WaitReason.PARTITION, f"{tenant}'s partition is full: it waits for its own tasks to finish"
+    if cycle.find_node(head) is not None:
+        return WaitReason.NEXT_PASS, "a node has room for it now: the next pass places it"
+    if not head.constraints.empty:
+        free = cycle.free[live]
+        with_room = int((free >= head.demand - EPSILON).all(axis=1).sum()) if len(free) else 0
+        if with_room:
+            return (WaitReason.CONSTRAINTS, f"{with_room} node{'s have' if with_room != 1 else ' has'} room for it, "
+                                            f"but its constraints {_text(head.constraints.to_json())} exclude "
+                                            f"{'them' if with_room != 1 else 'it'}")
+    return None
+
+
+__all__ = ["WaitReason", "PendingEntry", "HeldEntry", "TenantStatus", "Explanation", "explain"]

@@ -1,0 +1,144 @@
+"""The visibility documents (issue "Operators can see why"), version ``v1``: what
+``fairstream status`` and ``fairstream pending`` print, what the worker's HTTP API serves
+(``/v1/clusters``, ``/v1/clusters/{c}/tenants``, ``/v1/clusters/{c}/pending``,
+``/v1/clusters/{c}/history``) and what ``simulate --explain-at T`` writes: one format for all
+of them, made here from an ``Explanation``'s JSON (``fairstream.core.explain``) and from what
+the worker stored of it.
+
+What the worker stores per cluster, with a commit at most every ``--explain-interval`` seconds
+(view ``explain``, replaced whole each time): field ``status`` (the tenants' status) and one
+field ``pending:<tenant>`` per tenant with pending work, holding its first ``max_entries``
+pending entries (a single task or a whole request each: a request of 100,000 tasks is one
+entry) with the totals; and one sample per write in the cluster's history (its last
+``HISTORY_SAMPLES``: each tenant's dominant share and accumulated usage).
+
+Pure functions over JSON-level data; importing this loads neither the engine nor Redis.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+API_VERSION = "v1"
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+DEFAULT_MAX_ENTRIES = 10_000
+
+
+class DocumentError(ValueError):
+    """A query the documents cannot answer (unknown tenant or task, bad page): one line."""
+
+
+def stored_views(status: dict, pending: Mapping[str, list[dict]], max_entries: int = DEFAULT_MAX_ENTRIES
+                 ) -> dict[str, str]:
+    """The fields of the ``explain`` view for ``Explanation.status_json()`` and
+    ``Explanation.pending_json()["pending"]``."""
+    fields = {"status": json.dumps(status)}
+    for tenant, entries in pending.items():
+        fields[f"pending:{tenant}"] = json.dumps({
+            "entries": entries[:max_entries], "entries_total": len(entries),
+            "tasks_total": sum(e["tasks"] for e in entries)})
+    return fields
+
+
+def history_sample(status: dict) -> str:
+    """One point of a cluster's history: per tenant its dominant share and accumulated usage."""
+    return json.dumps({"time": status["time"], "tenants": {
+        t["tenant"]: {"share": max(t["share"].values(), default=0.0), "accumulated": t["accumulated"]}
+        for t in status["tenants"]}})
+
+
+def cluster_summary(cluster: str, status: dict | None) -> dict[str, Any]:
+    """One row of ``/v1/clusters``."""
+    if status is None:
+        return {"cluster": cluster, "time": None, "policy": None, "tenants": 0, "running": 0, "pending": 0}
+    tenants = status["tenants"]
+    return {"cluster": cluster, "time": status["time"], "policy": status["policy"], "tenants": len(tenants),
+            "running": sum(t["running"] for t in tenants), "pending": sum(t["pending"] for t in tenants)}
+
+
+def clusters_document(rows: list[dict]) -> dict[str, Any]:
+    return {"api": API_VERSION, "clusters": rows}
+
+
+def tenants_document(cluster: str, status: dict) -> dict[str, Any]:
+    """``/v1/clusters/{c}/tenants``: every tenant's status, in the policy's order (those with
+    pending work by rank, then the others by name)."""
+    tenants = sorted(status["tenants"], key=lambda t: (t["rank"] is None, t["rank"] or 0, t["tenant"]))
+    return {"api": API_VERSION, "cluster": cluster, "time": status["time"], "policy": status["policy"],
+            "order": status["order"], "tenants": tenants}
+
+
+def pending_document(cluster: str, status: dict, pending: Mapping[str, dict], tenant: str | None = None,
+                     task: str | None = None, page: int = 1, size: int = DEFAULT_PAGE_SIZE) -> dict[str, Any]:
+    """``/v1/clusters/{c}/pending``: pending entries with the reason each waits, ``size`` per
+    page (page 1 first), of one tenant or of all in the policy's order; with ``task``, the entry
+    that holds that task (a single task by id, a task ``<request>-<k>`` of a request) and its
+    position in its tenant's queue. ``pending``: per tenant, as ``stored_views`` keeps it."""
+    if not 1 <= size <= MAX_PAGE_SIZE:
+        raise DocumentError(f"size {size}: must be 1 to {MAX_PAGE_SIZE}")
+    if page < 1:
+        raise DocumentError(f"page {page}: must be 1 or more")
+    head = {"api": API_VERSION, "cluster": cluster, "time": status["time"], "policy": status["policy"],
+            "order": status["order"]}
+    if tenant is not None and tenant not in pending:
+        known = {t["tenant"] for t in status["tenants"]}
+        if tenant not in known:
+            raise DocumentError(f"tenant {tenant}: not a tenant of cluster {cluster}")
+        pending = {}
+    elif tenant is not None:
+        pending = {tenant: pending[tenant]}
+    ranked = [t["tenant"] for t in tenants_document(cluster, status)["tenants"] if t["tenant"] in pending]
+    if task is not None:
+        for name in ranked:
+            for entry in pending[name]["entries"]:
+                offset = _offset_in(entry, task)
+                if offset is not None:
+                    return {**head, "task": task, "position": entry["position"] + offset, "entry": entry}
+        raise DocumentError(f"task {task}: not pending in cluster {cluster}"
+                            + (f" for tenant {tenant}" if tenant else "")
+                            + " (or beyond the entries kept per tenant)")
+    entries = [entry for name in ranked for entry in pending[name]["entries"]]
+    start = (page - 1) * size
+    # entries_total: every pending entry; entries_listed: those kept and paged (the first
+    # max_entries of each tenant); tasks_total: the tasks of every entry.
+    return {**head, "tenant": tenant, "page": page, "size": size,
+            "entries_total": sum(pending[name]["entries_total"] for name in ranked), "entries_listed": len(entries),
+            "tasks_total": sum(pending[name]["tasks_total"] for name in ranked),
+            "entries": entries[start:start + size]}
+
+
+def _offset_in(entry: dict, task: str) -> int | None:
+    """``task``'s place within ``entry`` (0 for a single task), or None if not one of its tasks."""
+    if entry["tasks"] == 1 and entry["first"] == task:
+        return 0
+    prefix = entry["id"] + "-"
+    if entry["tasks"] > 1 and task.startswith(prefix) and entry["first"].startswith(prefix):
+        index, first = task[len(prefix):], entry["first"][len(prefix):]
+        if index.isdigit() and first.isdigit() and 0 <= int(index) - int(first) < entry["tasks"]:
+            return int(index) - int(first)
+    return None
+
+
+def pending_by_tenant(fields: Mapping[str, Any]) -> dict[str, dict]:
+    """The ``pending:<tenant>`` fields of a stored ``explain`` view, by tenant."""
+    return {name[len("pending:"):]: value for name, value in fields.items() if name.startswith("pending:")}
+
+
+def explanation_documents(cluster: str, status: dict, pending: Mapping[str, list[dict]]) -> dict[str, dict]:
+    """What ``simulate --explain-at T`` writes: ``tenants.json`` and ``pending.json`` (every
+    entry, one page), as the API would serve them for the same state."""
+    stored = {t: {"entries": e, "entries_total": len(e), "tasks_total": sum(x["tasks"] for x in e)}
+              for t, e in pending.items()}
+    size = max(1, sum(len(e) for e in pending.values()))
+    all_pending = pending_document(cluster, status, stored, size=min(size, MAX_PAGE_SIZE))
+    if size > MAX_PAGE_SIZE:  # a file is not paged
+        all_pending["entries"] = [e for t in (r["tenant"] for r in tenants_document(cluster, status)["tenants"])
+                                  for e in pending.get(t, [])]
+        all_pending["size"] = size
+    return {"tenants.json": tenants_document(cluster, status), "pending.json": all_pending}
+
+
+__all__ = ["API_VERSION", "DocumentError", "stored_views", "history_sample", "cluster_summary", "clusters_document",
+           "tenants_document", "pending_document", "pending_by_tenant", "explanation_documents"]

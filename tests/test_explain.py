@@ -1,0 +1,252 @@
+"""Why a task waits and where each tenant stands (fairstream.core.explain), in simulation
+(``simulate --explain-at``) and in the worker (the explanation view, ``status``, ``pending``,
+the /v1 documents), on worked scenarios with the arithmetic in comments."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from fairstream.cli import main
+from fairstream.core.explain import WaitReason, explain
+from fairstream.sim.scenario import parse_scenario
+from fairstream.sim.simulator import Simulator
+from fairstream.state.store import MemoryStore
+from fairstream.streams.api import Visibility, answer
+from fairstream.streams.config import WorkerConfig
+from fairstream.streams.processor import Incoming, Processor
+from fairstream.wire.topics import Topics
+from fairstream.wire.visibility import DocumentError, pending_document
+
+# Two nodes of 4 cpu in zones a and b; five tenants of weight 1 (each entitled to 1/5); C may
+# hold at most a quarter of the cluster. At t = 0 A starts 3 unit tasks, B 2 and C 2 (its cap:
+# 2 of 8 cpu), leaving 1 cpu free on n2. At t = 1 what arrives cannot start, each for its own
+# reason.
+EVERY_REASON = {
+    "resources": ["cpu"],
+    "nodes": [{"id": "n1", "capacity": {"cpu": 4}, "labels": {"zone": "a"}},
+              {"id": "n2", "capacity": {"cpu": 4}, "labels": {"zone": "b"}}],
+    "tenants": [{"id": "A"}, {"id": "B"}, {"id": "C", "max_share": 0.25}, {"id": "D"}, {"id": "E"}],
+    "tasks": [
+        {"id": "a", "job": "ja", "tenant": "A", "submit": 0, "duration": 100, "demand": {"cpu": 1}, "count": 3},
+        {"id": "b", "job": "jb", "tenant": "B", "submit": 0, "duration": 100, "demand": {"cpu": 1}, "count": 2},
+        {"id": "c", "job": "jc", "tenant": "C", "submit": 0, "duration": 100, "demand": {"cpu": 1}, "count": 3},
+        {"id": "d1", "job": "jd", "tenant": "D", "submit": 1, "duration": 10, "demand": {"cpu": 1},
+         "constraints": {"nodes": ["n1"]}},
+        {"id": "a4", "job": "ja2", "tenant": "A", "submit": 1, "duration": 10, "demand": {"cpu": 2}},
+        {"id": "b3", "job": "jb2", "tenant": "B", "submit": 1, "duration": 10, "demand": {"cpu": 2}},
+        {"id": "b4", "job": "jb2", "tenant": "B", "submit": 1, "duration": 10, "demand": {"cpu": 1}, "stage": 1},
+        {"id": "u1", "job": "je", "tenant": "E", "submit": 1, "duration": 10, "demand": {"cpu": 16}},
+    ],
+}
+
+
+def explained(document: dict, policy: str = "drf", params: dict | None = None, at: float = 5.0):
+    simulator = Simulator(parse_scenario(document), policy, params or {}, explain_at=at)
+    simulator.run()
+    return simulator.explanation
+
+
+def reasons(explanation) -> dict[str, WaitReason]:
+    return {entry.id: entry.reason for entries in explanation.pending.values() for entry in entries}
+
+
+@pytest.mark.parametrize("task, reason, says", [
+    pytest.param("u1", WaitReason.UNSCHEDULABLE, "none of the 2 live nodes it may use is large enough",
+                 id="a task larger than every node is unschedulable"),
+    pytest.param("b4", WaitReason.STAGE, "stage 1 of job jb2 starts when its earlier stages have finished",
+                 id="a later stage waits for its job's earlier stage"),
+    pytest.param("c", WaitReason.MAX_SHARE, "C is at its max_share 0.25",
+                 id="a tenant at max_share waits though a node has room"),
+    pytest.param("d1", WaitReason.CONSTRAINTS, 'its constraints {"nodes":["n1"]} exclude it',
+                 id="a task whose constraints exclude the only node with room"),
+    # DRF's key, dominant share / weight: B holds 2/8 = 0.25 of a 1/5 entitlement, 1.25; A 3/8,
+    # 1.875. B is first in line for freed room; A waits behind it, 0.625 apart.
+    pytest.param("b3", WaitReason.NO_ROOM, "B is first in line for freed room (dominant share / weight 1.25)",
+                 id="the first tenant in the policy's order waits only for room"),
+    pytest.param("a4", WaitReason.BEHIND_TENANTS, "freed room goes first to B (dominant share / weight 1.25 against "
+                 "A's 1.875; 1 waiting tenant ahead)", id="a tenant behind another in the order is told whom"),
+])
+def test_each_pending_task_says_the_rule_that_holds_it_back(task, reason, says):
+    explanation = explained(EVERY_REASON)
+    entry = next(e for entries in explanation.pending.values() for e in entries if e.id == task)
+    assert entry.reason is reason and says in entry.message
+    if reason is WaitReason.BEHIND_TENANTS:
+        assert entry.waits_for == "B" and entry.gap == pytest.approx(1.875 - 1.25)
+
+
+def test_every_reason_of_the_scenario_occurs_once_and_a_request_names_its_next_task():
+    explanation = explained(EVERY_REASON)
+    found = reasons(explanation)
+    assert sorted(found.values()) == sorted({WaitReason.UNSCHEDULABLE, WaitReason.STAGE, WaitReason.MAX_SHARE,
+                                             WaitReason.CONSTRAINTS, WaitReason.NO_ROOM, WaitReason.BEHIND_TENANTS})
+    # C's request of 3 started c-0 and c-1 within its cap; what waits is c-2.
+    (entry,) = explanation.pending["C"]
+    assert (entry.first, entry.tasks, entry.position) == ("c-2", 1, 0)
+
+
+def test_tenant_status_gives_shares_the_policys_key_and_rank():
+    explanation = explained(EVERY_REASON)
+    status = {t.tenant: t for t in explanation.tenants}
+    # Five tenants with work: each one's instantaneous fair share is 1/5.
+    assert all(t.fair_share == pytest.approx(0.2) for t in status.values())
+    assert status["A"].share == {"cpu": pytest.approx(3 / 8)} and status["A"].order_value == pytest.approx(1.875)
+    assert (status["A"].running, status["A"].pending, status["B"].pending) == (3, 1, 1)
+    # Rank in DRF's order among tenants with pending work: D and E hold nothing (0, by arrival
+    # then name), then B and C at 1.25 (B first by name), then A.
+    assert [t.tenant for t in sorted(status.values(), key=lambda t: t.rank)] == ["D", "E", "B", "C", "A"]
+    assert explanation.order_label == "dominant share / weight"
+
+
+def one_node(policy_tasks: list[dict], capacity: int = 4, tenants: list[dict] | None = None) -> dict:
+    return {"resources": ["cpu"], "nodes": [{"id": "n", "capacity": {"cpu": capacity}}],
+            "tenants": tenants or [{"id": "A"}, {"id": "B"}], "tasks": policy_tasks}
+
+
+def unit(name: str, tenant: str, submit: float, count: int, duration: float = 100) -> dict:
+    return {"id": name, "job": name, "tenant": tenant, "submit": submit, "duration": duration, "demand": {"cpu": 1},
+            "count": count}
+
+
+@pytest.mark.parametrize("policy, params, document, task, reason, says", [
+    # Static partitions: A's is half of 4 cpu; 2 run, the third waits though 2 cpu are idle.
+    pytest.param("static", {}, one_node([unit("a", "A", 0, 3)]), "a", WaitReason.PARTITION,
+                 "A's partition is full", id="static: a task over its tenant's partition"),
+    pytest.param("tetris", {}, one_node([unit("a", "A", 0, 4), unit("b", "B", 1, 2)]), "b", WaitReason.EFFICIENCY,
+                 "tetris gives freed room to the best-aligned task", id="tetris: freed room goes by packing"),
+    # B arrives at t = 1 to a node A fills; with preemption it is starved from t = 1 and the
+    # timeout of 30 s runs out at t = 31.
+    pytest.param("drf", {"preemption": "on", "preemption_timeout": "30"},
+                 one_node([unit("a", "A", 0, 4), unit("b", "B", 1, 2)]), "b", WaitReason.PREEMPTION_PENDING,
+                 "preemption takes room back for it at 31", id="a starved tenant is told when preemption acts"),
+])
+def test_policy_specific_reasons(policy, params, document, task, reason, says):
+    explanation = explained(document, policy, params, at=5)
+    entry = next(e for entries in explanation.pending.values() for e in entries if e.id == task)
+    assert entry.reason is reason and says in entry.message
+
+
+def test_simulate_explain_at_writes_the_apis_documents(tmp_path, capsys):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(EVERY_REASON))
+    out = tmp_path / "run"
+    assert main(["simulate", "--scenario", str(path), "--policy", "drf", "--explain-at", "5", "--no-baseline",
+                 "--no-plots", "--out", str(out)]) == 0
+    tenants = json.loads((out / "explain" / "tenants.json").read_text())
+    pending = json.loads((out / "explain" / "pending.json").read_text())
+    assert tenants["api"] == pending["api"] == "v1" and tenants["time"] == 1.0
+    assert [t["tenant"] for t in tenants["tenants"]] == ["D", "E", "B", "C", "A"]
+    assert pending["entries_total"] == 6 and {e["reason"] for e in pending["entries"]} == {
+        "unschedulable", "stage_not_released", "max_share", "constraints", "no_room", "behind_tenants"}
+
+
+# The worker: the explanation is written with a commit, read back through the same documents.
+
+def message(kind: str, offset: int, body: dict) -> Incoming:
+    topic = {"submitted": "tasks.submitted", "completed": "tasks.completed", "heartbeat": "nodes.heartbeats"}[kind]
+    return Incoming(kind, json.dumps(body).encode(), topic, 0, offset, 0.0, None)
+
+
+async def published(topic, key, value):
+    return None
+
+
+def worker_with(store: MemoryStore, **options) -> Processor:
+    config = WorkerConfig(policy="drf", resources=("cpu",))
+    return Processor(store, config.make_engine, published, Topics(), **options)
+
+
+def big_request_cluster(store: MemoryStore, **options) -> Processor:
+    """One node of 4 cpu; A submits a request of 100,000 unit tasks, B one task of 2 cpu."""
+    processor = worker_with(store, **options)
+
+    async def scenario():
+        await processor.handle([
+            message("heartbeat", 0, {"cluster": "c1", "node": "n1", "time": 0, "capacity": {"cpu": 4}}),
+            message("submitted", 0, {"cluster": "c1", "task": "maps", "job": "j1", "tenant": "A", "time": 0,
+                                     "demand": {"cpu": 1}, "count": 100_000}),
+            message("submitted", 1, {"cluster": "c1", "task": "b1", "job": "j2", "tenant": "B", "time": 1,
+                                     "demand": {"cpu": 2}}),
+        ])
+
+    asyncio.run(scenario())
+    return processor
+
+
+def test_the_worker_writes_the_explanation_and_the_documents_read_it():
+    store = MemoryStore()
+    big_request_cluster(store, explain_interval=0.0)
+    visibility = Visibility(store.view_reader())
+    assert visibility.clusters()["clusters"] == [{"cluster": "c1", "time": 1.0, "policy": "drf", "tenants": 2,
+                                                  "running": 4, "pending": 100_000 - 4 + 1}]
+    tenants = visibility.tenants("c1")["tenants"]
+    # B holds nothing and waits first in DRF's order; A holds 4 of 4 cpu.
+    assert [(t["tenant"], t["rank"], t["running"]) for t in tenants] == [("B", 1, 0), ("A", 2, 4)]
+    page = visibility.pending("c1", size=1)
+    assert (page["entries_total"], page["tasks_total"], len(page["entries"])) == (2, 99_997, 1)
+    assert page["entries"][0]["id"] == "b1" and page["entries"][0]["reason"] == "no_room"
+    second = visibility.pending("c1", size=1, page=2)["entries"][0]
+    assert (second["id"], second["first"], second["tasks"], second["reason"]) == ("maps", "maps-4", 99_996,
+                                                                                  "behind_tenants")
+    # One task deep in the request: found by arithmetic, not a walk over 100,000 entries.
+    found = visibility.pending("c1", task="maps-77777")
+    assert found["position"] == 77_777 - 4 and found["entry"]["id"] == "maps"
+    assert visibility.history("c1")["samples"][-1]["tenants"]["A"]["share"] == 1.0
+
+
+def test_a_quiet_cluster_shows_its_last_state_after_the_interval():
+    store = MemoryStore()
+    processor = big_request_cluster(store, explain_interval=3600.0)  # the first commit writes it
+    assert Visibility(store.view_reader()).tenants("c1")["time"] == 1.0
+
+    async def later():
+        await processor.handle([message("completed", 0, {"cluster": "c1", "task": "maps-0", "time": 2,
+                                                          "status": "succeeded"})])
+        written_then = Visibility(store.view_reader()).tenants("c1")["time"]
+        processor.explain_interval = 0.0  # the interval has passed
+        flushed = await processor.flush_explanations()
+        return written_then, flushed
+
+    written_then, flushed = asyncio.run(later())
+    assert written_then == 1.0 and flushed == 1  # within the interval: not yet; then by the timer
+    assert Visibility(store.view_reader()).tenants("c1")["time"] == 2.0
+
+
+@pytest.mark.parametrize("path, query, status, error", [
+    pytest.param("/v1/clusters/c9/tenants", {}, 404, "cluster c9: unknown", id="an unknown cluster is 404"),
+    pytest.param("/v1/clusters/c1/pending", {"tenant": ["Z"]}, 404, "tenant Z: not a tenant",
+                 id="an unknown tenant is 404"),
+    pytest.param("/v1/clusters/c1/pending", {"task": ["nope"]}, 404, "task nope: not pending",
+                 id="a task that is not pending is 404"),
+    pytest.param("/v1/clusters/c1/pending", {"size": ["5000"]}, 400, "size 5000: must be 1 to 1000",
+                 id="a page too large is 400"),
+    pytest.param("/v1/clusters/c1/pending", {"page": ["x"]}, 400, "whole numbers", id="a page that is no number"),
+    pytest.param("/v2/clusters", {}, 404, "no such resource", id="another version is 404"),
+])
+def test_the_api_answers_a_bad_query_in_one_line_with_its_status(path, query, status, error):
+    store = MemoryStore()
+    big_request_cluster(store, explain_interval=0.0)
+    code, document = answer(Visibility(store.view_reader()), path, query)
+    assert code == status and error in document["error"] and "\n" not in document["error"]
+
+
+def test_a_tenant_with_nothing_pending_has_an_empty_page():
+    status = {"time": 0.0, "policy": "drf", "order": "x", "tenants": [
+        {"tenant": "A", "rank": None, "running": 1, "pending": 0}]}
+    document = pending_document("c", status, {}, tenant="A")
+    assert document["entries"] == [] and document["tasks_total"] == 0
+    with pytest.raises(DocumentError):
+        pending_document("c", status, {}, page=0)
+
+
+def test_explain_changes_nothing_in_the_engine():
+    simulator = Simulator(parse_scenario(EVERY_REASON), "drf", {}, explain_at=5)
+    simulator.run()
+    engine = simulator.engine
+    before = (engine.accounting.allocation.copy(), {t: q.count for t, q in engine.pending.items()}, engine.time)
+    explain(engine)
+    explain(engine)
+    after = (engine.accounting.allocation, {t: q.count for t, q in engine.pending.items()}, engine.time)
+    assert (before[0] == after[0]).all() and before[1:] == after[1:]

@@ -1,0 +1,168 @@
+"""Operators can see why, on a running worker with a real Kafka broker and Redis server
+(``scripts/services.sh``): ``fairstream status`` and ``fairstream pending``, the /v1 HTTP API,
+and the web page in a real headless browser (Debian's chromium and chromedriver, which the
+services script installs). Nothing is mocked."""
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+
+from fairstream.producers.client import Publisher
+from fairstream.wire.topics import Topics
+from test_worker_live import BROKER, REDIS, ROOT, Worker
+
+pytestmark = pytest.mark.live
+
+
+@pytest.fixture(scope="module", autouse=True)
+def services():
+    """Kafka, Redis, chromium and chromedriver, installed and started if they are not."""
+    subprocess.run(["bash", str(ROOT / "scripts" / "services.sh"), "start"], check=True, capture_output=True)
+
+
+def get(port: int, path: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def wait_for(condition, timeout: float = 90.0, every: float = 0.2):
+    """``condition()``'s first true value, checked every ``every`` s (fails after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = condition()
+        except (OSError, urllib.error.URLError):
+            value = None
+        if value:
+            return value
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(every)
+
+
+def publish(topics: Topics, events: list[tuple]) -> None:
+    async def send():
+        async with Publisher(BROKER, topics) as pub:
+            for kind, *args in events:
+                if kind == "node":
+                    await pub.heartbeat("c1", args[0], args[1], args[2])
+                else:
+                    name, tenant, demand, at, count = args
+                    await pub.submit("c1", name, tenant=tenant, demand=demand, time=at, count=count)
+
+    asyncio.run(send())
+
+
+def fairstream(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "fairstream.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_status_pending_and_the_http_api_of_a_running_worker(tmp_path):
+    app_id = f"t{uuid.uuid4().hex[:8]}"
+    topics = Topics().with_prefix(app_id)
+    worker = Worker(app_id, tmp_path, "--explain-interval", "0.2").start()
+    try:
+        # One node of 4 cpu: A's request of 100,000 unit tasks takes all 4; B's task of 2 cpu
+        # waits first in DRF's order (it holds nothing), A's 99,996 behind it.
+        publish(topics, [("node", "n1", 0, {"cpu": 4, "mem": 8}),
+                         ("task", "maps", "A", {"cpu": 1, "mem": 1}, 0, 100_000),
+                         ("task", "b1", "B", {"cpu": 2, "mem": 1}, 1, None)])
+        port = worker.metrics_port
+        tenants = wait_for(lambda: (doc := get(port, "/v1/clusters/c1/tenants")[1]).get("time") == 1 and doc)
+        assert [(t["tenant"], t["rank"], t["running"], t["pending"]) for t in tenants["tenants"]] == [
+            ("B", 1, 0, 1), ("A", 2, 4, 99_996)]
+        assert tenants["order"] == "dominant share / weight" and tenants["api"] == "v1"
+        status, clusters = get(port, "/v1/clusters")
+        assert status == 200 and clusters["clusters"][0]["cluster"] == "c1"
+        status, page = get(port, "/v1/clusters/c1/pending?tenant=A&size=10")
+        assert status == 200 and page["tasks_total"] == 99_996 and page["entries"][0]["reason"] == "behind_tenants"
+        status, found = get(port, "/v1/clusters/c1/pending?task=maps-77777")
+        assert status == 200 and found["position"] == 77_777 - 4 and found["entry"]["waits_for"] == "B"
+        assert get(port, "/v1/clusters/nope/tenants")[0] == 404
+        history = get(port, "/v1/clusters/c1/history")[1]
+        assert history["samples"] and history["samples"][-1]["tenants"]["A"]["share"] == 1.0
+
+        printed = fairstream("status", "--cluster", "c1", "--redis", REDIS, "--app-id", app_id)
+        lines = printed.splitlines()
+        assert "policy drf" in lines[0] and lines[2].split()[:2] == ["B", "1"] and lines[3].split()[:2] == ["A", "2"]
+        printed = fairstream("pending", "--cluster", "c1", "--redis", REDIS, "--app-id", app_id, "--task", "maps-77777")
+        assert "position 77773" in printed and "behind_tenants" in printed and "freed room goes first to B" in printed
+        printed = fairstream("pending", "--cluster", "c1", "--redis", REDIS, "--app-id", app_id, "--json")
+        assert json.loads(printed)["entries_total"] == 2
+        missing = subprocess.run([sys.executable, "-m", "fairstream.cli", "pending", "--cluster", "c1", "--redis", REDIS,
+                                  "--app-id", app_id, "--tenant", "Z"], capture_output=True, text=True, cwd=ROOT)
+        assert missing.returncode == 2 and "tenant Z: not a tenant of cluster c1" in missing.stderr
+        assert missing.stderr.count("\n") == 1
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert "fairstream_decisions_total" in metrics
+    finally:
+        worker.stop()
+
+
+def browser(tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={tmp_path / 'chromium'}", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+
+
+def table(driver) -> dict[str, list[str]]:
+    rows = driver.find_elements("css selector", "#tenants tbody tr")
+    return {row.get_attribute("data-tenant"): [cell.text for cell in row.find_elements("tag name", "td")]
+            for row in rows}
+
+
+def test_the_web_page_shows_a_running_workers_tenants_and_updates_after_new_decisions(tmp_path):
+    app_id = f"t{uuid.uuid4().hex[:8]}"
+    topics = Topics().with_prefix(app_id)
+    worker = Worker(app_id, tmp_path, "--explain-interval", "0.2").start()
+    driver = None
+    try:
+        publish(topics, [("node", "n1", 0, {"cpu": 8, "mem": 16}),
+                         ("task", "a", "A", {"cpu": 1, "mem": 1}, 0, 6),
+                         ("task", "b", "B", {"cpu": 1, "mem": 1}, 1, 6)])
+        port = worker.metrics_port
+        wait_for(lambda: get(port, "/v1/clusters/c1/tenants")[1].get("time") == 1)
+        driver = browser(tmp_path)
+        driver.get(f"http://127.0.0.1:{port}/")
+        # A's 6 started at t = 0 on the 8 cpu; B's at t = 1 found 2 free: 2 run, 4 wait.
+        first = wait_for(lambda: (rows := table(driver)) and set(rows) == {"A", "B"} and rows)
+        assert first["A"][7:9] == ["6", "0"] and first["B"][7:9] == ["2", "4"]
+        assert driver.find_element("id", "policy").text == "drf"
+        # New decisions reach the page without a reload: C arrives; A's first tasks finish.
+        asyncio.run(_complete_and_submit(topics))
+        later = wait_for(lambda: (rows := table(driver)) and "C" in rows and rows)
+        assert set(later) == {"A", "B", "C"}
+        wait_for(lambda: driver.find_elements("css selector", "#share-chart polyline[data-series='A']"))
+        driver.save_screenshot(str(tmp_path / "page.png"))
+        assert (tmp_path / "page.png").stat().st_size > 10_000
+        assert not driver.find_element("id", "error").text
+    finally:
+        if driver is not None:
+            driver.quit()
+        worker.stop()
+
+
+async def _complete_and_submit(topics: Topics) -> None:
+    async with Publisher(BROKER, topics) as pub:
+        for k in range(2):
+            await pub.complete("c1", f"a-{k}", time=5)
+        await pub.submit("c1", "c", tenant="C", demand={"cpu": 1, "mem": 1}, time=5, count=3)
