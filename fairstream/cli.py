@@ -150,7 +150,7 @@ def cmd_simulate(args) -> int:
         folder = out / "explain"
         folder.mkdir(exist_ok=True)
         documents = explanation_documents(args.cluster or "default", explanation.status_json(),
-                                          explanation.pending_json()["pending"])
+                                          explanation.pending_json())
         for name, document in documents.items():
             (folder / name).write_text(json.dumps(document, indent=1) + "\n")
     baseline = None

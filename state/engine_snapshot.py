@@ -140,6 +140,16 @@ _ENUM_INDEX = {cls: index for index, cls in enumerate(ENUMS)}
 _SCALARS = frozenset((type(None), bool, int, float, str, bytes))
 
 
+def _ordered(members) -> list:
+    """A set's members in a fixed order: a set's iteration order follows the string hashes,
+    which differ from process to process (PYTHONHASHSEED), so the same state written in order
+    of iteration gave different bytes (and a set read back iterated differently)."""
+    try:
+        return sorted(members)
+    except TypeError:  # members of several kinds
+        return sorted(members, key=lambda m: (type(m).__name__, repr(m)))
+
+
 def encode_engine(engine: Engine) -> bytes:
     """The snapshot of ``engine`` (``MAGIC``, version, MessagePack body)."""
     if not isinstance(engine, Engine):
@@ -200,7 +210,7 @@ class _Encoder:
         if kind is tuple:
             return [TUPLE, *self.items(value)]
         if kind is frozenset:
-            return [FROZENSET, *self.items(value)]
+            return [FROZENSET, *self.items(_ordered(value))]
         if kind in _ENUM_INDEX:
             return [ENUM, _ENUM_INDEX[kind], value._value_]
         if kind is PolicySpec:
@@ -216,7 +226,7 @@ class _Encoder:
         if kind is dict or kind is OrderedDict:
             return [DICT if kind is dict else ORDERED, *self.items(itertools.chain.from_iterable(value.items()))]
         if kind is set:
-            return [SET, *self.items(value)]
+            return [SET, *self.items(_ordered(value))]
         if kind is np.ndarray:
             little = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<"))
             return [ARRAY, _dtype(value.dtype), list(value.shape), little.tobytes()]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fairstream.wire.topics import Topics
+from fairstream.wire.visibility import DEFAULT_MAX_ENTRIES
 
 if TYPE_CHECKING:
     from fairstream.core.engine import Engine
@@ -45,8 +46,8 @@ class WorkerConfig:
     max_engines: int = 1000  # cluster engines kept in memory; the least recently used go first
     metrics_port: int = 9464  # 0: no HTTP endpoint (metrics, the /v1 API, the web page)
     metrics_address: str = "127.0.0.1"
-    explain_interval: float = 1.0  # seconds between writes of a cluster's explanation (inf: never)
-    explain_max_entries: int = 10_000  # pending entries kept per tenant in it (a request counts once)
+    explain_interval: float = 5.0  # seconds between writes of a cluster's explanation (inf: never)
+    explain_max_entries: int = DEFAULT_MAX_ENTRIES  # pending entries listed per tenant (a request counts once)
     kafka_options: dict = field(default_factory=dict)  # security settings passed to Faust
     # Faust's local directory; it holds nothing of ours (state is in Redis), so by default it
     # goes to the temporary directory rather than "<app-id>-data" in the working directory.

@@ -10,7 +10,7 @@ import gc
 import time
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 
@@ -48,6 +48,32 @@ class WorkerMetrics:
             ["generation"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
             registry=self.registry,
         )
+
+        # Per tenant, as of the cluster's last explanation (``--explain-interval``): what an
+        # operator's dashboard plots per queue (deploy/grafana/fairstream.json).
+        labels = ["cluster", "tenant"]
+        self.tenant_share = Gauge("fairstream_tenant_share", "The tenant's dominant share of the cluster",
+                                  labels, registry=self.registry)
+        self.tenant_fair_share = Gauge("fairstream_tenant_fair_share",
+                                       "The tenant's instantaneous fair share (its weight over the tenants with work)",
+                                       labels, registry=self.registry)
+        self.tenant_running = Gauge("fairstream_tenant_running_tasks", "The tenant's running tasks", labels,
+                                    registry=self.registry)
+        self.tenant_pending = Gauge("fairstream_tenant_pending_tasks", "The tenant's pending tasks", labels,
+                                    registry=self.registry)
+        self.tenant_accumulated = Gauge("fairstream_tenant_accumulated_usage",
+                                        "The tenant's normalised accumulated usage in the current round",
+                                        labels, registry=self.registry)
+
+    def observe_tenants(self, cluster: str, status: dict) -> None:
+        """Set the per-tenant gauges from an explanation's ``status_json()``."""
+        for t in status["tenants"]:
+            labels = (cluster, t["tenant"])
+            self.tenant_share.labels(*labels).set(max(t["share"].values(), default=0.0))
+            self.tenant_fair_share.labels(*labels).set(t["fair_share"])
+            self.tenant_running.labels(*labels).set(t["running"])
+            self.tenant_pending.labels(*labels).set(t["pending"])
+            self.tenant_accumulated.labels(*labels).set(t["accumulated"])
 
     def watch_gc(self) -> Callable[[], None]:
         """Observe every collector pass in ``gc_pause``; returns what stops observing.

@@ -116,7 +116,7 @@ class Processor:
         max_engines: int = 1000,
         max_ahead: float = 86400.0,
         input_log: InputLog | None = None,
-        explain_interval: float = 1.0,
+        explain_interval: float = 5.0,
         explain_max_entries: int = DEFAULT_MAX_ENTRIES,
     ) -> None:
         from fairstream.streams.metrics import WorkerMetrics
@@ -489,11 +489,11 @@ class Processor:
         now = time.monotonic()
         if not session.explain_due or (not force and now - session.explained_at < self.explain_interval):
             return
-        explanation = explain(session.engine)
+        explanation = explain(session.engine, max_entries=self.explain_max_entries)
         status = explanation.status_json()
-        commit.replaced_views.setdefault(cluster, {})["explain"] = stored_views(
-            status, explanation.pending_json()["pending"], self.explain_max_entries)
+        commit.replaced_views.setdefault(cluster, {})["explain"] = stored_views(status, explanation.pending_json())
         commit.history[cluster] = history_sample(status)
+        self.metrics.observe_tenants(cluster, status)
         session.explained_at, session.explain_due = now, False
 
     async def flush_explanations(self) -> int:

@@ -250,3 +250,26 @@ def test_explain_changes_nothing_in_the_engine():
     explain(engine)
     after = (engine.accounting.allocation, {t: q.count for t, q in engine.pending.items()}, engine.time)
     assert (before[0] == after[0]).all() and before[1:] == after[1:]
+
+
+def test_a_tenant_of_100000_single_tasks_is_listed_up_to_the_cap_and_explained_whole_by_its_groups():
+    store = MemoryStore()
+    processor = worker_with(store, explain_interval=0.0, explain_max_entries=100)
+
+    async def scenario():
+        await processor.handle(
+            [message("heartbeat", 0, {"cluster": "c1", "node": "n1", "time": 0, "capacity": {"cpu": 4}})]
+            + [message("submitted", k, {"cluster": "c1", "task": f"t{k}", "job": "j", "tenant": "A", "time": 0,
+                                        "demand": {"cpu": 1}}) for k in range(100_000)])
+
+    asyncio.run(scenario())
+    visibility = Visibility(store.view_reader())
+    page = visibility.pending("c1", tenant="A", size=50, page=2)
+    # 4 run on the node; 99,996 wait. The first 100 entries are listed (t4 ... t103), two pages
+    # of 50; the group covers all 99,996 with one reason.
+    assert (page["entries_total"], page["entries_listed"], page["tasks_total"]) == (99_996, 100, 99_996)
+    assert [e["id"] for e in page["entries"]][:2] == ["t54", "t55"] and page["entries"][0]["position"] == 50
+    (group,) = page["groups"]
+    assert (group["tasks"], group["reason"]) == (99_996, "no_room")
+    with pytest.raises(DocumentError, match="beyond the entries kept per tenant"):
+        visibility.pending("c1", task="t50000")

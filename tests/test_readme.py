@@ -89,7 +89,7 @@ def _ids(items: list[str]) -> list[str]:
     return [f"{k + 1}: {c[:90]}" for k, c in enumerate(items)]
 
 
-SIMULATE = [c for b in blocks("Simulate") for c in commands(b)]
+SIMULATE = [c for b in blocks("Simulate") for c in commands(b)] + commands(blocks("Seeing why")[0])
 POLICIES = [c for b in blocks("Policies") for c in commands(b)]
 
 
@@ -172,6 +172,7 @@ def test_the_streaming_example_runs_as_written_in_the_readmes_order(clean_copy):
     lines = [json.loads(line[line.index("{"):]) for line in stdout.splitlines() if "{" in line]
     report = next(line for line in lines if "completed" in line)  # the emulator's
     assert report["completed"] == report["tasks"] > 0 and not report["over_committed"]
+    assert "cluster prod at event time" in stdout  # what `fairstream status` printed
     decided = [line for line in lines if line.get("kind") == "place"]  # what `fairstream tail` printed
     # SWIM jobs are requests: a decision may place several of a job's tasks, listed in tasks.
     assert len({task for d in decided for task in d.get("tasks", [d["task"]])}) == report["tasks"]

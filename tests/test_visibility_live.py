@@ -107,6 +107,7 @@ def test_status_pending_and_the_http_api_of_a_running_worker(tmp_path):
         assert missing.stderr.count("\n") == 1
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         assert "fairstream_decisions_total" in metrics
+        assert 'fairstream_tenant_pending_tasks{cluster="c1",tenant="A"} 99996.0' in metrics
     finally:
         worker.stop()
 

@@ -31,16 +31,17 @@ Reasons (``WaitReason``), the first that holds:
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
 
 from fairstream.core.fairness import dominant_share, instantaneous_fair_shares
-from fairstream.core.model import EPSILON
+from fairstream.core.model import EPSILON, TaskState
 from fairstream.core.placement import Cycle, dominant_share_order
 from fairstream.core.preemption import active_tenants
 
@@ -127,12 +128,34 @@ class TenantStatus:
 
 
 @dataclass(frozen=True)
+class PendingGroup:
+    """A tenant's pending tasks of one shape (same demand and constraints): they all wait for
+    the same reason, in arrival order; ``tasks`` counts every one of them, listed or not."""
+
+    tenant: str
+    tasks: int
+    entries: int
+    demand: dict[str, float]
+    reason: WaitReason
+    message: str
+    waits_for: str | None = None
+    gap: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tenant": self.tenant, "tasks": self.tasks, "entries": self.entries, "demand": self.demand,
+                "reason": self.reason.value, "message": self.message, "waits_for": self.waits_for, "gap": self.gap}
+
+
+@dataclass(frozen=True)
 class Explanation:
     time: float
     policy: str
     order_label: str  # what ``TenantStatus.order_value`` is ("accumulated usage / weight")
     tenants: list[TenantStatus]
-    pending: dict[str, list[PendingEntry]] = field(default_factory=dict)  # per tenant, in its order
+    # Per tenant, in its queue's order: its first ``max_entries`` pending entries, and every
+    # pending task by shape (``groups``), so nothing goes unexplained when entries are capped.
+    pending: dict[str, list[PendingEntry]] = field(default_factory=dict)
+    groups: dict[str, list[PendingGroup]] = field(default_factory=dict)
 
     def status_json(self) -> dict[str, Any]:
         return {"time": self.time, "policy": self.policy, "order": self.order_label,
@@ -140,7 +163,8 @@ class Explanation:
 
     def pending_json(self) -> dict[str, Any]:
         return {"time": self.time, "policy": self.policy, "order": self.order_label,
-                "pending": {t: [e.to_json() for e in entries] for t, entries in self.pending.items()}}
+                "pending": {t: [e.to_json() for e in entries] for t, entries in self.pending.items()},
+                "groups": {t: [g.to_json() for g in groups] for t, groups in self.groups.items()}}
 
 
 def _text(value: Any) -> str:
@@ -152,9 +176,11 @@ def _finite(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else value
 
 
-def explain(engine: "Engine", held: Iterable[HeldEntry] = ()) -> Explanation:
+def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int | None = None) -> Explanation:
     """The engine's state now: every tenant's status and every pending request's reason
-    (module docstring). ``held``: work its driver has not submitted yet (later stages)."""
+    (module docstring). ``held``: work its driver has not submitted yet (later stages).
+    ``max_entries``: list at most so many entries per tenant (its first), the rest only in its
+    groups: the cost is then the tenants and shapes, not the pending tasks."""
     spec, params = engine.spec, engine.params
     snap = engine.snapshot()
     cycle = Cycle(snap, engine.policy)
@@ -207,26 +233,41 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = ()) -> Explanation:
                 f"{ahead} waiting tenant{'s' if ahead != 1 else ''} ahead)", first, gap)
 
     pending: dict[str, list[PendingEntry]] = {}
+    groups: dict[str, list[PendingGroup]] = {}
+    limit = math.inf if max_entries is None else max_entries
     for tenant in ranked:
-        entries = sorted((task for task in snap.pending[tenant]), key=lambda t: t.seq)
+        why: dict[int, tuple[WaitReason, str, str | None, float | None]] = {}  # per shape, said once
+        for shape, group in snap.pending[tenant].groups.items():
+            head, _ = group.pending_at(0)
+            if head is None:
+                continue
+            verdict = verdicts.get((tenant, shape))
+            why[shape] = room_reason(tenant, head) if verdict is None else (*verdict, None, None)
+        groups[tenant] = [PendingGroup(tenant, group.count, sum(1 for _ in _pending_entries(group)),
+                                       dict(head.demand_map), *why[shape])
+                          for shape, group in snap.pending[tenant].groups.items()
+                          if shape in why and (head := group.pending_at(0)[0]) is not None]
         out, position = [], 0
-        for task in entries:
-            verdict = verdicts.get((tenant, task.shape))
-            if verdict is None:
-                reason, message, waits_for, gap = room_reason(tenant, task)
-            else:
-                (reason, message), waits_for, gap = verdict, None, None
-            count = task.count
-            out.append(PendingEntry(tenant, task.id, task.job, count, task.task_ids(0, 1)[0], position,
-                                    dict(task.demand_map), task.submit, reason, message, waits_for, gap))
-            position += count
+        # The tenant's queue in arrival order: its shapes' lists merged, as far as listed.
+        for task in heapq.merge(*(_pending_entries(g) for g in snap.pending[tenant].groups.values()),
+                                key=lambda t: t.seq):
+            if len(out) >= limit:
+                break
+            out.append(PendingEntry(tenant, task.id, task.job, task.count, task.task_ids(0, 1)[0], position,
+                                    dict(task.demand_map), task.submit, *why[task.shape]))
+            position += task.count
         pending[tenant] = out
     for entry in held:  # after everything submitted: it arrives when its stage is released
-        position = sum(e.tasks for e in pending.setdefault(entry.tenant, []))
+        listed = pending.setdefault(entry.tenant, [])
+        queued = sum(g.tasks for g in groups.get(entry.tenant, ())) + sum(
+            e.tasks for e in listed if e.reason is WaitReason.STAGE)
         first_id = f"{entry.id}-0" if entry.tasks > 1 else entry.id
-        pending[entry.tenant].append(PendingEntry(
-            entry.tenant, entry.id, entry.job, entry.tasks, first_id, position, dict(entry.demand), entry.submitted,
-            WaitReason.STAGE, entry.message()))
+        stage = PendingEntry(entry.tenant, entry.id, entry.job, entry.tasks, first_id, queued, dict(entry.demand),
+                             entry.submitted, WaitReason.STAGE, entry.message())
+        if len(listed) < limit:
+            listed.append(stage)
+        groups.setdefault(entry.tenant, []).append(PendingGroup(entry.tenant, entry.tasks, 1, dict(entry.demand),
+                                                                WaitReason.STAGE, stage.message))
 
     active = active_tenants([ledger.name for ledger in acc.ledgers], [ledger.running for ledger in acc.ledgers],
                             engine.pending)
@@ -249,7 +290,14 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = ()) -> Explanation:
             float(fair[row]), share, order.value(key) if key is not None else None, rank.get(name),
             float(acc.quantum(row)), int(ledger.running), int(waiting), float(accumulated[row]),
             engine.starved_since.get(name)))
-    return Explanation(snap.time, engine.policy, label, tenants, pending)
+    return Explanation(snap.time, engine.policy, label, tenants, pending, groups)
+
+
+def _pending_entries(group) -> Iterator["Task"]:
+    """The pending entries of one shape's list (``snapshot.TaskList``), in arrival order."""
+    for task in group.tasks[group.head:]:
+        if task.state is TaskState.PENDING:
+            yield task
 
 
 def _shape_verdict(engine: "Engine", cycle: Cycle, quota, tenant: str, head: "Task",
@@ -279,4 +327,4 @@ def _shape_verdict(engine: "Engine", cycle: Cycle, quota, tenant: str, head: "Ta
     return None
 
 
-__all__ = ["WaitReason", "PendingEntry", "HeldEntry", "TenantStatus", "Explanation", "explain"]
+__all__ = ["WaitReason", "PendingEntry", "PendingGroup", "HeldEntry", "TenantStatus", "Explanation", "explain"]

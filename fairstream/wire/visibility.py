@@ -7,10 +7,12 @@ the worker stored of it.
 
 What the worker stores per cluster, with a commit at most every ``--explain-interval`` seconds
 (view ``explain``, replaced whole each time): field ``status`` (the tenants' status) and one
-field ``pending:<tenant>`` per tenant with pending work, holding its first ``max_entries``
-pending entries (a single task or a whole request each: a request of 100,000 tasks is one
-entry) with the totals; and one sample per write in the cluster's history (its last
-``HISTORY_SAMPLES``: each tenant's dominant share and accumulated usage).
+field ``pending:<tenant>`` per tenant with pending work, holding its first
+``--explain-max-entries`` pending entries (a single task or a whole request each: a request of
+100,000 tasks is one entry) and its groups (every pending task by shape, with the reason they
+share: nothing goes unexplained when entries are capped), with the totals; and one sample per
+write in the cluster's history (its last ``HISTORY_SAMPLES``: each tenant's dominant share and
+accumulated usage). A write costs the tenants, shapes and listed entries, not the pending tasks.
 
 Pure functions over JSON-level data; importing this loads neither the engine nor Redis.
 """
@@ -23,22 +25,26 @@ from typing import Any, Mapping
 API_VERSION = "v1"
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
-DEFAULT_MAX_ENTRIES = 10_000
+DEFAULT_MAX_ENTRIES = 100
 
 
 class DocumentError(ValueError):
     """A query the documents cannot answer (unknown tenant or task, bad page): one line."""
 
 
-def stored_views(status: dict, pending: Mapping[str, list[dict]], max_entries: int = DEFAULT_MAX_ENTRIES
-                 ) -> dict[str, str]:
+def tenant_pending(entries: list[dict], groups: list[dict]) -> dict[str, Any]:
+    """What is kept of one tenant's pending work: its listed entries and its groups (every
+    pending task by shape, with its reason), with the totals."""
+    return {"entries": entries, "groups": groups, "entries_total": sum(g["entries"] for g in groups),
+            "tasks_total": sum(g["tasks"] for g in groups)}
+
+
+def stored_views(status: dict, pending: dict) -> dict[str, str]:
     """The fields of the ``explain`` view for ``Explanation.status_json()`` and
-    ``Explanation.pending_json()["pending"]``."""
+    ``Explanation.pending_json()``."""
     fields = {"status": json.dumps(status)}
-    for tenant, entries in pending.items():
-        fields[f"pending:{tenant}"] = json.dumps({
-            "entries": entries[:max_entries], "entries_total": len(entries),
-            "tasks_total": sum(e["tasks"] for e in entries)})
+    for tenant, entries in pending["pending"].items():
+        fields[f"pending:{tenant}"] = json.dumps(tenant_pending(entries, pending["groups"].get(tenant, [])))
     return fields
 
 
@@ -102,10 +108,12 @@ def pending_document(cluster: str, status: dict, pending: Mapping[str, dict], te
     entries = [entry for name in ranked for entry in pending[name]["entries"]]
     start = (page - 1) * size
     # entries_total: every pending entry; entries_listed: those kept and paged (the first
-    # max_entries of each tenant); tasks_total: the tasks of every entry.
+    # max_entries of each tenant); tasks_total: the tasks of every entry. ``groups``: every
+    # pending task by tenant and shape with its reason, listed or not.
     return {**head, "tenant": tenant, "page": page, "size": size,
             "entries_total": sum(pending[name]["entries_total"] for name in ranked), "entries_listed": len(entries),
             "tasks_total": sum(pending[name]["tasks_total"] for name in ranked),
+            "groups": [g for name in ranked for g in pending[name]["groups"]],
             "entries": entries[start:start + size]}
 
 
@@ -126,19 +134,19 @@ def pending_by_tenant(fields: Mapping[str, Any]) -> dict[str, dict]:
     return {name[len("pending:"):]: value for name, value in fields.items() if name.startswith("pending:")}
 
 
-def explanation_documents(cluster: str, status: dict, pending: Mapping[str, list[dict]]) -> dict[str, dict]:
-    """What ``simulate --explain-at T`` writes: ``tenants.json`` and ``pending.json`` (every
-    entry, one page), as the API would serve them for the same state."""
-    stored = {t: {"entries": e, "entries_total": len(e), "tasks_total": sum(x["tasks"] for x in e)}
-              for t, e in pending.items()}
-    size = max(1, sum(len(e) for e in pending.values()))
+def explanation_documents(cluster: str, status: dict, pending: dict) -> dict[str, dict]:
+    """What ``simulate --explain-at T`` writes for ``Explanation.status_json()`` and
+    ``pending_json()``: ``tenants.json`` and ``pending.json`` (every entry, one page), as the API
+    would serve them for the same state."""
+    stored = {t: tenant_pending(e, pending["groups"].get(t, [])) for t, e in pending["pending"].items()}
+    size = max(1, sum(len(e) for e in pending["pending"].values()))
     all_pending = pending_document(cluster, status, stored, size=min(size, MAX_PAGE_SIZE))
     if size > MAX_PAGE_SIZE:  # a file is not paged
         all_pending["entries"] = [e for t in (r["tenant"] for r in tenants_document(cluster, status)["tenants"])
-                                  for e in pending.get(t, [])]
+                                  for e in pending["pending"].get(t, [])]
         all_pending["size"] = size
     return {"tenants.json": tenants_document(cluster, status), "pending.json": all_pending}
 
 
-__all__ = ["API_VERSION", "DocumentError", "stored_views", "history_sample", "cluster_summary", "clusters_document",
+__all__ = ["API_VERSION", "DocumentError", "tenant_pending", "stored_views", "history_sample", "cluster_summary", "clusters_document",
            "tenants_document", "pending_document", "pending_by_tenant", "explanation_documents"]
