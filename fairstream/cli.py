@@ -101,6 +101,16 @@ def cmd_compare_preemption(args) -> int:
     return 0
 
 
+def cmd_compare_forgetting(args) -> int:
+    """Rounds, discount and half-life on the LTRF paper's Table 1 at cluster scale: table and plot."""
+    from fairstream.lab.forgetting import compare
+
+    document = compare(Path(args.out), args.a_arrives, args.contended_until)
+    print(json.dumps({"out": args.out, "table": str(Path(args.out) / "table.md"), "figure": document["figure"],
+                      "a_part": {row["label"]: round(row["a_part"], 4) for row in document["rows"]}}))
+    return 0
+
+
 def cmd_train_flex(args) -> int:
     """Simulate labelled workloads, train FLEX's decision trees, write the model and a report."""
     from fairstream.lab.flex_train import train
@@ -581,6 +591,14 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--trace", help="philly: the run-time file (default: the Philly file in ../shared/traces)")
     compare.add_argument("--workers", type=int, help="parallel simulations (default: one per core)")
     compare.set_defaults(func=cmd_compare_preemption)
+
+    forgetting = sub.add_parser("compare-forgetting",
+                                help="ltrf's ways of forgetting usage (rounds, discount, half-life) against fair and "
+                                     "F-LTMM on the LTRF paper's Table 1 at cluster scale: table and plot")
+    forgetting.add_argument("--out", default="forgetting-out")
+    forgetting.add_argument("--a-arrives", type=float, default=300.0, help="when A arrives (B is alone before)")
+    forgetting.add_argument("--contended-until", type=float, default=900.0, help="when both stop submitting")
+    forgetting.set_defaults(func=cmd_compare_forgetting)
 
     train = sub.add_parser("train-flex", parents=[progress],
                            help="train FLEX's decision trees from simulated workloads (model, report, confusion matrices)")

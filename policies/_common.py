@@ -29,6 +29,9 @@ LONG_TERM_PARAMS = (
           "adaptive: the Quantum Updater tunes Q per queue from finished tasks; fixed: Q0 always"),
     Param("round", math.inf, parse_positive, "round length L in seconds (S-LTMM, formula 12); inf = F-LTMM"),
     Param("discount", 1.0, parse_fraction, "eta, the rate at which resources beyond the share are counted (formula 7)"),
+    Param("half_life", math.inf, parse_positive,
+          "seconds of event time in which accumulated usage decays by half (Slurm's PriorityDecayHalfLife); "
+          "inf = no decay"),
 )
 
 
@@ -76,6 +79,7 @@ def long_term_accounting(resources: ResourceSpace, params: Mapping[str, Any]) ->
         quantum=params["quantum"],
         adaptive_quantum=params["quantum_mode"] == "adaptive",
         resource=resource_index(resources, params["resource"]),
+        half_life=params["half_life"],
     )
 
 

@@ -69,7 +69,7 @@ from fairstream.core.snapshot import PendingQueue, TaskList
 from fairstream.core.tenants import TenantTree
 
 MAGIC = b"FSENGINE"
-VERSION = 4  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state
+VERSION = 5  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life
 
 REF, LIST, TUPLE, DICT, SET, FROZENSET, OBJECT, ARRAY, ENUM, ORDERED, POLICY, NUMBER = range(12)
 
@@ -118,10 +118,11 @@ CLASSES: tuple[_Class, ...] = (
     _Class(Accounting, "config n_resources ledgers row allocation pending_demand share counted_usage raw_usage "
                        "capacity fractions clock round_start quanta",
            derived="_index"),  # the top-up index, rebuilt on first use
-    _Class(AccountingConfig, "round_length discount quantum adaptive_quantum resource"),
+    _Class(AccountingConfig, "round_length discount quantum adaptive_quantum resource half_life"),
     _Class(PreemptionRule, "threshold timeout"),
     _Class(QuantumTree, "initial adaptive quantum _children_sum _children_count _finished version"),
-    _Class(TenantLedger, "name pending running first_arrival round_arrival pseudo_accumulated waiting_since recent"),
+    _Class(TenantLedger, "name pending running first_arrival round_arrival pseudo_accumulated pseudo_at "
+                         "waiting_since recent"),
     _Class(RecentTasks, "demand weighted entries boundary done round_start"),
     _Class(_Running, "start done recent values", derived="demand", rebuild=_rebuild_running),
     _Class(Node, "id capacity labels alive last_heartbeat"),

@@ -11,7 +11,13 @@ Implements the Resource Controller and Quantum Updater of LTYARN (LTRF paper, IC
   finished task its real run time. We keep ``int g'`` exactly (tasks are charged as time
   passes) and add a *top-up* of ``demand * max(0, Q - elapsed)`` for running tasks;
 - the adaptive task quantum (section 5.2.1): top-down initialisation from the parent queue,
-  bottom-up self-tuning from completed tasks' run times.
+  bottom-up self-tuning from completed tasks' run times;
+- optionally, usage that decays by half every ``half_life`` seconds (Slurm's
+  ``PriorityDecayHalfLife``, Kueue's ``usageHalfLifeTime``; not in the LTRF papers):
+  ``f_i(t) = int g'_i(s) 2^{-(t - s)/h} ds``, integrated exactly over the intervals between events
+  (the allocation is constant over each), and a late arrival's PAR decays alike from the moment
+  it is set. The quantum top-up of running tasks is not decayed (it is at most ``Q`` seconds of
+  their demand).
 
 Accumulated usage is kept per resource (resource-seconds). A policy reads it as a scalar key,
 normalised by cluster capacity: one resource (``resource=mem``, the paper's single-resource
@@ -41,10 +47,13 @@ class AccountingConfig:
     quantum: float = 60.0  # Q0, seconds
     adaptive_quantum: bool = True
     resource: int | None = None  # index of the single resource, None = dominant share
+    half_life: float = math.inf  # usage decays by half every half_life seconds; inf = never
 
     def __post_init__(self) -> None:
         if not self.round_length > 0:
             raise ValueError("round must be > 0 (use inf for fully long-term)")
+        if not self.half_life > 0:
+            raise ValueError("half_life must be > 0 (use inf for no decay)")
         if not 0 <= self.discount <= 1:
             raise ValueError("discount must be in [0, 1]")
         if not self.quantum >= 0:
@@ -238,7 +247,8 @@ class TenantLedger:
     running: int = 0
     first_arrival: float | None = None
     round_arrival: float | None = None
-    pseudo_accumulated: float = 0.0  # phi_i, in key units (normalised)
+    pseudo_accumulated: float = 0.0  # phi_i, in key units (normalised), as of ``pseudo_at``
+    pseudo_at: float = 0.0  # when phi_i was set (it decays from then with a half-life)
     waiting_since: float | None = None  # when it last got a task or became demanding
     recent: RecentTasks = None  # type: ignore[assignment]
 
@@ -323,9 +333,34 @@ class Accounting:
         else:
             elapsed = now - self.clock
         if elapsed > 0 and self.ledgers:
-            self.counted_usage += elapsed * counted_allocation(self.allocation, self.share, self.config.discount)
-            self.raw_usage += elapsed * self.allocation
+            counted = counted_allocation(self.allocation, self.share, self.config.discount)
+            if math.isinf(self.config.half_life):
+                self.counted_usage += elapsed * counted
+                self.raw_usage += elapsed * self.allocation
+            else:
+                kept, gained = self._decay(elapsed)
+                self.counted_usage *= kept
+                self.counted_usage += gained * counted
+                self.raw_usage *= kept
+                self.raw_usage += gained * self.allocation
         self.clock = now
+
+    def _decay(self, elapsed: float) -> tuple[float, float]:
+        """Over ``elapsed`` seconds with a half-life ``h``: the factor usage so far is kept by,
+        ``2^(-elapsed/h)``, and what a constant allocation of 1 adds meanwhile, decayed to its
+        end, ``int_0^elapsed 2^(-(elapsed - s)/h) ds = h / ln 2 (1 - 2^(-elapsed/h))``."""
+        h = self.config.half_life
+        kept = 2.0 ** (-elapsed / h)
+        return kept, h / math.log(2.0) * (1.0 - kept)
+
+    def pseudo_rows(self, rows: list[int] | None, now: float) -> np.ndarray:
+        """Each tenant's PAR (formula 16) at ``now``, decayed since it was set if usage decays."""
+        ledgers = self.ledgers if rows is None else [self.ledgers[r] for r in rows]
+        if math.isinf(self.config.half_life):
+            return np.array([ledger.pseudo_accumulated for ledger in ledgers])
+        h = self.config.half_life
+        return np.array([ledger.pseudo_accumulated * 2.0 ** (-max(now - ledger.pseudo_at, 0.0) / h)
+                         for ledger in ledgers])
 
     # ------------------------------------------------------------- task events
 
@@ -353,6 +388,7 @@ class Accounting:
             # Early bird privilege: a late arrival starts level with the most-served earlier one,
             # frozen at its arrival (see docs/paper-notes.md for why not re-evaluated later).
             ledger.pseudo_accumulated = max(self.usage_keys(earlier, now), default=0.0)
+            ledger.pseudo_at = now
 
     def on_start(self, row: int, demand: np.ndarray, now: float) -> "_Running":
         """A task starts; returns its running entry, to hand back on finish or requeue."""
@@ -468,19 +504,23 @@ class Accounting:
         ``now`` may lie after the last event (metrics sample between events): the allocation
         has been constant since, so the integral is extended to ``now``."""
         counted = self.counted_usage if rows is None else self.counted_usage[rows]
-        usage = counted + self.top_ups(rows, now)
         if self.clock is not None and now > self.clock:
             allocation = self.allocation if rows is None else self.allocation[rows]
             share = self.share if rows is None else self.share[rows]
-            usage += (now - self.clock) * counted_allocation(allocation, share, self.config.discount)
-        return usage
+            rate = counted_allocation(allocation, share, self.config.discount)
+            if math.isinf(self.config.half_life):
+                counted = counted + (now - self.clock) * rate
+            else:
+                kept, gained = self._decay(now - self.clock)
+                counted = counted * kept + gained * rate
+        return counted + self.top_ups(rows, now)
 
     def usage_keys(self, rows: list[int], now: float) -> list[float]:
         """``usage_key`` for many tenants at once (one vectorised normalisation)."""
         if not rows:
             return []
         keys = resource_shares(self.accumulated_rows(rows, now), self.capacity, self.config.resource)
-        return (keys + np.array([self.ledgers[r].pseudo_accumulated for r in rows])).tolist()
+        return (keys + self.pseudo_rows(rows, now)).tolist()
 
     def usage_key(self, row: int, now: float) -> float:
         """``f_i(t)`` as a scalar (unweighted): normalised accumulated usage plus PAR."""

@@ -361,7 +361,7 @@ class Engine:
             allocation=acc.allocation.copy(),
             share=acc.share.copy(),
             accumulated=accumulated,
-            pseudo_accumulated=np.array([ledger.pseudo_accumulated for ledger in acc.ledgers]),
+            pseudo_accumulated=acc.pseudo_rows(None, now),
             quantum=acc.quanta_by_row().copy(),
             arrival=np.array([math.inf if l.first_arrival is None else l.first_arrival for l in acc.ledgers]),
             waiting_since=np.array([math.nan if l.waiting_since is None else l.waiting_since for l in acc.ledgers]),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -249,3 +250,28 @@ def preemption_figures(rows: list[dict], out: Path) -> list[Path]:
         path = out / f"preemption-{workload}.png"
         written.append(_save(fig, path))
     return written
+
+
+def forgetting_figure(rows: list[dict], a_arrives: float, contended_until: float, path: Path) -> Path:
+    """``fairstream compare-forgetting``: A's share of the cluster over time, and A's and B's
+    accumulated usage as each policy counts it, per way of forgetting."""
+    fig, (share, usage) = plt.subplots(1, 2, figsize=(14, 4.8))
+    for row in rows:
+        line, = share.step(row["time"], row["a_share"], where="post", label=row["label"], linewidth=1.2)
+        usage.plot(row["time"], np.array(row["a_usage"]) - np.array(row["b_usage"]), color=line.get_color(),
+                   label=row["label"], linewidth=1.2)
+    for ax in (share, usage):
+        for at, text in ((a_arrives, "A arrives"), (contended_until, "contention ends")):
+            ax.axvline(at, color="grey", linewidth=0.8, linestyle="--")
+            ax.annotate(text, (at, 1.0), xycoords=("data", "axes fraction"), fontsize=7, ha="left", va="top",
+                        xytext=(3, -3), textcoords="offset points")
+        ax.set_xlim(0, contended_until * 1.6)
+        ax.set_xlabel("time (s)")
+        ax.grid(alpha=0.3)
+    share.set_ylabel("A's share of the cluster's memory")
+    share.set_title("A's allocation under each way of forgetting")
+    share.legend(fontsize=7)
+    usage.axhline(0, color="black", linewidth=0.8)
+    usage.set_ylabel("A's accumulated usage less B's (as the policy counts it)")
+    usage.set_title("How far behind B A is counted")
+    return _save(fig, path)
