@@ -126,9 +126,12 @@ def browser(tmp_path):
 
 
 def table(driver) -> dict[str, list[str]]:
-    rows = driver.find_elements("css selector", "#tenants tbody tr")
-    return {row.get_attribute("data-tenant"): [cell.text for cell in row.find_elements("tag name", "td")]
-            for row in rows}
+    """The tenants table as the page shows it now, read in one script call: the page rebuilds
+    its rows every refresh, so rows found one call and read the next may be gone (stale)."""
+    rows = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#tenants tbody tr')).map("
+        "r => [r.dataset.tenant, Array.from(r.cells).map(c => c.textContent)]);")
+    return dict((tenant, cells) for tenant, cells in rows)
 
 
 def test_the_web_page_shows_a_running_workers_tenants_and_updates_after_new_decisions(tmp_path):
