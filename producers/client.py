@@ -92,10 +92,13 @@ class Publisher:
         await self.send(self.topics.completed, {"cluster": cluster, "task": task, "time": time, "status": status})
 
     async def heartbeat(self, cluster: str, node: str, time: float, capacity: dict[str, float],
-                        labels: dict[str, str] | None = None) -> None:
+                        labels: dict[str, str] | None = None, weights: dict[str, float] | None = None) -> None:
+        """``weights``: the node's resource weights (LTRF formula 9: a faster CPU counts more)."""
         message = {"cluster": cluster, "node": node, "time": time, "capacity": capacity}
         if labels is not None:
             message["labels"] = labels
+        if weights is not None:
+            message["weights"] = weights
         await self.send(self.topics.heartbeats, message)
 
 

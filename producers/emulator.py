@@ -163,7 +163,7 @@ async def run_emulator(
                 at, _, kind, payload = heapq.heappop(heap)
                 if kind == "heartbeat":
                     for node in scenario.nodes:
-                        await pub.heartbeat(cluster, node.id, at, node.capacity, node.labels or None)
+                        await pub.heartbeat(cluster, node.id, at, node.capacity, node.labels or None, node.weights or None)
                     if report.completed < total:
                         schedule(at + heartbeat_interval, "heartbeat", None)
                 elif kind == "submit":
@@ -216,7 +216,7 @@ async def replay_only(scenario: Scenario, cluster: str, broker: str, topics: Top
     origin = wall.monotonic()
     async with Publisher(broker, topics) as pub:
         for node in scenario.nodes:
-            await pub.heartbeat(cluster, node.id, 0.0, node.capacity, node.labels or None)
+            await pub.heartbeat(cluster, node.id, 0.0, node.capacity, node.labels or None, node.weights or None)
         for spec in released:
             delay = spec.submit / speed - (wall.monotonic() - origin) if math.isfinite(speed) else 0
             if delay > 0:

@@ -69,7 +69,8 @@ from fairstream.core.snapshot import PendingQueue, TaskList
 from fairstream.core.tenants import TenantTree
 
 MAGIC = b"FSENGINE"
-VERSION = 5  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life
+VERSION = 6  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
+# 6: nodes' resource weights (LTRF formula 9)
 
 REF, LIST, TUPLE, DICT, SET, FROZENSET, OBJECT, ARRAY, ENUM, ORDERED, POLICY, NUMBER = range(12)
 
@@ -115,8 +116,8 @@ CLASSES: tuple[_Class, ...] = (
     _Class(ResourceSpace, "names _position"),
     _Class(TenantTree, "specs children effective_share has_limits _paths"),
     _Class(TenantSpec, "id parent weight min_share max_share"),
-    _Class(Accounting, "config n_resources ledgers row allocation pending_demand share counted_usage raw_usage "
-                       "capacity fractions clock round_start quanta",
+    _Class(Accounting, "config n_resources ledgers row allocation weighted_allocation pending_demand share "
+                       "counted_usage raw_usage capacity fractions clock round_start quanta",
            derived="_index"),  # the top-up index, rebuilt on first use
     _Class(AccountingConfig, "round_length discount quantum adaptive_quantum resource half_life"),
     _Class(PreemptionRule, "threshold timeout"),
@@ -124,8 +125,8 @@ CLASSES: tuple[_Class, ...] = (
     _Class(TenantLedger, "name pending running first_arrival round_arrival pseudo_accumulated pseudo_at "
                          "waiting_since recent"),
     _Class(RecentTasks, "demand weighted entries boundary done round_start"),
-    _Class(_Running, "start done recent values", derived="demand", rebuild=_rebuild_running),
-    _Class(Node, "id capacity labels alive last_heartbeat"),
+    _Class(_Running, "start done recent values counted_values", derived="demand", rebuild=_rebuild_running),
+    _Class(Node, "id capacity labels alive last_heartbeat weights"),
     _Class(Task, "id job tenant submit constraints duration seq demand_map state node start running_entry shape "
                  "demand_values count index cancelled", derived="demand", rebuild=_rebuild_demand),
     _Class(Constraints, "nodes labels"),

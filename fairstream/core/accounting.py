@@ -122,6 +122,13 @@ class _Running:
     done: bool = False
     recent: bool = True  # inside the top-up suffix (still within its quantum)
     values: tuple[float, ...] = ()  # the demand as plain floats
+    # What it counts per second if not its demand: the demand times its node's resource
+    # weights (LTRF formula 9); None: its demand.
+    counted_values: tuple[float, ...] | None = None
+
+    @property
+    def counted(self) -> tuple[float, ...]:
+        return self.values if self.counted_values is None else self.counted_values
 
 
 class RecentTasks:
@@ -153,7 +160,7 @@ class RecentTasks:
         entry.recent = True
         start = self._effective(entry)
         demand, weighted = self.demand, self.weighted
-        for k, value in enumerate(entry.values):
+        for k, value in enumerate(entry.counted):
             demand[k] += value
             weighted[k] += value * start
 
@@ -161,7 +168,7 @@ class RecentTasks:
         entry.recent = False
         start = self._effective(entry)
         demand, weighted = self.demand, self.weighted
-        for k, value in enumerate(entry.values):
+        for k, value in enumerate(entry.counted):
             demand[k] -= value
             weighted[k] -= value * start
 
@@ -269,6 +276,9 @@ class Accounting:
         self.ledgers: list[TenantLedger] = []
         self.row: dict[str, int] = {}
         self.allocation = np.zeros((0, n_resources))  # g_i(t)
+        # g_i(t) as accumulated usage counts it, with nodes' resource weights (formula 9);
+        # None while every task ran on nodes of weight 1 (then it is ``allocation``).
+        self.weighted_allocation: np.ndarray | None = None
         self.pending_demand = np.zeros((0, n_resources))  # sum of pending demands
         self.share = np.zeros((0, n_resources))  # S_i(t) = capacity * effective share
         self.counted_usage = np.zeros((0, n_resources))  # int_{t_s}^t g'_i
@@ -290,6 +300,8 @@ class Accounting:
         self.ledgers.append(ledger)
         grow = np.zeros((1, self.n_resources))
         self.allocation = np.vstack([self.allocation, grow])
+        if self.weighted_allocation is not None:
+            self.weighted_allocation = np.vstack([self.weighted_allocation, grow])
         self.pending_demand = np.vstack([self.pending_demand, grow])
         self.share = np.vstack([self.share, grow])
         self.counted_usage = np.vstack([self.counted_usage, grow])
@@ -333,17 +345,24 @@ class Accounting:
         else:
             elapsed = now - self.clock
         if elapsed > 0 and self.ledgers:
-            counted = counted_allocation(self.allocation, self.share, self.config.discount)
+            used = self.used_rows(None)
+            counted = counted_allocation(used, self.share, self.config.discount)
             if math.isinf(self.config.half_life):
                 self.counted_usage += elapsed * counted
-                self.raw_usage += elapsed * self.allocation
+                self.raw_usage += elapsed * used
             else:
                 kept, gained = self._decay(elapsed)
                 self.counted_usage *= kept
                 self.counted_usage += gained * counted
                 self.raw_usage *= kept
-                self.raw_usage += gained * self.allocation
+                self.raw_usage += gained * used
         self.clock = now
+
+    def used_rows(self, rows: list[int] | None) -> np.ndarray:
+        """What accumulates per second, per tenant row (all if None): the allocation, each task
+        counted with its node's resource weights (formula 9)."""
+        used = self.allocation if self.weighted_allocation is None else self.weighted_allocation
+        return used if rows is None else used[rows]
 
     def _decay(self, elapsed: float) -> tuple[float, float]:
         """Over ``elapsed`` seconds with a half-life ``h``: the factor usage so far is kept by,
@@ -390,15 +409,23 @@ class Accounting:
             ledger.pseudo_accumulated = max(self.usage_keys(earlier, now), default=0.0)
             ledger.pseudo_at = now
 
-    def on_start(self, row: int, demand: np.ndarray, now: float) -> "_Running":
-        """A task starts; returns its running entry, to hand back on finish or requeue."""
+    def on_start(self, row: int, demand: np.ndarray, now: float, weighted: np.ndarray | None = None) -> "_Running":
+        """A task starts; returns its running entry, to hand back on finish or requeue.
+        ``weighted``: its demand times its node's resource weights (formula 9), if not 1."""
         ledger = self.ledgers[row]
         ledger.pending -= 1
         ledger.running += 1
         ledger.waiting_since = now if ledger.pending > 0 else None
         self.pending_demand[row] -= demand
+        counted_values = None
+        if weighted is not None and weighted is not demand and not np.array_equal(weighted, demand):
+            if self.weighted_allocation is None:
+                self.weighted_allocation = self.allocation.copy()
+            counted_values = tuple(weighted.tolist())
+        if self.weighted_allocation is not None:
+            self.weighted_allocation[row] += demand if counted_values is None else weighted
         self.allocation[row] += demand
-        entry = _Running(now, demand, values=tuple(demand.tolist()))
+        entry = _Running(now, demand, values=tuple(demand.tolist()), counted_values=counted_values)
         ledger.recent.append(entry)
         self._changed(row)
         return entry
@@ -408,6 +435,7 @@ class Accounting:
         ledger.running -= 1
         self.allocation[row] -= entry.demand
         np.maximum(self.allocation[row], 0.0, out=self.allocation[row])  # float dust
+        self._release_weighted(row, entry)
         ledger.recent.retire(entry)
         self.quanta.record(tree, ledger.name, now - entry.start)
         # A leaf's quantum moves only with its own finished tasks (section 5.2.1, bottom-up).
@@ -420,12 +448,18 @@ class Accounting:
         ledger.running -= 1
         self.allocation[row] -= demand
         np.maximum(self.allocation[row], 0.0, out=self.allocation[row])
+        self._release_weighted(row, entry)
         ledger.recent.retire(entry)
         self._changed(row)
         if ledger.pending == 0:
             ledger.waiting_since = now
         ledger.pending += 1
         self.pending_demand[row] += demand
+
+    def _release_weighted(self, row: int, entry: "_Running") -> None:
+        if self.weighted_allocation is not None:
+            self.weighted_allocation[row] -= entry.demand if entry.counted_values is None else entry.counted
+            np.maximum(self.weighted_allocation[row], 0.0, out=self.weighted_allocation[row])
 
     def on_cancel_pending(self, row: int, demand: np.ndarray) -> None:
         ledger = self.ledgers[row]
@@ -505,7 +539,7 @@ class Accounting:
         has been constant since, so the integral is extended to ``now``."""
         counted = self.counted_usage if rows is None else self.counted_usage[rows]
         if self.clock is not None and now > self.clock:
-            allocation = self.allocation if rows is None else self.allocation[rows]
+            allocation = self.used_rows(rows)
             share = self.share if rows is None else self.share[rows]
             rate = counted_allocation(allocation, share, self.config.discount)
             if math.isinf(self.config.half_life):

@@ -444,6 +444,11 @@ class Engine:
                 raise EventRejected(f"task {task!r}: completion of an unknown task")
             return None
         if isinstance(event, NodeHeartbeat):
+            if event.weights is not None:
+                weights = self.resources.vector(event.weights, where="weights")
+                zero = [name for name in event.weights if weights[self.resources.index(name)] <= 0]
+                if zero:
+                    raise EventRejected(f"weights.{zero[0]}: must be above 0")
             return self.resources.vector(event.capacity, where="capacity")
         if isinstance(event, NodeLost):
             if event.node not in self.node_row and event.node not in earlier.nodes:
@@ -589,9 +594,17 @@ class Engine:
         capacity = self._admit(event)
         labels = dict(event.labels or {})
         row = self.node_row.get(event.node)
+        if event.weights is not None:  # named resources change; the others keep theirs (1 on a new node)
+            node_weights = self.nodes[row].weights if row is not None else None
+            node_weights = np.ones(len(self.resources)) if node_weights is None else node_weights.copy()
+            for name, value in event.weights.items():
+                node_weights[self.resources.index(name)] = float(value)
+            if row is not None:
+                self.nodes[row].weights = None if (node_weights == 1.0).all() else node_weights
         if row is None:
             self.node_row[event.node] = len(self.nodes)
-            self.nodes.append(Node(event.node, capacity, labels, True, event.time))
+            weights = None if event.weights is None or (node_weights == 1.0).all() else node_weights
+            self.nodes.append(Node(event.node, capacity, labels, True, event.time, weights))
             self._node_ids.append(event.node)
             self._node_labels.append(labels)
             self._node_view = None
@@ -714,7 +727,10 @@ class Engine:
             self._advance_request(request)
             self._retire_request(request)
             self.pending[task.tenant].removed(request)
-        task.running_entry = self.accounting.on_start(self.accounting.row[task.tenant], task.demand, decision.time)
+        # Formula 9: accounted usage is the demand times the node's resource weights.
+        weighted = task.demand if node.weights is None else task.demand * node.weights
+        task.running_entry = self.accounting.on_start(self.accounting.row[task.tenant], task.demand, decision.time,
+                                                      weighted)
         return request.id if request is not None else None
 
     def _refresh_shares(self) -> None:

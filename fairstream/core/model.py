@@ -134,6 +134,9 @@ class Node:
     labels: dict[str, str] = field(default_factory=dict)
     alive: bool = True
     last_heartbeat: float = 0.0
+    # Resource weights delta (LTRF formula 9): a task's accounted usage there is its demand x
+    # delta x time (a faster CPU counts more); None: 1 for every resource.
+    weights: np.ndarray | None = None
 
 
 @dataclass
@@ -257,6 +260,7 @@ class NodeHeartbeat:
     node: str
     capacity: Mapping[str, float]
     labels: Mapping[str, str] | None = None
+    weights: Mapping[str, float] | None = None  # resource -> delta (formula 9); None: as before
 
 
 @dataclass(frozen=True)

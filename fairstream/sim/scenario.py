@@ -28,6 +28,7 @@ class NodeSpec:
     id: str
     capacity: dict[str, float]
     labels: dict[str, str] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)  # resource weights (LTRF formula 9)
 
 
 @dataclass
@@ -109,7 +110,8 @@ class Scenario:
             "version": 1,
             "name": self.name,
             "resources": list(self.resources.names),
-            "nodes": [{"id": n.id, "capacity": n.capacity, **({"labels": n.labels} if n.labels else {})} for n in self.nodes],
+            "nodes": [{"id": n.id, "capacity": n.capacity, **({"labels": n.labels} if n.labels else {}),
+                       **({"weights": n.weights} if n.weights else {})} for n in self.nodes],
             "tenants": [
                 {"id": s.id, **({"parent": s.parent} if s.parent != ROOT else {}), "weight": s.weight,
                  **({"min_share": s.min_share} if s.min_share else {}),
@@ -235,7 +237,8 @@ def parse_scenario(document: Any) -> Scenario:
     for i, raw in enumerate(document["nodes"]):
         capacity = check_vector(raw["capacity"], f"nodes[{i}].capacity")
         ids = [raw["id"]] if "count" not in raw else [f"{raw['id']}-{k}" for k in range(raw["count"])]
-        nodes.extend(NodeSpec(node_id, dict(capacity), dict(raw.get("labels", {}))) for node_id in ids)
+        weights = check_vector(raw["weights"], f"nodes[{i}].weights") if "weights" in raw else {}
+        nodes.extend(NodeSpec(node_id, dict(capacity), dict(raw.get("labels", {})), dict(weights)) for node_id in ids)
     seen: set[str] = set()
     for node in nodes:
         if node.id in seen:

@@ -167,7 +167,7 @@ class Simulator:
             return spec
 
         for node in scenario.nodes:
-            push(0.0, _NODE, NodeHeartbeat(0.0, node.id, node.capacity, node.labels))
+            push(0.0, _NODE, NodeHeartbeat(0.0, node.id, node.capacity, node.labels, node.weights or None))
         for ev in scenario.events:
             push(ev.time, _NODE, NodeHeartbeat(ev.time, ev.node, ev.capacity, ev.labels) if ev.type == "node_heartbeat" else NodeLost(ev.time, ev.node))
         pulled = 0

@@ -226,7 +226,7 @@ def _event(kind: str, doc: Any) -> tuple[str, Event]:
                                       doc["demand"], doc.get("constraints"), doc.get("count"))
     if kind == COMPLETED:
         return cluster, TaskCompleted(time, doc["task"], CompletionStatus(doc.get("status", "succeeded")))
-    return cluster, NodeHeartbeat(time, doc["node"], doc["capacity"], doc.get("labels"))
+    return cluster, NodeHeartbeat(time, doc["node"], doc["capacity"], doc.get("labels"), doc.get("weights"))
 
 
 # ------------------------------------------------------------------------------ encoding
@@ -248,6 +248,8 @@ def event_to_json(event: Event) -> dict[str, Any]:
         out = {"type": HEARTBEAT, "time": event.time, "node": event.node, "capacity": dict(event.capacity)}
         if event.labels is not None:
             out["labels"] = dict(event.labels)
+        if event.weights is not None:
+            out["weights"] = dict(event.weights)
         return out
     if isinstance(event, NodeLost):
         return {"type": "lost", "time": event.time, "node": event.node}
@@ -262,7 +264,7 @@ def event_from_json(doc: dict[str, Any]) -> Event:
     if kind == COMPLETED:
         return TaskCompleted(doc["time"], doc["task"], CompletionStatus(doc["status"]))
     if kind == HEARTBEAT:
-        return NodeHeartbeat(doc["time"], doc["node"], doc["capacity"], doc.get("labels"))
+        return NodeHeartbeat(doc["time"], doc["node"], doc["capacity"], doc.get("labels"), doc.get("weights"))
     if kind == "lost":
         return NodeLost(doc["time"], doc["node"])
     raise ModelError(f"type: unknown event type {kind!r}")
