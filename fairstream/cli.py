@@ -277,6 +277,37 @@ def cmd_publish(args) -> int:
     return 0
 
 
+def cmd_configure(args) -> int:
+    """Send a cluster's new tenant tree (the ``tenants`` of a file, as the worker's --tenants)."""
+    import asyncio
+
+    from fairstream.producers.client import Publisher
+    from fairstream.wire.topics import Topics
+
+    try:
+        document = json.loads(Path(args.tenants).read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"--tenants {args.tenants}: cannot read ({exc})") from None
+    tenants = document.get("tenants") if isinstance(document, dict) else None
+    if not isinstance(tenants, list):
+        raise ModelError(f"--tenants {args.tenants}: needs a \"tenants\" list")
+    from fairstream.wire.events import CONFIG, BadInput, decode_message
+
+    message = {"cluster": args.cluster, "tenants": tenants, **({"time": args.time} if args.time is not None else {})}
+    try:  # the checks the worker makes of its form, here first: one line, nothing sent
+        decode_message(CONFIG, json.dumps(message).encode())
+    except BadInput as exc:
+        raise ModelError(f"--tenants {args.tenants}: {exc}") from None
+
+    async def send():
+        async with Publisher(args.broker, Topics().with_prefix(args.topic_prefix)) as pub:
+            await pub.configure(args.cluster, tenants, args.time)
+
+    asyncio.run(send())
+    print(json.dumps({"cluster": args.cluster, "tenants": len(tenants), "sent": True}))
+    return 0
+
+
 def cmd_tail(args) -> int:
     from fairstream.producers.client import tail
 
@@ -686,6 +717,17 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument("--topic", required=True)
     publish.add_argument("--broker", default=env_broker)
     publish.set_defaults(func=cmd_publish)
+
+    configure = sub.add_parser("configure", help="change a running cluster's tenant tree (weights, shares, new "
+                                                 "queues) through the tenants.config topic; usage is kept")
+    configure.add_argument("--cluster", default="default")
+    configure.add_argument("--tenants", required=True, help="JSON file with the whole \"tenants\" tree (scenario "
+                                                            "format, as the worker's --tenants)")
+    configure.add_argument("--time", type=float, help="event time it applies at (default: the cluster's clock when "
+                                                      "the worker reads it)")
+    configure.add_argument("--broker", default=env_broker)
+    configure.add_argument("--topic-prefix", default="")
+    configure.set_defaults(func=cmd_configure)
 
     tail_cmd = sub.add_parser("tail", help="print decisions (or any topic) as JSON lines")
     tail_cmd.add_argument("--topic", default="allocations.decisions")

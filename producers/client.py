@@ -101,6 +101,14 @@ class Publisher:
             message["weights"] = weights
         await self.send(self.topics.heartbeats, message)
 
+    async def configure(self, cluster: str, tenants: list[dict[str, Any]], time: float | None = None) -> None:
+        """A new tenant tree for ``cluster`` (``tenants``: the whole tree, as a scenario file's),
+        applied at ``time`` or, without it, at the cluster's clock when the worker reads it."""
+        message: dict[str, Any] = {"cluster": cluster, "tenants": tenants}
+        if time is not None:
+            message["time"] = time
+        await self.send(self.topics.config, message)
+
 
 def burst_key(messages: list[dict[str, Any]]) -> str:
     """The message key of a burst: its one cluster (raises ValueError for several)."""

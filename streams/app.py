@@ -26,7 +26,7 @@ from fairstream.streams.transport import kafka_transport
 log = structlog.get_logger("fairstream.worker")
 
 
-KINDS = (("submitted", "submitted"), ("completed", "completed"), ("heartbeats", "heartbeat"))
+KINDS = (("submitted", "submitted"), ("completed", "completed"), ("heartbeats", "heartbeat"), ("config", "config"))
 
 
 def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, Processor]:

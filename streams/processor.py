@@ -191,8 +191,8 @@ class Processor:
         committed offset the consumer started from), when the store lost writes (a Redis
         restarted empty or restored from an older file). Kafka holds the input.
 
-        The three topics are merged in event-time order (heartbeats, then submissions, then
-        completions at one time), each partition in its own order, so a completion comes after
+        The input topics are merged in event-time order (heartbeats, then submissions, then
+        completions, then tenant trees at one time), each partition in its own order, so a completion comes after
         the submission it ends, as when they were first applied. Applied, committed and
         published in batches like any input; a decision taken again keeps its id where it comes
         out the same (docs/architecture.md, "Redis durability"). Cached engines are dropped
@@ -561,12 +561,14 @@ _READ_AGAIN_BATCH = 500  # messages per commit while reading again what the stor
 
 def _first_time(message: Incoming, max_bytes: int) -> float:
     """The earliest event time in ``message`` (where ``_read_again`` merges it); a message
-    that does not decode goes first, to be dead-lettered."""
+    that does not decode goes first, to be dead-lettered, and so does a tenant tree sent without
+    a time (its event time was the clock when it first came, which the store lost with it)."""
     try:
         items = decode_message(message.kind, message.raw, max_bytes)
     except BadInput:
         return -math.inf
-    return min((item.event.time for item in items if item.__class__ is not BadElement), default=-math.inf)
+    times = [item.event.time for item in items if item.__class__ is not BadElement]
+    return min((-math.inf if t is None else t for t in times), default=-math.inf)
 
 
 def backoff(first: float, longest: float):

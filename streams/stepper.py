@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from fairstream.core.engine import Engine
-from fairstream.core.model import Decision, Event, NodeLost, TaskCompleted, TaskSubmitted
+from fairstream.core.model import Decision, Event, NodeLost, TaskCompleted, TaskSubmitted, TenantsChanged
 from fairstream.wire.log import log_step
 
 
@@ -80,6 +80,8 @@ def run_steps(engine: Engine, items: list[tuple[Event, Sent, int | None]], produ
     admission = engine.admission()  # what the engine would reject, before it moves the clock
     for event, message, index in items:
         clock = engine.time if group_time is None else group_time
+        if event.time is None:  # a configuration without a time: at the clock, recorded so
+            event = replace(event, time=clock if clock is not None else 0.0)
         time = event.time
         if clock is not None and time > clock + rules.max_ahead + max(0.0, message.produced - produced):
             out.rejected.append((message, index,
@@ -120,13 +122,14 @@ def is_late(event: Event, message: Sent, produced: float) -> bool:
     its producer, and so is rejected.
 
     Not a completion: it reports that a known task is done, and dropping it would leave the
-    task holding its resources for ever; it is applied at the clock. Not an event produced
+    task holding its resources for ever; it is applied at the clock. Nor a new tenant tree: an
+    operator's change, applied at the clock whenever it comes. Not an event produced
     before one the cluster already applied (``produced``, the latest record timestamp so far):
     that one is only late because the worker read it late, catching up after an outage or
     reading one topic ahead of another, and is applied at the clock too. The record timestamps
     come from the producers' clocks, so skew between a cluster's producers moves this line by
     as much."""
-    return not isinstance(event, TaskCompleted) and message.produced >= produced
+    return not isinstance(event, (TaskCompleted, TenantsChanged)) and message.produced >= produced
 
 
 def silent_nodes(engine: Engine, now: float, node_timeout: float) -> list[Event]:

@@ -69,10 +69,14 @@ def fairstream(*args: str) -> str:
     return done.stdout
 
 
-def test_status_pending_and_the_http_api_of_a_running_worker(tmp_path):
+def started_worker(tmp_path) -> tuple[str, Topics, Worker]:
+    """A worker on topics and Redis keys of its own, writing its explanation every 0.2 s."""
     app_id = f"t{uuid.uuid4().hex[:8]}"
-    topics = Topics().with_prefix(app_id)
-    worker = Worker(app_id, tmp_path, "--explain-interval", "0.2").start()
+    return app_id, Topics().with_prefix(app_id), Worker(app_id, tmp_path, "--explain-interval", "0.2").start()
+
+
+def test_status_pending_and_the_http_api_of_a_running_worker(tmp_path):
+    app_id, topics, worker = started_worker(tmp_path)
     try:
         # One node of 4 cpu: A's request of 100,000 unit tasks takes all 4; B's task of 2 cpu
         # waits first in DRF's order (it holds nothing), A's 99,996 behind it.
@@ -135,9 +139,7 @@ def table(driver) -> dict[str, list[str]]:
 
 
 def test_the_web_page_shows_a_running_workers_tenants_and_updates_after_new_decisions(tmp_path):
-    app_id = f"t{uuid.uuid4().hex[:8]}"
-    topics = Topics().with_prefix(app_id)
-    worker = Worker(app_id, tmp_path, "--explain-interval", "0.2").start()
+    app_id, topics, worker = started_worker(tmp_path)
     driver = None
     try:
         publish(topics, [("node", "n1", 0, {"cpu": 8, "mem": 16}),
@@ -170,3 +172,31 @@ async def _complete_and_submit(topics: Topics) -> None:
         for k in range(2):
             await pub.complete("c1", f"a-{k}", time=5)
         await pub.submit("c1", "c", tenant="C", demand={"cpu": 1, "mem": 1}, time=5, count=3)
+
+
+def test_a_weight_changed_on_a_running_worker_moves_the_shares(tmp_path):
+    app_id, topics, worker = started_worker(tmp_path)
+    try:
+        # 8 GB; A and B each a request of 100 tasks of 1 GB: 4 each under equal weights.
+        publish(topics, [("node", "n1", 0, {"cpu": 8, "mem": 8}),
+                         ("task", "a", "A", {"cpu": 1, "mem": 1}, 0, 100),
+                         ("task", "b", "B", {"cpu": 1, "mem": 1}, 0, 100)])
+        port = worker.metrics_port
+        running = lambda: {t["tenant"]: t["running"] for t in get(port, "/v1/clusters/c1/tenants")[1].get("tenants", [])}
+        wait_for(lambda: running() == {"A": 4, "B": 4})
+        config = tmp_path / "tenants.json"
+        config.write_text(json.dumps({"tenants": [{"id": "A", "weight": 3}, {"id": "B"}]}))
+        fairstream("configure", "--cluster", "c1", "--tenants", str(config), "--broker", BROKER,
+                   "--topic-prefix", app_id)
+        wait_for(lambda: {t["tenant"]: t["weight"] for t in get(port, "/v1/clusters/c1/tenants")[1]["tenants"]}
+                 == {"A": 3.0, "B": 1.0})
+        # The eight running tasks end at t = 5: A's share is now 3/4, so A gets 6 and B 2.
+        async def finish():
+            async with Publisher(BROKER, topics) as pub:
+                for task in ["a-0", "a-1", "a-2", "a-3", "b-0", "b-1", "b-2", "b-3"]:
+                    await pub.complete("c1", task, time=5)
+
+        asyncio.run(finish())
+        assert wait_for(lambda: running() == {"A": 6, "B": 2})
+    finally:
+        worker.stop()

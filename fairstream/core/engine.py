@@ -42,6 +42,7 @@ from fairstream.core.model import (
     TaskCompleted,
     TaskState,
     TaskSubmitted,
+    TenantsChanged,
     MAX_COUNT,
     request_task_id,
 )
@@ -394,6 +395,8 @@ class Engine:
             self._heartbeat(event)
         elif isinstance(event, NodeLost):
             result.decisions.extend(self._lose(event))
+        elif isinstance(event, TenantsChanged):
+            self._configure(event)
         else:  # pragma: no cover - the type union is closed
             raise EventRejected(f"unknown event type {type(event).__name__}")
 
@@ -454,7 +457,47 @@ class Engine:
             if event.node not in self.node_row and event.node not in earlier.nodes:
                 raise EventRejected(f"node {event.node!r}: unknown node")
             return None
+        if isinstance(event, TenantsChanged):
+            return self._new_tree(event)
         raise EventRejected(f"unknown event type {type(event).__name__}")
+
+    def _new_tree(self, event: TenantsChanged) -> TenantTree:
+        """The tree ``event`` asks for, checked against this state; ``EventRejected`` (the old
+        tree stays) if it is no tree, moves a tenant to another parent, or leaves a tenant with
+        running or pending tasks out (without ``auto_tenants``) or makes it a queue. With
+        ``auto_tenants``, such a tenant left out stays a leaf under the root, weight 1, as it
+        would join."""
+        try:
+            tree = TenantTree.from_specs([dataclasses.replace(spec) for spec in event.tenants])
+        except ModelError as exc:
+            raise EventRejected(f"tenants: {exc}") from None
+        for spec in event.tenants:
+            old = self.tree.specs.get(spec.id)
+            if old is not None and old.parent != spec.parent:
+                raise EventRejected(f"tenants[{spec.id}].parent: {spec.parent!r}, was {old.parent!r}: a tenant cannot "
+                                    "move to another parent while the cluster runs")
+        for ledger in self.accounting.ledgers:
+            if not ledger.active:
+                continue
+            if ledger.name not in tree.specs:
+                if not self.auto_tenants:
+                    raise EventRejected(f"tenants: {ledger.name!r} has running or pending tasks and is not in the "
+                                        "new tree")
+                tree.ensure_leaf(ledger.name)
+            elif not tree.is_leaf(ledger.name):
+                raise EventRejected(f"tenants[{ledger.name}]: has running or pending tasks, so it cannot become a "
+                                    "queue with children")
+        return tree
+
+    def _configure(self, event: TenantsChanged) -> None:
+        """Apply a new tenant tree: accumulated usage, quanta and running tasks are kept; new
+        leaves get accounting of their own; every share is computed again."""
+        self.tree = self._admit(event)
+        for leaf in self.tree.leaves:
+            self.accounting.add_tenant(leaf, self.tree.path(leaf))
+            self.accounting.quanta.initialise(self.tree.path(leaf))
+        self._refresh_shares()
+        self._touched.update(self.pending)  # every tenant's key may have moved: all are candidates
 
     def _known(self, task: str, earlier: "_Earlier") -> bool:
         """``task`` is pending, running, recently finished, or pending in a request."""

@@ -269,7 +269,18 @@ class NodeLost:
     node: str
 
 
-Event = TaskSubmitted | TaskCompleted | NodeHeartbeat | NodeLost
+@dataclass(frozen=True)
+class TenantsChanged:
+    """A new tenant tree for the cluster, from this point of its event order on (issue "Queue
+    configuration": live changes): queues added, weights, min/max shares changed. ``tenants``
+    is the whole tree, as a scenario file's ``tenants``; ``time`` None means "at the cluster's
+    clock when it arrives" (the worker sets it, and records the time it used)."""
+
+    time: float | None
+    tenants: tuple[TenantSpec, ...]
+
+
+Event = TaskSubmitted | TaskCompleted | NodeHeartbeat | NodeLost | TenantsChanged
 
 
 # ------------------------------------------------------------------------------- decisions

@@ -111,3 +111,27 @@ class TenantTree:
     @property
     def depth(self) -> int:
         return max((len(p) for p in self._paths.values()), default=0)
+
+
+def specs_from_json(items: list[dict]) -> list[TenantSpec]:
+    """Tenant specs from their JSON form (a scenario file's ``tenants``, a ``tenants.config``
+    message's): ``id``, ``parent`` (default: the root), ``weight`` (1), ``min_share`` (0),
+    ``max_share`` (1)."""
+    return [TenantSpec(id=t["id"], parent=t.get("parent", ROOT), weight=float(t.get("weight", 1.0)),
+                       min_share=float(t.get("min_share", 0.0)), max_share=float(t.get("max_share", 1.0)))
+            for t in items]
+
+
+def spec_to_json(spec: TenantSpec) -> dict:
+    """``specs_from_json``'s inverse (the root parent and default values left out)."""
+    out: dict = {"id": spec.id}
+    if spec.parent != ROOT:
+        out["parent"] = spec.parent
+    if spec.weight != 1.0:
+        out["weight"] = spec.weight
+    if spec.min_share != 0.0:
+        out["min_share"] = spec.min_share
+    if spec.max_share != 1.0:
+        out["max_share"] = spec.max_share
+    return out
+

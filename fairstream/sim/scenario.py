@@ -20,7 +20,7 @@ import jsonschema
 
 from fairstream.core.model import (DEFAULT_RESOURCES, MAX_COUNT, ROOT, Constraints, ModelError, ResourceSpace, TenantSpec,
                               request_task_id)
-from fairstream.core.tenants import TenantTree
+from fairstream.core.tenants import TenantTree, specs_from_json
 
 
 @dataclass
@@ -69,11 +69,15 @@ def spec_of_task(specs: Mapping[str, TaskSpec], task_id: str) -> TaskSpec | None
 
 @dataclass
 class NodeEventSpec:
+    """An event during the run: a node's (``node_lost``, ``node_heartbeat``) or a new tenant
+    tree (``tenants``: the whole tree from then on, as the worker's ``tenants.config``)."""
+
     time: float
     type: str
-    node: str
+    node: str = ""
     capacity: dict[str, float] | None = None
     labels: dict[str, str] | None = None
+    tenants: list[dict] | None = None
 
 
 @dataclass
@@ -139,6 +143,8 @@ def _task_json(t: TaskSpec) -> dict:
 
 
 def _event_json(e: NodeEventSpec) -> dict:
+    if e.type == "tenants":
+        return {"time": e.time, "type": e.type, "tenants": e.tenants}
     out: dict[str, Any] = {"time": e.time, "type": e.type, "node": e.node}
     if e.capacity is not None:
         out["capacity"] = e.capacity
@@ -247,20 +253,23 @@ def parse_scenario(document: Any) -> Scenario:
 
     task_tenants = [t["tenant"] for t in document["tasks"]]
     if "tenants" in document:
-        specs = [
-            TenantSpec(id=t["id"], parent=t.get("parent", ROOT), weight=float(t.get("weight", 1.0)),
-                       min_share=float(t.get("min_share", 0.0)), max_share=float(t.get("max_share", 1.0)))
-            for t in document["tenants"]
-        ]
+        specs = specs_from_json(document["tenants"])
     else:
         specs = [TenantSpec(id=name) for name in dict.fromkeys(task_tenants)]
     tree = TenantTree.from_specs(specs)
 
+    # A tenant a later ``tenants`` event adds is a tenant too (its tasks should come after it).
+    later_leaves = set()
+    for raw in document.get("events", []):
+        if raw.get("type") == "tenants" and "tenants" in raw:
+            ids_in = {t["id"] for t in raw["tenants"]}
+            parents = {t.get("parent") for t in raw["tenants"]}
+            later_leaves |= ids_in - parents
     tasks: list[TaskSpec] = []
     ids: set[str] = set()
     for i, raw in enumerate(document["tasks"]):
         where = f"tasks[{i}]"
-        if not tree.is_leaf(raw["tenant"]):
+        if not tree.is_leaf(raw["tenant"]) and raw["tenant"] not in later_leaves:
             what = "is a queue with children" if raw["tenant"] in tree.specs else "unknown tenant"
             raise ModelError(f"{where}.tenant: {raw['tenant']!r} {what}")
         demand = check_vector(raw["demand"], f"{where}.demand")
@@ -285,6 +294,17 @@ def parse_scenario(document: Any) -> Scenario:
 
     events = []
     for i, raw in enumerate(document.get("events", [])):
+        if raw["type"] == "tenants":
+            if "tenants" not in raw:
+                raise ModelError(f"events[{i}].tenants: required for a tenants event")
+            try:
+                TenantTree.from_specs(specs_from_json(raw["tenants"]))
+            except ModelError as exc:
+                raise ModelError(f"events[{i}].{exc}") from None
+            events.append(NodeEventSpec(float(raw["time"]), "tenants", tenants=list(raw["tenants"])))
+            continue
+        if "node" not in raw:
+            raise ModelError(f"events[{i}].node: required for {raw['type']}")
         if raw["node"] not in seen:
             raise ModelError(f"events[{i}].node: unknown node {raw['node']!r}")
         capacity = check_vector(raw["capacity"], f"events[{i}].capacity") if "capacity" in raw else None

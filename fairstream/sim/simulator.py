@@ -27,8 +27,10 @@ from fairstream.core.model import (
     NodeLost,
     TaskCompleted,
     TaskSubmitted,
+    TenantsChanged,
     event_time,
 )
+from fairstream.core.tenants import specs_from_json
 from fairstream.sim.scenario import Scenario, TaskSpec, spec_of_task
 
 # Order of event kinds within one instant (all are applied before the pass anyway).
@@ -169,7 +171,13 @@ class Simulator:
         for node in scenario.nodes:
             push(0.0, _NODE, NodeHeartbeat(0.0, node.id, node.capacity, node.labels, node.weights or None))
         for ev in scenario.events:
-            push(ev.time, _NODE, NodeHeartbeat(ev.time, ev.node, ev.capacity, ev.labels) if ev.type == "node_heartbeat" else NodeLost(ev.time, ev.node))
+            if ev.type == "tenants":
+                event = TenantsChanged(ev.time, tuple(specs_from_json(ev.tenants)))
+            elif ev.type == "node_heartbeat":
+                event = NodeHeartbeat(ev.time, ev.node, ev.capacity, ev.labels)
+            else:
+                event = NodeLost(ev.time, ev.node)
+            push(ev.time, _NODE, event)
         pulled = 0
         following = next(upcoming, None)
 

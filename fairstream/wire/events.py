@@ -5,7 +5,9 @@ Input topics carry JSON objects (schemas in ``fairstream/schemas/*.schema.json``
 - ``tasks.submitted``: ``{"cluster", "task", "job", "tenant", "demand", "time", "constraints"?, "count"?}``
   (with ``count``: a request of that many tasks ``<task>-0`` ... ``<task>-<count - 1>``)
 - ``tasks.completed``: ``{"cluster", "task", "time", "status"}``
-- ``nodes.heartbeats``: ``{"cluster", "node", "time", "capacity", "labels"?}``
+- ``nodes.heartbeats``: ``{"cluster", "node", "time", "capacity", "labels"?, "weights"?}``
+- ``tenants.config``: ``{"cluster", "time"?, "tenants": [{"id", "parent"?, "weight"?, "min_share"?,
+  "max_share"?}]}``: the cluster's whole tenant tree from then on (``TenantsChanged``)
 
 A message may also carry several events of its topic's kind as a JSON array of such objects
 (a job's tasks submitted together, a batch of completions from one agent), applied in order as
@@ -43,12 +45,15 @@ from fairstream.core.model import (
     NodeLost,
     TaskCompleted,
     TaskSubmitted,
+    TenantsChanged,
     event_time,
 )
+from fairstream.core.tenants import spec_to_json, specs_from_json
 
-SUBMITTED, COMPLETED, HEARTBEAT = "submitted", "completed", "heartbeat"
-KINDS = (SUBMITTED, COMPLETED, HEARTBEAT)
-SCHEMA_FILES = {SUBMITTED: "task-submitted", COMPLETED: "task-completed", HEARTBEAT: "node-heartbeat"}
+SUBMITTED, COMPLETED, HEARTBEAT, CONFIG = "submitted", "completed", "heartbeat", "config"
+KINDS = (SUBMITTED, COMPLETED, HEARTBEAT, CONFIG)
+SCHEMA_FILES = {SUBMITTED: "task-submitted", COMPLETED: "task-completed", HEARTBEAT: "node-heartbeat",
+                CONFIG: "tenants-config"}
 DEFAULT_MAX_BYTES = 64 * 1024
 
 
@@ -93,7 +98,7 @@ def _vector(value) -> bool:
 def _looks_valid(kind: str, doc) -> bool:
     """A conservative fast check of the plain shapes (no constraints, no labels, no status):
     True only if the schema would surely accept it. Anything else gets full validation."""
-    if doc.__class__ is not dict:
+    if doc.__class__ is not dict or kind == CONFIG:  # configurations are rare: always validated whole
         return False
     required = _REQUIRED[kind]
     if not all(k in doc for k in required) or not set(doc) <= set(required) | _OPTIONAL[kind]:
@@ -216,6 +221,9 @@ def _event(kind: str, doc: Any) -> tuple[str, Event]:
         error = jsonschema.exceptions.best_match(_validator(kind).iter_errors(doc))
         if error is not None:
             raise BadInput(f"{_where(error.absolute_path)}: {error.message}")
+    if kind == CONFIG:
+        at = event_time(float(doc["time"])) if "time" in doc else None
+        return doc["cluster"], TenantsChanged(at, tuple(specs_from_json(doc["tenants"])))
     time = float(doc["time"])
     if not math.isfinite(time):
         raise BadInput("time: must be finite")
@@ -253,6 +261,8 @@ def event_to_json(event: Event) -> dict[str, Any]:
         return out
     if isinstance(event, NodeLost):
         return {"type": "lost", "time": event.time, "node": event.node}
+    if isinstance(event, TenantsChanged):
+        return {"type": CONFIG, "time": event.time, "tenants": [spec_to_json(s) for s in event.tenants]}
     raise TypeError(type(event).__name__)
 
 
@@ -267,6 +277,8 @@ def event_from_json(doc: dict[str, Any]) -> Event:
         return NodeHeartbeat(doc["time"], doc["node"], doc["capacity"], doc.get("labels"), doc.get("weights"))
     if kind == "lost":
         return NodeLost(doc["time"], doc["node"])
+    if kind == CONFIG:
+        return TenantsChanged(doc["time"], tuple(specs_from_json(doc["tenants"])))
     raise ModelError(f"type: unknown event type {kind!r}")
 
 

@@ -1,4 +1,4 @@
-"""The topics of one deployment: three inputs keyed by cluster id, decisions, dead letters."""
+"""The topics of one deployment: four inputs keyed by cluster id, decisions, dead letters."""
 
 from __future__ import annotations
 
@@ -12,18 +12,19 @@ class Topics:
     heartbeats: str = "nodes.heartbeats"
     decisions: str = "allocations.decisions"
     deadletter: str = "events.deadletter"
+    config: str = "tenants.config"  # a cluster's tenant tree, changed while it runs
 
     def with_prefix(self, prefix: str) -> "Topics":
         """``prefix.tasks.submitted`` and so on: several deployments on one Kafka."""
         if not prefix:
             return self
-        return Topics(*(f"{prefix}.{name}" for name in self.names))
+        return Topics(**{name: f"{prefix}.{getattr(self, name)}" for name in self.__dataclass_fields__})
 
     @property
-    def inputs(self) -> tuple[str, str, str]:
+    def inputs(self) -> tuple[str, str, str, str]:
         """The topics the worker consumes, keyed by cluster id: they must have one partition
         count, so that a cluster's events of every kind meet in one worker."""
-        return (self.submitted, self.completed, self.heartbeats)
+        return (self.submitted, self.completed, self.heartbeats, self.config)
 
     @property
     def names(self) -> tuple[str, ...]:
