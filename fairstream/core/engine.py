@@ -161,6 +161,8 @@ class Engine:
         self.finished_ids: OrderedDict[str, float] = OrderedDict()
         self.finished_retention = finished_retention
         self.pending: dict[str, PendingQueue] = {}
+        # Per leaf, its jobs with running tasks and how many (a queue's max_running counts them).
+        self.running_jobs: dict[str, dict[str, int]] = {}
         self._seq = 0
         self._shapes: dict[tuple, int] = {}
         # Tasks no live node could ever hold (reported once), tasks to check, and whether the
@@ -373,6 +375,7 @@ class Engine:
             node_allocation=self._node_allocation() if self.spec.needs_node_allocation else None,
             starved_since=starved_since,
             running_tasks=running_tasks,
+            running_jobs=self.running_jobs if self.tree.has_limits else EMPTY_MAPPING,
         )
 
     def _node_allocation(self) -> dict[tuple[int, str], np.ndarray]:
@@ -469,6 +472,9 @@ class Engine:
         would join."""
         try:
             tree = TenantTree.from_specs([dataclasses.replace(spec) for spec in event.tenants])
+            for spec in event.tenants:
+                if spec.max_resources:
+                    self.resources.vector(spec.max_resources, where=f"tenants[{spec.id}].max_resources")
         except ModelError as exc:
             raise EventRejected(f"tenants: {exc}") from None
         for spec in event.tenants:
@@ -597,8 +603,16 @@ class Engine:
         self._grown.add(node)
         self._touched.add(task.tenant)
         task.state = TaskState.DONE
+        self._job_stopped(task)
         self.accounting.on_finish(row, task.running_entry, event.time, self.tree)
         return task
+
+    def _job_stopped(self, task: Task) -> None:
+        """One running task of ``task``'s job stopped (finished, requeued or preempted)."""
+        jobs = self.running_jobs[task.tenant]
+        jobs[task.job] -= 1
+        if not jobs[task.job]:
+            del jobs[task.job]
 
     def _cancel_in_request(self, event: TaskCompleted) -> Task:
         """A task of a pending request completed (killed or failed) before it ran: the
@@ -725,6 +739,7 @@ class Engine:
     def _back_to_pending(self, task: Task, row: int, time: float) -> None:
         """A running task stops (its node lost, or preempted) and waits again, same id."""
         self.used[row] -= task.demand
+        self._job_stopped(task)
         self.accounting.on_requeue(self.accounting.row[task.tenant], task.running_entry, time)
         task.state, task.node, task.start, task.running_entry = TaskState.PENDING, None, None, None
         self.pending[task.tenant].add(task)
@@ -762,6 +777,8 @@ class Engine:
             raise PolicyViolation(f"{decision.policy} over-commits node {node.id} with {task.id}")
         self._used[row] += task.demand
         task.state, task.node, task.start = TaskState.RUNNING, node.id, decision.time
+        jobs = self.running_jobs.setdefault(task.tenant, {})
+        jobs[task.job] = jobs.get(task.job, 0) + 1
         if request is None:
             self._unschedulable.discard(task.id)
             self.pending[task.tenant].removed(task)

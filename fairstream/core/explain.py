@@ -16,7 +16,8 @@ Reasons (``WaitReason``), the first that holds:
 - ``unschedulable``: no live node it may use could hold it even idle (as its decision said);
 - ``stage_not_released``: (simulation) its job's earlier stage, or the job it is chained
   after, has not finished;
-- ``max_share``: its tenant or a queue above it is at ``max_share``;
+- ``max_share``, ``max_resources``, ``max_running``: one more task would take its tenant or a
+  queue above it over that limit (``max_running``: it would start one job too many);
 - ``partition``: it does not fit in its tenant's quota (``static``'s partition);
 - ``constraints``: nodes have room for it, but none its constraints allow;
 - ``next_pass``: a node has room for it now; the next pass places it;
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
 
-from fairstream.core.fairness import dominant_share, instantaneous_fair_shares
+from fairstream.core.fairness import instantaneous_fair_shares
 from fairstream.core.model import EPSILON, TaskState
 from fairstream.core.placement import Cycle, dominant_share_order
 from fairstream.core.preemption import active_tenants
@@ -54,6 +55,8 @@ class WaitReason(str, Enum):
     UNSCHEDULABLE = "unschedulable"
     STAGE = "stage_not_released"
     MAX_SHARE = "max_share"
+    MAX_RESOURCES = "max_resources"
+    MAX_RUNNING = "max_running"
     PARTITION = "partition"
     CONSTRAINTS = "constraints"
     NEXT_PASS = "next_pass"
@@ -306,13 +309,9 @@ def _shape_verdict(engine: "Engine", cycle: Cycle, quota, tenant: str, head: "Ta
     unschedulable = engine.unschedulable_reason(head.shape)
     if unschedulable is not None:
         return WaitReason.UNSCHEDULABLE, unschedulable
-    if not cycle.within_caps(tenant, head):
-        snap = cycle.snapshot
-        at_cap = next((node for node in snap.tree.path(tenant) if snap.tree.specs[node].max_share < 1
-                       and dominant_share(cycle.group_allocation[node] + head.demand, snap.capacity)
-                       > snap.tree.specs[node].max_share + EPSILON), tenant)
-        return (WaitReason.MAX_SHARE, f"{at_cap} is at its max_share {snap.tree.specs[at_cap].max_share:g}: "
-                                      f"one more task would take it over")
+    over = cycle.over_cap(tenant, head) if cycle.capped else None
+    if over is not None:
+        return WaitReason(over[0]), over[1]
     if quota is not None and not quota(cycle, tenant, head):
         return WaitReason.PARTITION, f"{tenant}'s partition is full: it waits for its own tasks to finish"
     if cycle.find_node(head) is not None:

@@ -145,6 +145,9 @@ class TenantSpec:
 
     ``weight`` is relative to siblings. ``min_share``/``max_share`` are fractions of the cluster
     (dominant share in multi-resource terms, the policy's resource in single-resource terms).
+    ``max_resources``: absolute caps per resource of what runs below it (YARN's
+    ``maxResources``); ``max_running``: at most so many jobs running below it at once, the
+    tasks of other jobs wait (YARN's ``maxRunningApps``).
     """
 
     id: str
@@ -152,6 +155,8 @@ class TenantSpec:
     weight: float = 1.0
     min_share: float = 0.0
     max_share: float = 1.0
+    max_resources: dict[str, float] | None = None
+    max_running: int | None = None
 
 
 class TaskState(str, Enum):

@@ -58,12 +58,35 @@ class Cycle:
         tree = snapshot.tree
         self.capped = tree.has_limits  # min or max shares: keys and caps read the queue allocations
         self.group_allocation: dict[str, np.ndarray] = {}
+        # Queues' absolute caps (max_resources, unnamed resources unbounded) and job limits
+        # (max_running): the jobs running below each such queue, and those this pass started.
+        self.resource_caps: dict[str, np.ndarray] = {}
+        self.job_limits: dict[str, int] = {}
+        self.group_jobs: dict[str, int] = {}
+        self._started_jobs: set[tuple[str, str]] = set()
         if self.capped:
             for tenant, row in snapshot.rows.items():
+                if not tree.is_leaf(tenant):
+                    continue  # a tenant whose row outlived a tree change (it has no work)
                 for node in tree.path(tenant):
                     prev = self.group_allocation.get(node)
                     alloc = snapshot.allocation[row]
                     self.group_allocation[node] = alloc.copy() if prev is None else prev + alloc
+            for node, spec in tree.specs.items():
+                if spec.max_resources:
+                    cap = np.full(len(snapshot.capacity), np.inf)
+                    for name, value in spec.max_resources.items():
+                        cap[snapshot.resources.index(name)] = value
+                    self.resource_caps[node] = cap
+                if spec.max_running is not None:
+                    self.job_limits[node] = spec.max_running
+                    self.group_jobs[node] = 0
+            if self.job_limits:
+                for tenant, jobs in snapshot.running_jobs.items():
+                    if tree.is_leaf(tenant):
+                        for node in tree.path(tenant):
+                            if node in self.group_jobs:
+                                self.group_jobs[node] += len(jobs)
 
     # ------------------------------------------------------------------- tasks
 
@@ -238,15 +261,34 @@ class Cycle:
     # --------------------------------------------------------------- placement
 
     def within_caps(self, tenant: str, task: Task) -> bool:
-        """True unless the task would lift the tenant or one of its queues over max_share."""
-        if not self.capped:
-            return True
+        """True unless the task would lift the tenant or one of its queues over max_share or
+        max_resources, or start a job beyond max_running."""
+        return not self.capped or self.over_cap(tenant, task) is None
+
+    def over_cap(self, tenant: str, task: Task) -> tuple[str, str] | None:
+        """Which limit the task would take its tenant or a queue above it over (the first, top
+        down) and a sentence saying so: ``("max_share" | "max_resources" | "max_running", text)``;
+        None if none."""
         tree, cap = self.snapshot.tree, self.snapshot.capacity
+        new_job = bool(self.job_limits) and self._new_job(tenant, task)
         for node in tree.path(tenant):
             limit = tree.specs[node].max_share
             if limit < 1 and dominant_share(self.group_allocation[node] + task.demand, cap) > limit + EPSILON:
-                return False
-        return True
+                return "max_share", f"{node} is at its max_share {limit:g}: one more task would take it over"
+            caps = self.resource_caps.get(node)
+            if caps is not None and (self.group_allocation[node] + task.demand > caps + EPSILON).any():
+                named = {k: v for k, v in self.snapshot.resources.as_dict(caps).items() if v != np.inf}
+                return "max_resources", f"{node} is at its max_resources {named}: one more task would take it over"
+            jobs = self.job_limits.get(node)
+            if new_job and jobs is not None and self.group_jobs[node] + 1 > jobs:
+                return ("max_running", f"{node} runs {self.group_jobs[node]} jobs, its max_running: job {task.job} "
+                                       f"waits for one of them to end")
+        return None
+
+    def _new_job(self, tenant: str, task: Task) -> bool:
+        """Whether placing ``task`` starts a job that runs nothing yet."""
+        return (task.job not in self.snapshot.running_jobs.get(tenant, ())
+                and (tenant, task.job) not in self._started_jobs)
 
     def below_min_share(self, tenant: str) -> bool:
         """True if the tenant or one of its queues is below its guaranteed min_share."""
@@ -288,6 +330,11 @@ class Cycle:
         row = self.snapshot.rows[tenant]
         self.allocation[row] += task.demand
         if self.capped:
+            if self.job_limits and self._new_job(tenant, task):
+                self._started_jobs.add((tenant, task.job))
+                for group in self.snapshot.tree.path(tenant):
+                    if group in self.group_jobs:
+                        self.group_jobs[group] += 1
             for group in self.snapshot.tree.path(tenant):
                 self.group_allocation[group] += task.demand
         within = self._advance(tenant, task)

@@ -157,6 +157,9 @@ class Snapshot:
     # policy's timeout (a pass without preemption pays nothing for them).
     starved_since: Mapping[str, float] = field(default_factory=lambda: EMPTY_MAPPING)
     running_tasks: tuple | None = None
+    # Per leaf, its jobs with running tasks (for queues' ``max_running``); the engine's own,
+    # to be read only, and given only when the tree has limits.
+    running_jobs: Mapping[str, Mapping[str, int]] = field(default_factory=lambda: EMPTY_MAPPING)
 
     def __post_init__(self) -> None:
         # Read-only in fact, not by convention: a policy that writes to a snapshot array raises

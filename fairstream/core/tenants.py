@@ -24,7 +24,7 @@ class TenantTree:
     specs: dict[str, TenantSpec] = field(default_factory=dict)
     children: dict[str, list[str]] = field(default_factory=lambda: {ROOT: []})
     effective_share: dict[str, float] = field(default_factory=dict)
-    has_limits: bool = False  # some tenant or queue has a min_share or max_share
+    has_limits: bool = False  # some tenant or queue has a min or max share, max_resources or max_running
 
     @classmethod
     def from_specs(cls, specs: list[TenantSpec]) -> "TenantTree":
@@ -56,6 +56,11 @@ class TenantTree:
             raise ModelError(f"tenants[{spec.id}].weight: must be > 0, got {spec.weight}")
         if not 0 <= spec.min_share <= spec.max_share <= 1:
             raise ModelError(f"tenants[{spec.id}]: need 0 <= min_share <= max_share <= 1")
+        if spec.max_running is not None and not (isinstance(spec.max_running, int) and spec.max_running >= 1):
+            raise ModelError(f"tenants[{spec.id}].max_running: must be a whole number >= 1, got {spec.max_running!r}")
+        for name, value in (spec.max_resources or {}).items():
+            if not 0 <= value < float("inf"):
+                raise ModelError(f"tenants[{spec.id}].max_resources.{name}: must be a finite number >= 0")
         self.specs[spec.id] = spec
         self.children.setdefault(spec.parent, []).append(spec.id)
         self.children.setdefault(spec.id, [])
@@ -76,7 +81,8 @@ class TenantTree:
                     self.effective_share[kid] = float(share)
 
         walk(ROOT, Fraction(1))
-        self.has_limits = any(s.max_share < 1 or s.min_share > 0 for s in self.specs.values())
+        self.has_limits = any(s.max_share < 1 or s.min_share > 0 or s.max_resources or s.max_running is not None
+                              for s in self.specs.values())
         self._paths = {leaf: self._path(leaf) for leaf in self.effective_share}
 
     def _path(self, leaf: str) -> tuple[str, ...]:
@@ -116,9 +122,11 @@ class TenantTree:
 def specs_from_json(items: list[dict]) -> list[TenantSpec]:
     """Tenant specs from their JSON form (a scenario file's ``tenants``, a ``tenants.config``
     message's): ``id``, ``parent`` (default: the root), ``weight`` (1), ``min_share`` (0),
-    ``max_share`` (1)."""
+    ``max_share`` (1), ``max_resources`` and ``max_running`` (none)."""
     return [TenantSpec(id=t["id"], parent=t.get("parent", ROOT), weight=float(t.get("weight", 1.0)),
-                       min_share=float(t.get("min_share", 0.0)), max_share=float(t.get("max_share", 1.0)))
+                       min_share=float(t.get("min_share", 0.0)), max_share=float(t.get("max_share", 1.0)),
+                       max_resources={k: float(v) for k, v in t["max_resources"].items()} if "max_resources" in t
+                       else None, max_running=t.get("max_running"))
             for t in items]
 
 
@@ -133,5 +141,9 @@ def spec_to_json(spec: TenantSpec) -> dict:
         out["min_share"] = spec.min_share
     if spec.max_share != 1.0:
         out["max_share"] = spec.max_share
+    if spec.max_resources is not None:
+        out["max_resources"] = dict(spec.max_resources)
+    if spec.max_running is not None:
+        out["max_running"] = spec.max_running
     return out
 

@@ -257,6 +257,9 @@ def parse_scenario(document: Any) -> Scenario:
     else:
         specs = [TenantSpec(id=name) for name in dict.fromkeys(task_tenants)]
     tree = TenantTree.from_specs(specs)
+    for spec in specs:
+        if spec.max_resources:
+            check_vector(spec.max_resources, f"tenants[{spec.id}].max_resources")
 
     # A tenant a later ``tenants`` event adds is a tenant too (its tasks should come after it).
     later_leaves = set()
