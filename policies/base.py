@@ -116,6 +116,9 @@ class PolicySpec:
     # For policies whose choice among tenants also weighs packing (Tetris, QKnobler, FLEX):
     # what decides who gets freed room, said to a waiting task instead of "behind tenants".
     efficiency: str | None = None
+    # It walks the tenant tree queue by queue (hltrf): a queue's ``ordering`` of its children
+    # applies. Flat policies divide by effective shares and refuse a queue's ordering.
+    hierarchical: bool = False
 
     def parse_params(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         """Typed parameters from ``{"quantum": "600"}``; unknown names or bad values raise

@@ -5,7 +5,9 @@ Each allocation either
   if it has waited at least ``t_wait`` since its last allocation (or since it became demanding);
 - or walks down the tree from the root, at each level taking the demanding child with the
   lowest weighted total usage (a queue's usage is the sum of its leaves'), the naive
-  recursive approach of 5.2.1.
+  recursive approach of 5.2.1; a queue with an ``ordering`` of its own picks its child by it
+  instead (``fifo``: the earliest waiting task below; ``fair``, ``drf``: the lowest current
+  allocation per weight), as YARN's parent queues apply their ``schedulingPolicy``.
 
 ``t_wait=inf`` is the naive approach; ``t_wait=0`` allocates exactly as flat ``ltrf`` over the
 leaves (Theorem 1). The paper's test is ``wait > T_wait``; we use ``>=`` so Theorem 1 holds in
@@ -21,9 +23,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from fairstream.core.fairness import fair_key, normalised_usage
+from fairstream.core.fairness import fair_key, normalised_usage, resource_share
 from fairstream.core.model import ROOT, Decision, ReasonCode
-from fairstream.core.placement import Cycle
+from fairstream.core.placement import Cycle, ordering_resource
 from fairstream.core.snapshot import Snapshot
 from fairstream.core.preemption import reclaim
 from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, LongTermUsage, long_term_accounting, preemption_rule
@@ -70,11 +72,45 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
         for node in (ROOT,) + tree.path(leaf):
             demanding_below[node] -= 1
 
+    # Queues that order their children their own way (TenantSpec.ordering; YARN's per-queue
+    # schedulingPolicy): fifo by the earliest waiting task below a child, fair / drf by the
+    # child's current allocation per weight, ltrf (the default) by usage per weight as above.
+    orderings = {queue: tree.specs[queue].ordering for queue in tree.ordered_queues()}
+    group_allocation: dict[str, np.ndarray] = {}
+    if orderings:
+        for leaf, row in rows.items():
+            if tree.is_leaf(leaf):
+                for node in tree.path(leaf)[:-1]:
+                    group_allocation[node] = group_allocation.get(node, 0) + cycle.allocation[row]
+
+    def allocation_key(node: str, ordering: str):
+        resource = ordering_resource(snapshot, ordering)
+        if tree.is_leaf(node):
+            row = rows[node]
+            share = resource_share(cycle.allocation[row], snapshot.capacity, resource) / snapshot.share_fraction[row]
+            return fair_key(share, float(snapshot.arrival[row]), node)
+        share = resource_share(group_allocation[node], snapshot.capacity, resource) / group_fraction[node]
+        return fair_key(share, group_arrival[node], node)
+
+    def earliest_waiting(node: str):
+        seqs = [cycle.next_task(leaf).seq for leaf in demanding
+                if demanding_below.get(leaf, 0) > 0 and node in tree.path(leaf)]
+        return (min(seqs), node)
+
+    def child_key(parent: str):
+        ordering = orderings.get(parent)
+        if ordering is None or ordering == "ltrf":
+            return node_key
+        if ordering == "fifo":
+            return earliest_waiting
+        return lambda node: allocation_key(node, ordering)
+
     def descend() -> tuple[str, str]:
         node, route = ROOT, []
         while not tree.is_leaf(node):
-            node = min((k for k in tree.children[node] if demanding_below.get(k, 0) > 0), key=node_key)
-            route.append(node)
+            parent = node
+            node = min((k for k in tree.children[node] if demanding_below.get(k, 0) > 0), key=child_key(parent))
+            route.append(f"{node} [{orderings[parent]} in {parent}]" if parent in orderings else node)
         return node, "hltrf: lowest usage/weight at each level (" + " > ".join(route) + ")"
 
     while demanding_below.get(ROOT, 0) > 0:
@@ -98,6 +134,8 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
             added = usage.charge(cycle, row, task)
             for node in tree.path(leaf)[:-1]:
                 group_vector[node] = group_vector[node] + added
+                if orderings:
+                    group_allocation[node] = group_allocation[node] + task.demand
             waiting_since[leaf] = now
             heapq.heappush(lowest, (node_key(leaf), leaf))
         if cycle.next_task(leaf) is None:
@@ -121,4 +159,5 @@ SPEC = PolicySpec(
     preemption=preemption_rule,
     # Its leaves' own order (flat LTRF's): the tree walk and the starved leaf come first.
     order=lambda snapshot, params: usage_order(snapshot, LongTermUsage(snapshot)),
+    hierarchical=True,
 )

@@ -65,12 +65,13 @@ from fairstream.core.model import (
 )
 from fairstream.policies import REGISTRY
 from fairstream.policies.base import PolicySpec
+from fairstream.core.jobs import JobUsage
 from fairstream.core.snapshot import PendingQueue, TaskList
 from fairstream.core.tenants import TenantTree
 
 MAGIC = b"FSENGINE"
-VERSION = 7  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
-# 6: nodes' resource weights (LTRF formula 9); 7: queues' max_resources and max_running
+VERSION = 8  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
+# 6: nodes' resource weights (LTRF formula 9); 7: queues' max_resources and max_running; 8: queues' ordering
 
 REF, LIST, TUPLE, DICT, SET, FROZENSET, OBJECT, ARRAY, ENUM, ORDERED, POLICY, NUMBER = range(12)
 
@@ -111,11 +112,11 @@ CLASSES: tuple[_Class, ...] = (
     _Class(Engine, "resources tree spec params auto_tenants accounting time nodes node_row _capacity _used _alive "
                    "_node_ids _node_labels _shares_stale tasks requests finished_ids finished_retention pending _seq _shapes "
                    "_unschedulable _to_check _nodes_changed _verdicts _grown _touched _passed _fresh _shape_demands "
-                   "preemption starved_since running_jobs",
+                   "preemption starved_since running_jobs job_usage _maybe_idle",
            derived="_node_view", rebuild=_rebuild_engine),  # the snapshot's node view, made again on use
     _Class(ResourceSpace, "names _position"),
-    _Class(TenantTree, "specs children effective_share has_limits _paths"),
-    _Class(TenantSpec, "id parent weight min_share max_share max_resources max_running"),
+    _Class(TenantTree, "specs children effective_share has_limits orders_jobs _paths"),
+    _Class(TenantSpec, "id parent weight min_share max_share max_resources max_running ordering"),
     _Class(Accounting, "config n_resources ledgers row allocation weighted_allocation pending_demand share "
                        "counted_usage raw_usage capacity fractions clock round_start quanta",
            derived="_index"),  # the top-up index, rebuilt on first use
@@ -130,7 +131,8 @@ CLASSES: tuple[_Class, ...] = (
     _Class(Task, "id job tenant submit constraints duration seq demand_map state node start running_entry shape "
                  "demand_values count index cancelled", derived="demand", rebuild=_rebuild_demand),
     _Class(Constraints, "nodes labels"),
-    _Class(PendingQueue, "groups count"),
+    _Class(PendingQueue, "groups count jobs"),
+    _Class(JobUsage, "allocation offset"),
     _Class(TaskList, "tasks head count"),
     _Class(FlexModel, "classes trees metadata source"),
     _Class(Tree, "children_left children_right feature threshold leaf_class"),

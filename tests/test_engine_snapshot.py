@@ -12,6 +12,7 @@ import msgpack
 import pytest
 
 from fairstream.core.engine import Engine
+from fairstream.core.model import TenantSpec
 from fairstream.policies import REGISTRY
 from fairstream.sim.scenario import load_scenario
 from fairstream.sim.simulator import Simulator
@@ -183,6 +184,9 @@ def test_every_class_the_format_declares_names_exactly_its_fields():
         e.step(time, events)
         walk(e)
     walk(engine(tree("A"), "drf", preemption="on"))  # the preemption rule
+    ordered = engine(tree(TenantSpec("A", ordering="ltrf")), "drf")  # a leaf's jobs' usage
+    ordered.step(0, [node("n", mem=1), submit("a1", "A", job="j1"), submit("a2", "A", job="j1")])
+    walk(ordered)
     assert seen == {c.cls for c in engine_snapshot.CLASSES}
 
 

@@ -28,6 +28,9 @@ def scenarios(draw):
     tenants = [{"id": "g0", "weight": draw(st.integers(1, 3))}, {"id": "g1", "weight": draw(st.integers(1, 3))}] if nested else []
     for i, leaf in enumerate(leaves):
         spec = {"id": leaf, "weight": draw(st.integers(1, 3))}
+        ordering = draw(st.sampled_from([None, None, "fifo", "fair", "drf", "ltrf"]))  # of the leaf's jobs
+        if ordering is not None:
+            spec["ordering"] = ordering
         if nested:
             spec["parent"] = f"g{i % 2}"
         tenants.append(spec)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 import numpy as np
 
 from fairstream.core.accounting import Accounting
+from fairstream.core.jobs import JobUsage
 from fairstream.core.model import (
     EPSILON,
     CompletionStatus,
@@ -163,6 +164,10 @@ class Engine:
         self.pending: dict[str, PendingQueue] = {}
         # Per leaf, its jobs with running tasks and how many (a queue's max_running counts them).
         self.running_jobs: dict[str, dict[str, int]] = {}
+        # Per leaf that orders its jobs (fair, drf, ltrf), its jobs' running demand and
+        # accumulated usage (``fairstream.core.jobs``); a job leaves once nothing of it runs or waits.
+        self.job_usage: dict[str, dict[str, JobUsage]] = {}
+        self._maybe_idle: set[tuple[str, str]] = set()  # (leaf, job) that stopped or lost a task this step
         self._seq = 0
         self._shapes: dict[tuple, int] = {}
         # Tasks no live node could ever hold (reported once), tasks to check, and whether the
@@ -185,6 +190,9 @@ class Engine:
         for leaf in tree.leaves:
             self.accounting.add_tenant(leaf, tree.path(leaf))
         self._refresh_shares()
+        problem = self._orderings_problem(tree)
+        if problem is not None:
+            raise ModelError(problem)
 
     # ------------------------------------------------------------------ public
 
@@ -209,6 +217,8 @@ class Engine:
                 result.rejected.append((event, str(exc)))
         if self._shares_stale:
             self._refresh_shares()
+        if self._maybe_idle:
+            self._forget_idle_jobs()
         result.decisions.extend(self._report_unschedulable())
         result.decisions.extend(self.schedule())
         if self.preemption is not None:
@@ -376,6 +386,7 @@ class Engine:
             starved_since=starved_since,
             running_tasks=running_tasks,
             running_jobs=self.running_jobs if self.tree.has_limits else EMPTY_MAPPING,
+            job_usage=self.job_usage if self.tree.orders_jobs else EMPTY_MAPPING,
         )
 
     def _node_allocation(self) -> dict[tuple[int, str], np.ndarray]:
@@ -493,17 +504,76 @@ class Engine:
             elif not tree.is_leaf(ledger.name):
                 raise EventRejected(f"tenants[{ledger.name}]: has running or pending tasks, so it cannot become a "
                                     "queue with children")
+        problem = self._orderings_problem(tree)
+        if problem is not None:
+            raise EventRejected(problem)
         return tree
+
+    def _orderings_problem(self, tree: TenantTree) -> str | None:
+        """Why this policy cannot honour the tree's queue orderings, or None: a queue's ordering
+        of its children needs a policy that walks the tree (``PolicySpec.hierarchical``)."""
+        queues = tree.ordered_queues()
+        if not queues or self.spec.hierarchical:
+            return None
+        return (f"tenants[{queues[0]}].ordering: orders a queue's children, which only a hierarchical policy "
+                f"(hltrf) does; {self.spec.name} shares the cluster among leaves by their effective weights "
+                "(set ordering on leaves, for their jobs)")
 
     def _configure(self, event: TenantsChanged) -> None:
         """Apply a new tenant tree: accumulated usage, quanta and running tasks are kept; new
         leaves get accounting of their own; every share is computed again."""
+        old = self.tree
         self.tree = self._admit(event)
+        self._track_jobs(old)
         for leaf in self.tree.leaves:
             self.accounting.add_tenant(leaf, self.tree.path(leaf))
             self.accounting.quanta.initialise(self.tree.path(leaf))
         self._refresh_shares()
         self._touched.update(self.pending)  # every tenant's key may have moved: all are candidates
+
+    def _track_jobs(self, old: TenantTree) -> None:
+        """After a tree change: leaves that now order their jobs start from their running tasks
+        (usage of tasks that ended before is not known); leaves that no longer do forget theirs."""
+        for leaf in list(self.job_usage):
+            if not self._orders_jobs(leaf):
+                del self.job_usage[leaf]
+        new = {leaf for leaf in self.tree.leaves if self._orders_jobs(leaf)
+               and not (old.is_leaf(leaf) and old.job_ordering(leaf) != "fifo")}
+        if not new:
+            return
+        for task in self.tasks.values():
+            if task.state is TaskState.RUNNING and task.tenant in new:
+                self._job_started(task, task.start)
+
+    def _orders_jobs(self, leaf: str) -> bool:
+        return self.tree.orders_jobs and self.tree.is_leaf(leaf) and self.tree.job_ordering(leaf) != "fifo"
+
+    def _job_started(self, task: Task, time: float) -> None:
+        jobs = self.job_usage.setdefault(task.tenant, {})
+        usage = jobs.get(task.job)
+        if usage is None:
+            usage = jobs[task.job] = JobUsage(len(self.resources))
+        usage.start(task.demand, time)
+
+    def _forget_idle_job(self, tenant: str, job: str) -> None:
+        """A task of the job stopped or left the queue: its usage may be dropped at the end of
+        the instant's events (a job whose maps end as its reduces are queued is not idle)."""
+        if tenant in self.job_usage:
+            self._maybe_idle.add((tenant, job))
+
+    def _forget_idle_jobs(self) -> None:
+        """Drop the usage of jobs of which, after this instant's events, nothing runs or waits."""
+        for tenant, job in sorted(self._maybe_idle):
+            jobs = self.job_usage.get(tenant)
+            if jobs is None or job not in jobs:
+                continue
+            queue = self.pending.get(tenant)
+            if job in self.running_jobs.get(tenant, ()) or (queue is not None and job in queue.jobs):
+                continue
+            del jobs[job]
+            if not jobs:
+                del self.job_usage[tenant]
+        self._maybe_idle.clear()
 
     def _known(self, task: str, earlier: "_Earlier") -> bool:
         """``task`` is pending, running, recently finished, or pending in a request."""
@@ -596,6 +666,7 @@ class Engine:
             task.state = TaskState.DONE
             self.pending[task.tenant].removed(task)
             self.accounting.on_cancel_pending(row, task.demand)
+            self._forget_idle_job(task.tenant, task.job)
             return task
         node = self.node_row[task.node]
         self.used[node] -= task.demand
@@ -603,16 +674,20 @@ class Engine:
         self._grown.add(node)
         self._touched.add(task.tenant)
         task.state = TaskState.DONE
-        self._job_stopped(task)
+        self._job_stopped(task, event.time)
         self.accounting.on_finish(row, task.running_entry, event.time, self.tree)
         return task
 
-    def _job_stopped(self, task: Task) -> None:
-        """One running task of ``task``'s job stopped (finished, requeued or preempted)."""
+    def _job_stopped(self, task: Task, time: float) -> None:
+        """One running task of ``task``'s job stopped at ``time`` (finished, requeued or preempted)."""
         jobs = self.running_jobs[task.tenant]
         jobs[task.job] -= 1
         if not jobs[task.job]:
             del jobs[task.job]
+        usage = self.job_usage.get(task.tenant)
+        if usage is not None and task.job in usage:
+            usage[task.job].stop(task.demand, time)
+            self._forget_idle_job(task.tenant, task.job)
 
     def _cancel_in_request(self, event: TaskCompleted) -> Task:
         """A task of a pending request completed (killed or failed) before it ran: the
@@ -627,6 +702,7 @@ class Engine:
         self._retire_request(request)
         self.pending[request.tenant].removed(request)
         self.accounting.on_cancel_pending(self.accounting.row[request.tenant], request.demand)
+        self._forget_idle_job(request.tenant, request.job)
         task = _task_of(request, event.task)
         task.state = TaskState.DONE
         return task
@@ -739,10 +815,10 @@ class Engine:
     def _back_to_pending(self, task: Task, row: int, time: float) -> None:
         """A running task stops (its node lost, or preempted) and waits again, same id."""
         self.used[row] -= task.demand
-        self._job_stopped(task)
         self.accounting.on_requeue(self.accounting.row[task.tenant], task.running_entry, time)
         task.state, task.node, task.start, task.running_entry = TaskState.PENDING, None, None, None
-        self.pending[task.tenant].add(task)
+        self.pending[task.tenant].add(task)  # before the job stops: it waits, so its usage is kept
+        self._job_stopped(task, time)
         self._touched.add(task.tenant)
         self._fresh.add(task.shape)
 
@@ -779,6 +855,8 @@ class Engine:
         task.state, task.node, task.start = TaskState.RUNNING, node.id, decision.time
         jobs = self.running_jobs.setdefault(task.tenant, {})
         jobs[task.job] = jobs.get(task.job, 0) + 1
+        if self.tree.orders_jobs and self._orders_jobs(task.tenant):
+            self._job_started(task, decision.time)
         if request is None:
             self._unschedulable.discard(task.id)
             self.pending[task.tenant].removed(task)

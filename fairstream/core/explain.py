@@ -251,9 +251,15 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
                           for shape, group in snap.pending[tenant].groups.items()
                           if shape in why and (head := group.pending_at(0)[0]) is not None]
         out, position = [], 0
-        # The tenant's queue in arrival order: its shapes' lists merged, as far as listed.
-        for task in heapq.merge(*(_pending_entries(g) for g in snap.pending[tenant].groups.values()),
-                                key=lambda t: t.seq):
+        # The tenant's queue in arrival order (its shapes' lists merged), or in its jobs' order
+        # if it orders them (TenantSpec.ordering), as far as listed.
+        jobs = cycle.job_queue(tenant)
+        if jobs is None:
+            queue = heapq.merge(*(_pending_entries(g) for g in snap.pending[tenant].groups.values()),
+                                key=lambda t: t.seq)
+        else:
+            queue = (entry for job in jobs.jobs_in_order() for entry in jobs.entries[job])
+        for task in queue:
             if len(out) >= limit:
                 break
             out.append(PendingEntry(tenant, task.id, task.job, task.count, task.task_ids(0, 1)[0], position,

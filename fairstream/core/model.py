@@ -147,7 +147,10 @@ class TenantSpec:
     (dominant share in multi-resource terms, the policy's resource in single-resource terms).
     ``max_resources``: absolute caps per resource of what runs below it (YARN's
     ``maxResources``); ``max_running``: at most so many jobs running below it at once, the
-    tasks of other jobs wait (YARN's ``maxRunningApps``).
+    tasks of other jobs wait (YARN's ``maxRunningApps``). ``ordering``: how the tenant orders
+    its own jobs (a leaf) or children (a queue, under a hierarchical policy), one of
+    ``ORDERINGS``; None is ``fifo`` for a leaf and the policy's own order for a queue (YARN's
+    per-queue ``schedulingPolicy``).
     """
 
     id: str
@@ -157,6 +160,12 @@ class TenantSpec:
     max_share: float = 1.0
     max_resources: dict[str, float] | None = None
     max_running: int | None = None
+    ordering: str | None = None
+
+
+#: A queue's ordering of its jobs or children (``TenantSpec.ordering``): arrival, lowest current
+#: share of one resource (the policy's, else memory), lowest dominant share, lowest accumulated usage.
+ORDERINGS = ("fifo", "fair", "drf", "ltrf")
 
 
 class TaskState(str, Enum):

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from fairstream.core.fairness import BELOW_MIN_SHARE, FairKey, dominant_share, fair_key
+from fairstream.core.fairness import BELOW_MIN_SHARE, FairKey, dominant_share, fair_key, resource_share
 from fairstream.core.model import EPSILON, Constraints, Decision, DecisionKind, ReasonCode, Task, TaskState
 from fairstream.core.snapshot import Snapshot
 
@@ -56,6 +56,9 @@ class Cycle:
         self._taken: dict[tuple[str, int], int] = {}
         self._eligible: dict[Constraints, np.ndarray] = {}
         tree = snapshot.tree
+        # Leaves that order their jobs (``TenantSpec.ordering``): their pass-local job queues.
+        self._orders_jobs = tree.orders_jobs
+        self._job_queues: dict[str, _JobQueue | None] = {}
         self.capped = tree.has_limits  # min or max shares: keys and caps read the queue allocations
         self.group_allocation: dict[str, np.ndarray] = {}
         # Queues' absolute caps (max_resources, unnamed resources unbounded) and job limits
@@ -90,9 +93,23 @@ class Cycle:
 
     # ------------------------------------------------------------------- tasks
 
+    def job_queue(self, tenant: str) -> "_JobQueue | None":
+        """The pass's queue of ``tenant``'s jobs if it orders them (fair, drf, ltrf), else None."""
+        queues = self._job_queues
+        if tenant in queues:
+            return queues[tenant]
+        tree = self.snapshot.tree
+        queue = None
+        if tenant in self.snapshot.pending and tree.is_leaf(tenant) and tree.job_ordering(tenant) != "fifo":
+            queue = _JobQueue(self.snapshot, tenant, tree.job_ordering(tenant))
+        queues[tenant] = queue
+        return queue
+
     def next_task(self, tenant: str) -> Task | None:
         """The entry (task or request) of the tenant's earliest pending task whose shape can
-        still fit, or None."""
+        still fit, or None. A leaf that orders its jobs gives its first job's earliest such entry."""
+        if self._orders_jobs and (jobs := self.job_queue(tenant)) is not None:
+            return jobs.next_entry(self._failed_shapes, self._failed_for.get(tenant, ()))
         heads = self._heads.get(tenant)
         if heads is None:
             queue = self.snapshot.pending.get(tenant)
@@ -121,6 +138,9 @@ class Cycle:
     def _advance(self, tenant: str, task: Task) -> int:
         """Take the next task of ``task``'s shape for ``tenant``; returns how many tasks of
         the entry ``task`` this pass took before it (its place in a request)."""
+        if self._orders_jobs and (jobs := self.job_queue(tenant)) is not None:
+            self._taken[(tenant, task.shape)] = self._taken.get((tenant, task.shape), 0) + 1
+            return jobs.take(task)
         if tenant not in self._heads:  # placed without next_task (Tetris picks tasks itself)
             self.next_task(tenant)
         shape = task.shape
@@ -154,6 +174,8 @@ class Cycle:
         if queue is None:
             return []
         failed_here = self._failed_for.get(tenant, ())
+        if self._orders_jobs and (jobs := self.job_queue(tenant)) is not None:
+            return jobs.shape_heads(() if every_shape else self._failed_shapes, () if every_shape else failed_here)
         heads = []
         for shape, group in queue.groups.items():
             if not every_shape and (shape in self._failed_shapes or shape in failed_here):
@@ -176,6 +198,8 @@ class Cycle:
         of that entry: its position in the tenant's queue, counted over all shapes)."""
         import bisect
 
+        if self._orders_jobs and (jobs := self.job_queue(tenant)) is not None:
+            return jobs.rank(task)
         rank = 0
         for shape, group in self.snapshot.pending[tenant].groups.items():
             offset, within = self._cursor.get((tenant, shape), _START)
@@ -370,6 +394,109 @@ class Cycle:
                                        task.demand_map, self.policy, reason, code, DecisionKind.PREEMPT))
 
 
+class _JobQueue:
+    """A pass's view of the jobs of one leaf that orders them (``TenantSpec.ordering``): the
+    job with the smallest key is served first, its tasks in arrival order. Keys, smallest first:
+    ``fair``: current share of the policy's resource (memory if it has none and the cluster has
+    memory, else the dominant share); ``drf``: current dominant share; ``ltrf``: accumulated usage
+    (``fairstream.core.jobs``) as a share of the policy's resource, plus one quantum of each task
+    the pass places (LTRF's charge, Algorithm 1 line 10). Ties: the job's earliest waiting task,
+    then its id. A placement raises only its own job's key."""
+
+    def __init__(self, snapshot: Snapshot, tenant: str, ordering: str) -> None:
+        self.ordering = ordering
+        self.capacity = snapshot.capacity
+        self.resource = ordering_resource(snapshot, ordering)
+        self.quantum = float(snapshot.quantum[snapshot.rows[tenant]])
+        usage = snapshot.job_usage.get(tenant, {})
+        self.entries: dict[str, list[Task]] = {}
+        for entry in snapshot.pending[tenant]:
+            self.entries.setdefault(entry.job, []).append(entry)
+        self.position: dict[str, int] = {}  # entries before it are wholly taken in this pass
+        self.taken: dict[str, int] = {}  # per entry id: tasks this pass took of it
+        self.used: dict[str, np.ndarray] = {}  # per job: allocation (fair, drf) or usage (ltrf)
+        self.current: dict[str, tuple] = {}
+        heap = []
+        for job, entries in self.entries.items():
+            entries.sort(key=lambda t: t.seq)
+            self.position[job] = 0
+            known = usage.get(job)
+            if known is None:
+                self.used[job] = np.zeros(len(self.capacity))
+            elif ordering == "ltrf":
+                self.used[job] = known.accumulated(snapshot.time)
+            else:
+                self.used[job] = known.allocation.copy()
+            key = self.current[job] = self._key(job)
+            heap.append((key, job))
+        heapq.heapify(heap)
+        self.heap = heap
+
+    def _key(self, job: str) -> tuple:
+        entries = self.entries[job]
+        first = entries[self.position[job]].seq if self.position[job] < len(entries) else float("inf")
+        return (resource_share(self.used[job], self.capacity, self.resource), first, job)
+
+    def _first_open(self, job: str, failed: set[int] | tuple, failed_here: set[int] | tuple) -> Task | None:
+        entries, i = self.entries[job], self.position[job]
+        while i < len(entries) and self.taken.get(entries[i].id, 0) >= entries[i].count:
+            i += 1
+        self.position[job] = i
+        for entry in entries[i:]:
+            if self.taken.get(entry.id, 0) < entry.count and entry.shape not in failed and entry.shape not in failed_here:
+                return entry
+        return None
+
+    def next_entry(self, failed: set[int], failed_here: set[int] | tuple) -> Task | None:
+        heap = self.heap
+        while heap:
+            key, job = heap[0]
+            if self.current.get(job) != key:
+                heapq.heappop(heap)  # stale: the job was served since
+                continue
+            entry = self._first_open(job, failed, failed_here)
+            if entry is not None:
+                return entry
+            heapq.heappop(heap)  # nothing of it can fit in this pass
+            del self.current[job]
+        return None
+
+    def take(self, task: Task) -> int:
+        """One task of entry ``task`` placed: returns how many of it the pass took before."""
+        before = self.taken.get(task.id, 0)
+        self.taken[task.id] = before + 1
+        job = task.job
+        self.used[job] = self.used[job] + (task.demand * self.quantum if self.ordering == "ltrf" else task.demand)
+        if job in self.current or self._first_open(job, (), ()) is not None:
+            key = self.current[job] = self._key(job)
+            heapq.heappush(self.heap, (key, job))
+        return before
+
+    def jobs_in_order(self) -> list[str]:
+        return sorted(self.entries, key=self._key)
+
+    def shape_heads(self, failed: set[int] | tuple, failed_here: set[int] | tuple) -> list[Task]:
+        """The first open entry of each shape, jobs in their order (the pass's order of the leaf)."""
+        seen, heads = set(), []
+        for job in self.jobs_in_order():
+            for entry in self.entries[job][self.position[job]:]:
+                if (entry.shape not in seen and self.taken.get(entry.id, 0) < entry.count
+                        and entry.shape not in failed and entry.shape not in failed_here):
+                    seen.add(entry.shape)
+                    heads.append(entry)
+        return heads
+
+    def rank(self, task: Task) -> int:
+        """Tasks of this leaf not yet placed that come before ``task``'s entry in its order."""
+        rank = 0
+        for job in self.jobs_in_order():
+            for entry in self.entries[job][self.position[job]:]:
+                if entry is task:
+                    return rank
+                rank += entry.count - self.taken.get(entry.id, 0)
+        return rank
+
+
 KeyFn = Callable[[Cycle, str], tuple]
 ChargeFn = Callable[[Cycle, str, Task], None]
 ReasonFn = Callable[[Cycle, str, tuple], str]
@@ -389,6 +516,18 @@ class TenantOrder:
     def value(key: tuple) -> float:
         """The number a key orders by (``FairKey.share``, else its first element)."""
         return float(key.share) if isinstance(key, FairKey) else float(key[0])
+
+
+def ordering_resource(snapshot: Snapshot, ordering: str) -> int | None:
+    """The resource a queue's ``ordering`` compares (None: the dominant share): ``drf`` the
+    dominant share; ``fair`` and ``ltrf`` the policy's resource, ``fair`` memory when the policy
+    has none and the cluster has memory (YARN's fair policy)."""
+    resource = snapshot.accounting.resource
+    if ordering == "drf":
+        return None
+    if ordering == "fair" and resource is None and "mem" in snapshot.resources.names:
+        return snapshot.resources.index("mem")
+    return resource
 
 
 def dominant_share_order(snapshot: Snapshot) -> TenantOrder:
@@ -484,5 +623,5 @@ def leaf_arrival(snapshot: Snapshot, tenant: str) -> float:
     return float(snapshot.arrival[snapshot.rows[tenant]])
 
 
-__all__ = ["Cycle", "TenantOrder", "dominant_share_order", "serve_in_order", "order_code", "leaf_arrival",
+__all__ = ["Cycle", "TenantOrder", "dominant_share_order", "ordering_resource", "serve_in_order", "order_code", "leaf_arrival",
            "alignment_scores"]

@@ -16,6 +16,7 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 
 from fairstream.core.accounting import AccountingConfig
+from fairstream.core.jobs import JobUsage
 from fairstream.core.model import ResourceSpace, Task, TaskState
 from fairstream.core.tenants import TenantTree
 
@@ -63,11 +64,12 @@ class TaskList:
 
 class PendingQueue:
     """A tenant's pending tasks, grouped by shape so a shape that fits nowhere is skipped whole.
-    ``count`` is the pending tasks, requests counted by their ``count``."""
+    ``count`` is the pending tasks, requests counted by their ``count``; ``jobs`` the same per job."""
 
     def __init__(self) -> None:
         self.groups: dict[int, TaskList] = {}
         self.count = 0
+        self.jobs: dict[str, int] = {}  # pending tasks per job
 
     def add(self, task: Task) -> None:
         group = self.groups.get(task.shape)
@@ -82,11 +84,17 @@ class PendingQueue:
             group.tasks.append(task)
         group.count += task.count
         self.count += task.count
+        self.jobs[task.job] = self.jobs.get(task.job, 0) + task.count
 
     def removed(self, task: Task, n: int = 1) -> None:
         """Call after ``n`` tasks of entry ``task`` left the pending state (placed or
         cancelled); the entry leaves the queue once it is no longer pending."""
         self.count -= n
+        left = self.jobs[task.job] - n
+        if left:
+            self.jobs[task.job] = left
+        else:
+            del self.jobs[task.job]
         group = self.groups.get(task.shape)
         if group is not None:
             group.count -= n
@@ -160,6 +168,9 @@ class Snapshot:
     # Per leaf, its jobs with running tasks (for queues' ``max_running``); the engine's own,
     # to be read only, and given only when the tree has limits.
     running_jobs: Mapping[str, Mapping[str, int]] = field(default_factory=lambda: EMPTY_MAPPING)
+    # Per leaf that orders its jobs (``TenantSpec.ordering`` fair, drf or ltrf), its jobs' running
+    # demand and accumulated usage (``fairstream.core.jobs``); the engine's own, to be read only.
+    job_usage: Mapping[str, Mapping[str, "JobUsage"]] = field(default_factory=lambda: EMPTY_MAPPING)
 
     def __post_init__(self) -> None:
         # Read-only in fact, not by convention: a policy that writes to a snapshot array raises

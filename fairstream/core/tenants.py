@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from fairstream.core.model import ROOT, ModelError, TenantSpec
+from fairstream.core.model import ORDERINGS, ROOT, ModelError, TenantSpec
 
 
 @dataclass
@@ -25,6 +25,7 @@ class TenantTree:
     children: dict[str, list[str]] = field(default_factory=lambda: {ROOT: []})
     effective_share: dict[str, float] = field(default_factory=dict)
     has_limits: bool = False  # some tenant or queue has a min or max share, max_resources or max_running
+    orders_jobs: bool = False  # some leaf orders its jobs other than by arrival (``TenantSpec.ordering``)
 
     @classmethod
     def from_specs(cls, specs: list[TenantSpec]) -> "TenantTree":
@@ -58,6 +59,8 @@ class TenantTree:
             raise ModelError(f"tenants[{spec.id}]: need 0 <= min_share <= max_share <= 1")
         if spec.max_running is not None and not (isinstance(spec.max_running, int) and spec.max_running >= 1):
             raise ModelError(f"tenants[{spec.id}].max_running: must be a whole number >= 1, got {spec.max_running!r}")
+        if spec.ordering is not None and spec.ordering not in ORDERINGS:
+            raise ModelError(f"tenants[{spec.id}].ordering: {spec.ordering!r} is not one of {', '.join(ORDERINGS)}")
         for name, value in (spec.max_resources or {}).items():
             if not 0 <= value < float("inf"):
                 raise ModelError(f"tenants[{spec.id}].max_resources.{name}: must be a finite number >= 0")
@@ -84,6 +87,7 @@ class TenantTree:
         self.has_limits = any(s.max_share < 1 or s.min_share > 0 or s.max_resources or s.max_running is not None
                               for s in self.specs.values())
         self._paths = {leaf: self._path(leaf) for leaf in self.effective_share}
+        self.orders_jobs = any(self.job_ordering(leaf) != "fifo" for leaf in self.effective_share)
 
     def _path(self, leaf: str) -> tuple[str, ...]:
         path = [leaf]
@@ -114,6 +118,14 @@ class TenantTree:
         self._recompute()
         return True
 
+    def job_ordering(self, leaf: str) -> str:
+        """How ``leaf`` orders its jobs: its ``ordering``, ``fifo`` when it has none."""
+        return self.specs[leaf].ordering or "fifo"
+
+    def ordered_queues(self) -> list[str]:
+        """Queues (tenants with children) that set an ordering of their children."""
+        return [q for q, spec in self.specs.items() if spec.ordering is not None and self.children.get(q)]
+
     @property
     def depth(self) -> int:
         return max((len(p) for p in self._paths.values()), default=0)
@@ -122,11 +134,11 @@ class TenantTree:
 def specs_from_json(items: list[dict]) -> list[TenantSpec]:
     """Tenant specs from their JSON form (a scenario file's ``tenants``, a ``tenants.config``
     message's): ``id``, ``parent`` (default: the root), ``weight`` (1), ``min_share`` (0),
-    ``max_share`` (1), ``max_resources`` and ``max_running`` (none)."""
+    ``max_share`` (1), ``max_resources``, ``max_running`` and ``ordering`` (none)."""
     return [TenantSpec(id=t["id"], parent=t.get("parent", ROOT), weight=float(t.get("weight", 1.0)),
                        min_share=float(t.get("min_share", 0.0)), max_share=float(t.get("max_share", 1.0)),
                        max_resources={k: float(v) for k, v in t["max_resources"].items()} if "max_resources" in t
-                       else None, max_running=t.get("max_running"))
+                       else None, max_running=t.get("max_running"), ordering=t.get("ordering"))
             for t in items]
 
 
@@ -145,5 +157,7 @@ def spec_to_json(spec: TenantSpec) -> dict:
         out["max_resources"] = dict(spec.max_resources)
     if spec.max_running is not None:
         out["max_running"] = spec.max_running
+    if spec.ordering is not None:
+        out["ordering"] = spec.ordering
     return out
 
