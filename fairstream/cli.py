@@ -20,7 +20,8 @@ from fairstream.core.model import ModelError
 def _trace_options(args) -> dict:
     """The loader options the command line gave for this trace format (None: the default)."""
     keys = {"swim": ("limit", "nodes", "tenants", "max_tasks_per_job"), "google": ("limit", "nodes", "users"),
-            "philly": ("limit", "nodes", "tenants", "seed")}[args.format]
+            "philly": ("limit", "nodes", "tenants", "seed"),
+            "table": ("limit", "nodes", "mapping", "nodes_table", "nodes_mapping")}[args.format]
     return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
 
 
@@ -30,7 +31,7 @@ def _scenario_from_args(args):
 
     if args.trace:
         if args.format is None:
-            raise ModelError("--trace needs --format swim|google|philly")
+            raise ModelError("--trace needs --format swim|google|philly|table")
         scenario = load_trace(args.trace, args.format, **_trace_options(args))
         if args.scenario:  # the cluster (nodes, tenant tree) comes from a scenario file
             cluster = load_scenario(args.scenario)
@@ -39,7 +40,7 @@ def _scenario_from_args(args):
                 scenario.tree = cluster.tree
         return scenario
     if not args.scenario:
-        raise ModelError("give --scenario FILE or --trace FILE --format swim|google|philly")
+        raise ModelError("give --scenario FILE or --trace FILE --format swim|google|philly|table")
     return load_scenario(args.scenario)
 
 
@@ -549,9 +550,14 @@ def build_parser() -> argparse.ArgumentParser:
     workload = argparse.ArgumentParser(add_help=False)  # where a run's tasks and cluster come from
     workload.add_argument("--scenario", help="scenario JSON (see fairstream/schemas/scenario.schema.json)")
     workload.add_argument("--trace", help="a real trace file")
-    workload.add_argument("--format", choices=["swim", "google", "philly"],
+    workload.add_argument("--format", choices=["swim", "google", "philly", "table"],
                           help="trace format (philly: tenants arriving to a busy cluster, run times drawn from the "
-                               "file; docs/workloads.md)")
+                               "file; table: any CSV/TSV through --mapping; docs/workloads.md)")
+    workload.add_argument("--mapping", help="table: the column mapping (YAML or JSON), or a shipped one by name: "
+                                            "alibaba-2017, google-2011, philly")
+    workload.add_argument("--nodes-table", dest="nodes_table", help="table: the nodes as a table (with --nodes-mapping)")
+    workload.add_argument("--nodes-mapping", dest="nodes_mapping",
+                          help="table: the node table's mapping, or a shipped one: alibaba-2018-nodes")
     workload.add_argument("--limit", type=int,
                           help="trace: first N jobs (swim), tasks (google), or jobs per late tenant (philly)")
     workload.add_argument("--tenants", type=int, help="swim: number of queues, jobs round robin (default 4); "
@@ -741,7 +747,10 @@ def build_parser() -> argparse.ArgumentParser:
                            ("emulate", "play the cluster: run decided tasks for their trace durations, publish completions")):
         cmd = sub.add_parser(name, help=helptext)
         cmd.add_argument("trace", help="trace or scenario file")
-        cmd.add_argument("--format", choices=["swim", "google", "philly", "scenario"], required=True)
+        cmd.add_argument("--format", choices=["swim", "google", "philly", "table", "scenario"], required=True)
+        cmd.add_argument("--mapping", help="table: the column mapping, or a shipped one by name")
+        cmd.add_argument("--nodes-table", dest="nodes_table")
+        cmd.add_argument("--nodes-mapping", dest="nodes_mapping")
         cmd.add_argument("--cluster", default="default")
         cmd.add_argument("--speed", type=float, default=100.0, help="event seconds per wall second")
         cmd.add_argument("--limit", type=int)

@@ -1,4 +1,5 @@
-"""Workloads: loaders for real traces (SWIM Facebook 2009, Google 2011, Philly run times) and
+"""Workloads: loaders for real traces (SWIM Facebook 2009, Google 2011, Philly run times, any
+table through a column mapping) and
 the seeded generators (the LTRF papers' four-queue macro-benchmark, tenants arriving to a busy
 cluster). Each returns a ``Scenario``."""
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 from fairstream.core.model import ModelError
 from fairstream.sim.scenario import NodeSpec, Scenario
 
-FORMATS = ("swim", "google", "philly")
+FORMATS = ("swim", "google", "philly", "table")
 
 
 def load_trace(path: str, fmt: str, **options) -> Scenario:
@@ -23,6 +24,12 @@ def load_trace(path: str, fmt: str, **options) -> Scenario:
         from fairstream.sim.traces.late_tenants import load_philly
 
         return load_philly(path, **options)
+    if fmt == "table":
+        from fairstream.sim.traces.table import load_table
+
+        if options.get("mapping") is None:
+            raise ModelError("--format table needs --mapping FILE (or a shipped one: alibaba-2017, google-2011, philly)")
+        return load_table(path, **options)
     raise ModelError(f"--format {fmt}: unknown trace format (known: {', '.join(FORMATS)})")
 
 

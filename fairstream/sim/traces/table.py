@@ -1,0 +1,678 @@
+"""Bring your own trace: any CSV/TSV (optionally gzipped) read through a column mapping.
+
+A mapping (JSON or YAML) says which column is what; ``docs/workloads.md`` has the reference and
+``fairstream/sim/traces/mappings/`` the ones shipped for the public traces. Two row models:
+
+- one row per task, or per request of ``count`` identical tasks (Alibaba's ``batch_task``):
+  ``submit`` and ``duration`` (or ``end``) on the row;
+- one row per task *event* (``events``: Google 2011's ``task_events``): a task is ``(job,
+  task)``; its first submission gives its submit time, demand and tenant, its run time is from
+  its first start to the first end after it. Tasks that never ran or never ended in the file are
+  left out.
+
+Rows that cannot be used are counted per reason (``TableWorkload.left_out``) and reported in the
+scenario's name, never dropped silently; a mapping that names a column the file does not have
+is one ``ModelError`` line naming the mapping field and the column.
+
+Read lazily: a first pass checks every row, counts, and keeps per usable task its line number
+and run time (16 bytes); the tasks are built from a second pass as the simulation reaches them.
+A file whose tasks are not in submit order is ordered by a sort of those numbers, and its rows
+are then read into memory in that order (documented; sort large files first).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import math
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from fairstream.core.model import ModelError, ResourceSpace, TenantSpec
+from fairstream.core.tenants import TenantTree
+from fairstream.sim.scenario import NodeSpec, Scenario, TaskSpec
+from fairstream.sim.traces import uniform_nodes
+
+MAPPINGS = Path(__file__).resolve().parent / "mappings"
+
+
+def read_mapping(path: str | Path) -> dict:
+    """A mapping file (``.json``, or YAML) as a dict; a shipped mapping by its name
+    (``alibaba-2017``) when ``path`` is not a file."""
+    candidate = Path(path)
+    if not candidate.exists():
+        for suffix in (".yaml", ".json"):
+            shipped = MAPPINGS / f"{path}{suffix}"
+            if shipped.exists():
+                candidate = shipped
+                break
+    try:
+        text = candidate.read_text()
+    except OSError as exc:
+        known = ", ".join(sorted(p.stem for p in MAPPINGS.glob("*.yaml")))
+        raise ModelError(f"{path}: cannot read the mapping ({exc.strerror}; shipped mappings: {known})") from None
+    try:
+        if candidate.suffix == ".json":
+            document = json.loads(text)
+        else:
+            import yaml
+
+            document = yaml.safe_load(text)
+    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError: one line either way
+        raise ModelError(f"{path}: not a valid mapping file ({str(exc).splitlines()[0]})") from None
+    if not isinstance(document, dict):
+        raise ModelError(f"{path}: a mapping is an object of fields (job, submit, demand, ...)")
+    return document
+
+
+# ------------------------------------------------------------------ reading rows
+
+
+@dataclass(frozen=True)
+class FileFormat:
+    delimiter: str
+    header: bool
+    names: tuple[str, ...] | None  # column names for a file without a header
+
+
+def _file_format(mapping: dict, path: str) -> FileFormat:
+    spec = mapping.get("file", {})
+    if not isinstance(spec, dict):
+        raise ModelError("mapping.file: an object (delimiter, header, columns)")
+    delimiter = spec.get("delimiter", "\t" if path.endswith((".tsv", ".tsv.gz")) else ",")
+    if delimiter in ("tab", "\\t"):
+        delimiter = "\t"
+    if not isinstance(delimiter, str) or len(delimiter) != 1:
+        raise ModelError(f"mapping.file.delimiter: one character, got {delimiter!r}")
+    names = spec.get("columns")
+    if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise ModelError("mapping.file.columns: a list of column names")
+    header = spec.get("header", names is None)
+    if not isinstance(header, bool):
+        raise ModelError("mapping.file.header: true or false")
+    return FileFormat(delimiter, header, tuple(names) if names else None)
+
+
+def _open(path: str):
+    try:
+        raw = gzip.open(path, "rt", newline="", encoding="utf-8") if path.endswith(".gz") else \
+            open(path, newline="", encoding="utf-8")
+    except OSError as exc:
+        raise ModelError(f"{path}: cannot read ({exc.strerror})") from None
+    return raw
+
+
+def _rows(path: str, fmt: FileFormat) -> Iterator[tuple[int, list[str]]]:
+    """``(line number, cells)`` of the data rows; the header (if any) is skipped."""
+    with _open(path) as handle:
+        try:
+            reader = csv.reader(handle, delimiter=fmt.delimiter)
+            for number, row in enumerate(reader, 1):
+                if number == 1 and fmt.header:
+                    continue
+                if row:
+                    yield number, row
+        except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError, csv.Error) as exc:
+            raise ModelError(f"{path}: cannot read ({exc})") from None
+
+
+def _columns(path: str, fmt: FileFormat) -> tuple[str, ...] | None:
+    """The file's column names: its header, or the mapping's ``file.columns``; None if neither
+    (then columns are referred to by number, 0 first)."""
+    if fmt.names is not None:
+        return fmt.names
+    if not fmt.header:
+        return None
+    with _open(path) as handle:
+        try:
+            first = next(csv.reader(handle, delimiter=fmt.delimiter), None)
+        except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError, csv.Error) as exc:
+            raise ModelError(f"{path}: cannot read ({exc})") from None
+    if not first:
+        raise ModelError(f"{path}: empty file (the mapping says it has a header)")
+    return tuple(name.strip() for name in first)
+
+
+class _Columns:
+    """Resolves the mapping's column references (a name, or a number when the file has no
+    names) to cell positions, with one-line errors naming the mapping field."""
+
+    def __init__(self, names: tuple[str, ...] | None) -> None:
+        self.names = names
+
+    def index(self, ref: Any, where: str) -> int:
+        if isinstance(ref, bool) or not isinstance(ref, (str, int)):
+            raise ModelError(f"mapping.{where}: a column name or number, got {ref!r}")
+        if isinstance(ref, int):
+            if ref < 0 or (self.names is not None and ref >= len(self.names)):
+                raise ModelError(f"mapping.{where}: no column number {ref} in the file")
+            return ref
+        if self.names is None:
+            raise ModelError(f"mapping.{where}: column {ref!r} by name, but the file has no header "
+                             "(give file.columns, or refer to columns by number)")
+        if ref not in self.names:
+            shown = ", ".join(self.names[:20]) + (", ..." if len(self.names) > 20 else "")
+            raise ModelError(f"mapping.{where}: no column {ref!r} in the file (columns: {shown})")
+        return self.names.index(ref)
+
+
+class _Skip(Exception):
+    """A row that cannot be used, with the reason it is counted under."""
+
+
+def _number(cells: list[str], index: int, what: str) -> float:
+    text = cells[index].strip() if index < len(cells) else ""
+    if not text:
+        raise _Skip(f"missing {what}")
+    try:
+        value = float(text)
+    except ValueError:
+        raise _Skip(f"{what} not a number") from None
+    if not math.isfinite(value):
+        raise _Skip(f"{what} not a number")
+    return value
+
+
+@dataclass(frozen=True)
+class _Quantity:
+    """A number made from a row: a column (or the product of columns) times ``factor`` and
+    divided by ``divide_by``, or a constant ``value``."""
+
+    columns: tuple[int, ...]
+    factor: float
+    value: float | None
+    what: str
+    divide_by: float = 1.0
+
+    def of(self, cells: list[str]) -> float:
+        if self.value is not None:
+            return self.value
+        out = self.factor
+        for index in self.columns:
+            out *= _number(cells, index, self.what)
+        # Dividing, not multiplying by the inverse: 5611800000 / 1e6 is 5611.8 exactly as
+        # written, where x 1e-6 may be off in the last bit.
+        return out / self.divide_by if self.divide_by != 1.0 else out
+
+
+def _quantity(spec: Any, cols: _Columns, where: str, factor_key: str = "factor") -> _Quantity:
+    if isinstance(spec, (str, int)) and not isinstance(spec, bool):
+        spec = {"column": spec}
+    if not isinstance(spec, dict):
+        raise ModelError(f"mapping.{where}: a column, or an object with column, columns or value")
+    factor = spec.get(factor_key, spec.get("unit", 1.0))
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor):
+        raise ModelError(f"mapping.{where}.{factor_key}: a number, got {factor!r}")
+    divide_by = spec.get("divide_by", 1.0)
+    if isinstance(divide_by, bool) or not isinstance(divide_by, (int, float)) or not divide_by > 0 \
+            or not math.isfinite(divide_by):
+        raise ModelError(f"mapping.{where}.divide_by: a number > 0, got {divide_by!r}")
+    if "value" in spec:
+        value = spec["value"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ModelError(f"mapping.{where}.value: a number >= 0, got {value!r}")
+        return _Quantity((), 1.0, float(value), where)
+    if "columns" in spec:
+        refs = spec["columns"]
+        if not isinstance(refs, list) or not refs:
+            raise ModelError(f"mapping.{where}.columns: a list of columns (their product is used)")
+        indices = tuple(cols.index(ref, f"{where}.columns") for ref in refs)
+    elif "column" in spec:
+        indices = (cols.index(spec["column"], f"{where}.column"),)
+    else:
+        raise ModelError(f"mapping.{where}: give column, columns or value")
+    return _Quantity(indices, float(factor), None, where, float(divide_by))
+
+
+# ------------------------------------------------------------------ the mapping
+
+
+class TaskMapping:
+    """A tasks mapping checked against a file's columns; ``task(cells, row)`` reads one row."""
+
+    def __init__(self, mapping: dict, names: tuple[str, ...] | None) -> None:
+        cols = _Columns(names)
+        known = {"file", "job", "task", "tenant", "submit", "duration", "end", "demand", "count", "constraints",
+                 "keep", "events", "cluster", "name"}
+        unknown = sorted(set(mapping) - known)
+        if unknown:
+            raise ModelError(f"mapping.{unknown[0]}: unknown field (fields: {', '.join(sorted(known))})")
+        # Without a job column every row is a job of its own, named by its line number.
+        self.job = cols.index(mapping["job"], "job") if "job" in mapping else None
+        self.task = cols.index(mapping["task"], "task") if "task" in mapping else None
+        self._tenant(mapping.get("tenant"), cols)
+        self._submit(mapping.get("submit"), cols)
+        self.events = self._events(mapping.get("events"), cols)
+        if self.events is not None and self.job is None:
+            raise ModelError("mapping.job: required with events (a task is its job and task columns)")
+        if self.events is None:
+            if ("duration" in mapping) == ("end" in mapping):
+                raise ModelError("mapping.duration: give duration or end (one of them), or events")
+            field = "duration" if "duration" in mapping else "end"
+            self.end_is_time = field == "end"
+            self.duration = _quantity(mapping[field], cols, field, "unit")
+        demand = mapping.get("demand")
+        if not isinstance(demand, dict) or not demand:
+            raise ModelError("mapping.demand: an object of resource -> column (at least one)")
+        self.resources = tuple(str(name) for name in demand)
+        self.demand = [_quantity(spec, cols, f"demand.{name}") for name, spec in demand.items()]
+        self.count = _quantity(mapping["count"], cols, "count") if "count" in mapping else None
+        self.constraints = self._constraints(mapping.get("constraints"), cols)
+        self.keep = self._keep(mapping.get("keep"), cols)
+
+    def _tenant(self, spec: Any, cols: _Columns) -> None:
+        self.tenant_fixed, self.tenant_column, self.round_robin, self.tenant_chars = None, None, None, None
+        if spec is None:
+            raise ModelError("mapping.tenant: required (a column, {fixed: NAME} or {round_robin: N})")
+        if isinstance(spec, (str, int)) and not isinstance(spec, bool):
+            spec = {"column": spec}
+        if not isinstance(spec, dict):
+            raise ModelError("mapping.tenant: a column, {fixed: NAME} or {round_robin: N}")
+        if "fixed" in spec:
+            self.tenant_fixed = str(spec["fixed"])
+        elif "round_robin" in spec:
+            n = spec["round_robin"]
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ModelError(f"mapping.tenant.round_robin: a whole number >= 1, got {n!r}")
+            self.round_robin = n  # jobs in order of first appearance, q0, q1, ...
+        elif "column" in spec:
+            self.tenant_column = cols.index(spec["column"], "tenant.column")
+            chars = spec.get("max_length")
+            if chars is not None and (isinstance(chars, bool) or not isinstance(chars, int) or chars < 1):
+                raise ModelError(f"mapping.tenant.max_length: a whole number >= 1, got {chars!r}")
+            self.tenant_chars = chars
+        else:
+            raise ModelError("mapping.tenant: give column, fixed or round_robin")
+
+    def _submit(self, spec: Any, cols: _Columns) -> None:
+        if spec is None:
+            raise ModelError("mapping.submit: required (a column, or {interval: SECONDS} between rows)")
+        if isinstance(spec, dict) and "interval" in spec:
+            every = spec["interval"]
+            if isinstance(every, bool) or not isinstance(every, (int, float)) or not every >= 0:
+                raise ModelError(f"mapping.submit.interval: seconds >= 0, got {every!r}")
+            self.submit, self.interval, self.origin = None, float(every), 0.0
+            return
+        self.interval = None
+        self.submit = _quantity(spec, cols, "submit", "unit")
+        origin = spec.get("origin", "min") if isinstance(spec, dict) else "min"
+        if origin != "min" and (isinstance(origin, bool) or not isinstance(origin, (int, float))):
+            raise ModelError(f"mapping.submit.origin: 'min' (the earliest submission is time 0) or seconds, "
+                             f"got {origin!r}")
+        self.origin = origin
+
+    def _events(self, spec: Any, cols: _Columns) -> dict | None:
+        if spec is None:
+            return None
+        if not isinstance(spec, dict) or "column" not in spec:
+            raise ModelError("mapping.events: an object with column, submit, start and end (lists of codes)")
+        out = {"column": cols.index(spec["column"], "events.column")}
+        for kind in ("submit", "start", "end"):
+            codes = spec.get(kind)
+            if not isinstance(codes, list) or not codes:
+                raise ModelError(f"mapping.events.{kind}: a list of the event column's codes")
+            out[kind] = frozenset(str(code) for code in codes)
+        return out
+
+    def _constraints(self, spec: Any, cols: _Columns) -> tuple[int, str, str] | None:
+        if spec is None:
+            return None
+        if not isinstance(spec, dict) or "column" not in spec:
+            raise ModelError("mapping.constraints: an object with column, kind (nodes or labels) and separator")
+        separator = spec.get("separator", ";")
+        if not isinstance(separator, str) or not separator:
+            raise ModelError("mapping.constraints.separator: a non-empty string")
+        kind = spec.get("kind")
+        if kind not in ("nodes", "labels"):
+            raise ModelError(f"mapping.constraints.kind: nodes (the cell lists the node ids a task may use) or "
+                             f"labels (the cell lists key=value node labels it needs), got {kind!r}")
+        return cols.index(spec["column"], "constraints.column"), separator, kind
+
+    def _keep(self, spec: Any, cols: _Columns) -> tuple[int, frozenset[str]] | None:
+        if spec is None:
+            return None
+        if not isinstance(spec, dict) or "column" not in spec or not isinstance(spec.get("in"), list):
+            raise ModelError("mapping.keep: an object with column and in (the values of rows to use)")
+        return cols.index(spec["column"], "keep.column"), frozenset(str(v) for v in spec["in"])
+
+    # ---------------------------------------------------------------- per row
+
+    def cell(self, cells: list[str], index: int, what: str) -> str:
+        text = cells[index].strip() if index < len(cells) else ""
+        if not text:
+            raise _Skip(f"missing {what}")
+        return text
+
+    def kept(self, cells: list[str]) -> bool:
+        return self.keep is None or (self.keep[0] < len(cells) and cells[self.keep[0]].strip() in self.keep[1])
+
+    def tenant_of(self, cells: list[str]) -> str | None:
+        """The tenant named on the row (None: fixed or round robin, decided by the loader)."""
+        if self.tenant_column is None:
+            return None
+        name = self.cell(cells, self.tenant_column, "tenant")
+        return name[: self.tenant_chars] if self.tenant_chars else name
+
+    def demand_of(self, cells: list[str]) -> dict[str, float]:
+        demand = {}
+        for name, quantity in zip(self.resources, self.demand):
+            value = quantity.of(cells)
+            if value < 0:
+                raise _Skip(f"demand.{name} negative")
+            demand[name] = value
+        return demand
+
+    def count_of(self, cells: list[str]) -> int | None:
+        if self.count is None:
+            return None
+        value = self.count.of(cells)
+        if value < 1 or value != int(value):
+            raise _Skip("count not a whole number >= 1")
+        return int(value) if value > 1 else None  # one task: a task, not a request of one
+
+    def constraints_of(self, cells: list[str]) -> dict | None:
+        if self.constraints is None:
+            return None
+        index, separator, kind = self.constraints
+        text = cells[index].strip() if index < len(cells) else ""
+        values = sorted({v.strip() for v in text.split(separator) if v.strip()})
+        if not values:
+            return None  # an empty cell: no constraint
+        if kind == "nodes":
+            return {"nodes": values}
+        labels = {}
+        for item in values:
+            key, equals, value = item.partition("=")
+            if not equals or not key.strip() or labels.get(key.strip(), value.strip()) != value.strip():
+                raise _Skip("constraints not key=value labels")
+            labels[key.strip()] = value.strip()
+        return {"labels": labels}
+
+    def job_of(self, cells: list[str], number: int) -> str:
+        return self.cell(cells, self.job, "job") if self.job is not None else str(number)
+
+    def task_id(self, cells: list[str], number: int, job: str) -> str:
+        """``<job>-<task>``; ``<job>-<line>`` without a task column; the line alone without a job."""
+        if self.task is not None:
+            return f"{job}-{self.cell(cells, self.task, 'task')}"
+        return f"{job}-{number}" if self.job is not None else job
+
+
+# ------------------------------------------------------------------ the workload
+
+
+class TableWorkload:
+    """The usable tasks of a table, in submit order, built as they are iterated (iterable
+    again: each pass reads the file again). ``tenants`` in order of first task; ``len()`` the
+    tasks (requests count once); ``left_out`` rows (or event-mode tasks) per reason."""
+
+    def __init__(self, path: str, mapping: dict, limit: int | None = None) -> None:
+        self.path = str(path)
+        self.format = _file_format(mapping, self.path)
+        self.map = TaskMapping(mapping, _columns(self.path, self.format))
+        self.limit = limit
+        self.left_out: dict[str, int] = {}
+        self.round_robin: dict[str, str] = {}
+        self._names: dict[str | None, int] = {}  # tenants named on rows, coded per row
+        self._tenant_codes = array("l")
+        if self.map.events is None:
+            self._scan_rows()
+        else:
+            self._scan_events()
+
+    def _skip(self, reason: str) -> None:
+        self.left_out[reason] = self.left_out.get(reason, 0) + 1
+
+    # One row per task (or request).
+    def _scan_rows(self) -> None:
+        m = self.map
+        lines, submits, durations = array("q"), array("d"), array("d")
+        for number, cells in _rows(self.path, self.format):
+            if not m.kept(cells):
+                self._skip("not kept (keep)")
+                continue
+            try:
+                m.job_of(cells, number)
+                if m.task is not None:
+                    m.cell(cells, m.task, "task")
+                tenant = m.tenant_of(cells)
+                submit = m.submit.of(cells) if m.submit is not None else len(lines) * m.interval
+                value = m.duration.of(cells)
+                duration = value - submit if m.end_is_time else value
+                if duration < 0:
+                    raise _Skip("ends before it is submitted" if m.end_is_time else "negative duration")
+                demand = m.demand_of(cells)
+                if not any(demand.values()):
+                    raise _Skip("asks for nothing")
+                m.count_of(cells)
+                m.constraints_of(cells)
+            except _Skip as skip:
+                self._skip(str(skip))
+                continue
+            lines.append(number)
+            submits.append(submit)
+            durations.append(duration)
+            self._tenant_codes.append(self._names.setdefault(tenant, len(self._names)))
+        self._finish(np.frombuffer(lines, np.int64) if lines else np.zeros(0, np.int64),
+                     np.frombuffer(submits) if submits else np.zeros(0),
+                     np.frombuffer(durations) if durations else np.zeros(0), self._codes())
+
+    # One row per task event (Google's task_events).
+    def _scan_events(self) -> None:
+        m, ev = self.map, self.map.events
+        lines, submits, durations = array("q"), array("d"), array("d")
+        seen: set[tuple[str, str]] = set()
+        running: dict[tuple[str, str], tuple[int, float | None]] = {}  # not ended: (ordinal, start)
+        origin = math.inf
+        for number, cells in _rows(self.path, self.format):
+            code = cells[ev["column"]].strip() if ev["column"] < len(cells) else ""
+            try:
+                key = (m.job_of(cells, number), m.cell(cells, m.task, "task") if m.task is not None else "")
+                time = m.submit.of(cells)
+            except _Skip as skip:
+                self._skip(str(skip))
+                continue
+            if code in ev["submit"]:
+                if key in seen:
+                    continue  # a resubmission: the task's first submission counts
+                if not m.kept(cells):
+                    self._skip("not kept (keep)")
+                    continue
+                try:
+                    tenant = m.tenant_of(cells)
+                    demand = m.demand_of(cells)
+                    m.count_of(cells)
+                    m.constraints_of(cells)
+                except _Skip as skip:
+                    self._skip(str(skip))  # not seen: a later submission with what is missing may count
+                    continue
+                seen.add(key)
+                origin = min(origin, time)
+                asked = any(demand.values())
+                running[key] = (len(lines) if asked else -1, None)
+                if asked:
+                    lines.append(number)
+                    submits.append(time)
+                    durations.append(math.nan)
+                    self._tenant_codes.append(self._names.setdefault(tenant, len(self._names)))
+                else:
+                    self._skip("asks for nothing")
+            elif code in ev["start"] and key in running and running[key][1] is None:
+                running[key] = (running[key][0], time)
+            elif code in ev["end"] and key in running and running[key][1] is not None:
+                ordinal, start = running.pop(key)
+                if ordinal >= 0:
+                    durations[ordinal] = max(time - start, 0.0)
+        for ordinal, start in running.values():
+            if ordinal >= 0:
+                self._skip("never ran in the file" if start is None else "never ended in the file")
+        lines_a = np.frombuffer(lines, np.int64) if lines else np.zeros(0, np.int64)
+        submits_a = np.frombuffer(submits) if submits else np.zeros(0)
+        durations_a = np.frombuffer(durations) if durations else np.zeros(0)
+        ended = ~np.isnan(durations_a)
+        self._origin = origin if math.isfinite(origin) else 0.0
+        self._finish(lines_a[ended], submits_a[ended], durations_a[ended], self._codes()[ended], origin_known=True)
+
+    def _codes(self) -> np.ndarray:
+        return np.frombuffer(self._tenant_codes, dtype=np.int_) if self._tenant_codes else np.zeros(0, np.int_)
+
+    def _finish(self, lines: np.ndarray, submits: np.ndarray, durations: np.ndarray, codes: np.ndarray | None = None,
+                origin_known: bool = False) -> None:
+        m = self.map
+        if not origin_known:
+            self._origin = (float(submits.min()) if len(submits) else 0.0) if m.origin == "min" else float(m.origin)
+        order = np.argsort(submits, kind="stable")
+        self.sorted = bool((order == np.arange(len(order))).all())
+        if self.limit is not None:
+            order = order[: self.limit]
+        self._lines, self._submits, self._durations = lines[order], submits[order], durations[order]
+        if m.tenant_fixed is not None:
+            self.tenants = [m.tenant_fixed] if len(order) else []
+        elif m.round_robin is not None:
+            self.tenants = [f"q{k}" for k in range(m.round_robin)]
+        else:  # in order of first task
+            names = list(self._names)
+            first: dict[int, None] = dict.fromkeys(int(c) for c in codes[order])
+            self.tenants = [names[c] for c in first]
+        del self._tenant_codes, self._names
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+    def __iter__(self) -> Iterator[TaskSpec]:
+        return self._specs()
+
+    def _specs(self) -> Iterator[TaskSpec]:
+        """The kept rows as tasks, in submit order: one more pass over the file (in file order
+        if that is submit order, else the kept rows are read first and given in order)."""
+        lines = self._lines
+        if not len(lines):
+            return
+        wanted = {int(line): k for k, line in enumerate(lines)}
+        if self.sorted:
+            k = 0
+            for number, cells in _rows(self.path, self.format):
+                if k < len(lines) and number == lines[k]:
+                    yield self._spec(cells, number, k)
+                    k += 1
+                    if k == len(lines):
+                        return
+            return
+        found: dict[int, TaskSpec] = {}
+        for number, cells in _rows(self.path, self.format):
+            k = wanted.get(number)
+            if k is not None:
+                found[k] = self._spec(cells, number, k)
+        for k in range(len(lines)):
+            yield found.pop(k)
+
+    def _spec(self, cells: list[str], number: int, k: int) -> TaskSpec:
+        m = self.map
+        job = m.job_of(cells, number)
+        tenant = m.tenant_of(cells)
+        if tenant is None:
+            if m.tenant_fixed is not None:
+                tenant = m.tenant_fixed
+            else:
+                tenant = self.round_robin.setdefault(job, f"q{len(self.round_robin) % m.round_robin}")
+        return TaskSpec(id=m.task_id(cells, number, job), job=job, tenant=tenant,
+                        submit=round(float(self._submits[k]) - self._origin, 6), duration=float(self._durations[k]),
+                        demand=m.demand_of(cells), constraints=m.constraints_of(cells), count=m.count_of(cells))
+
+    def report(self) -> str:
+        """The rows left out, per reason, most first: ``9017 missing demand.cpu, 12 ...``."""
+        if not self.left_out:
+            return "none left out"
+        parts = sorted(self.left_out.items(), key=lambda item: (-item[1], item[0]))
+        return "left out: " + ", ".join(f"{n} {reason}" for reason, n in parts)
+
+
+# ------------------------------------------------------------------ nodes
+
+
+def read_node_table(path: str, mapping: dict) -> tuple[list[NodeSpec], dict[str, int]]:
+    """Nodes from a table: ``id``, ``capacity`` (resource -> column or value, as a demand) and
+    ``labels`` (label -> column). A node's first row counts (Alibaba's machine_meta repeats a
+    machine per state change); rows that cannot be used are counted per reason."""
+    fmt = _file_format(mapping, str(path))
+    cols = _Columns(_columns(str(path), fmt))
+    known = {"file", "id", "capacity", "labels", "keep", "name"}
+    unknown = sorted(set(mapping) - known)
+    if unknown:
+        raise ModelError(f"nodes mapping.{unknown[0]}: unknown field (fields: {', '.join(sorted(known))})")
+    if "id" not in mapping:
+        raise ModelError("nodes mapping.id: required (the column of the node id)")
+    id_index = cols.index(mapping["id"], "id")
+    capacity = mapping.get("capacity")
+    if not isinstance(capacity, dict) or not capacity:
+        raise ModelError("nodes mapping.capacity: an object of resource -> column (at least one)")
+    quantities = {str(name): _quantity(spec, cols, f"capacity.{name}") for name, spec in capacity.items()}
+    labels = mapping.get("labels", {})
+    if not isinstance(labels, dict):
+        raise ModelError("nodes mapping.labels: an object of label -> column")
+    label_index = {str(name): cols.index(ref, f"labels.{name}") for name, ref in labels.items()}
+    keep = TaskMapping._keep(None, mapping.get("keep"), cols) if "keep" in mapping else None
+    nodes: dict[str, NodeSpec] = {}
+    left_out: dict[str, int] = {}
+    for number, cells in _rows(str(path), fmt):
+        try:
+            if keep is not None and not (keep[0] < len(cells) and cells[keep[0]].strip() in keep[1]):
+                raise _Skip("not kept (keep)")
+            node = cells[id_index].strip() if id_index < len(cells) else ""
+            if not node:
+                raise _Skip("missing id")
+            if node in nodes:
+                raise _Skip("a node seen before")
+            values = {name: q.of(cells) for name, q in quantities.items()}
+            if any(v < 0 for v in values.values()):
+                raise _Skip("negative capacity")
+            nodes[node] = NodeSpec(node, values, {name: cells[i].strip() for name, i in label_index.items()
+                                                  if i < len(cells) and cells[i].strip()})
+        except _Skip as skip:
+            left_out[str(skip)] = left_out.get(str(skip), 0) + 1
+    if not nodes:
+        raise ModelError(f"{path}: no usable node rows ({left_out or 'the file is empty'})")
+    return list(nodes.values()), left_out
+
+
+def load_table(path: str, mapping: str | dict, limit: int | None = None, nodes: int | None = None,
+               nodes_table: str | None = None, nodes_mapping: str | dict | None = None) -> Scenario:
+    """The table as a scenario read as the simulation reaches it. Nodes: from ``nodes_table``
+    through ``nodes_mapping``, else the mapping's ``cluster`` (``nodes`` x ``capacity``; ``nodes``
+    overrides the count). Tenants: a flat tree, weight 1, in order of first task."""
+    document = read_mapping(mapping) if not isinstance(mapping, dict) else mapping
+    workload = TableWorkload(str(path), document, limit=limit)
+    resources = ResourceSpace(workload.map.resources)
+    name = f"table:{Path(path).name} ({len(workload)} tasks; {workload.report()})"
+    if nodes_table is not None:
+        if nodes_mapping is None:
+            raise ModelError("--nodes-table needs --nodes-mapping")
+        node_doc = read_mapping(nodes_mapping) if not isinstance(nodes_mapping, dict) else nodes_mapping
+        node_specs, node_left = read_node_table(nodes_table, node_doc)
+        if nodes is not None:
+            node_specs = node_specs[:nodes]
+        for spec in node_specs:
+            missing = [r for r in resources.names if r not in spec.capacity]
+            if missing:
+                raise ModelError(f"nodes mapping.capacity: no {missing[0]} (the tasks ask for {', '.join(resources.names)})")
+            spec.capacity = {r: spec.capacity[r] for r in resources.names}
+        if node_left:
+            name += "; nodes left out: " + ", ".join(f"{n} {r}" for r, n in sorted(node_left.items()))
+    else:
+        cluster = document.get("cluster")
+        if not isinstance(cluster, dict) or not isinstance(cluster.get("capacity"), dict):
+            raise ModelError("mapping.cluster: give the cluster ({nodes: N, capacity: {resource: amount}}) or "
+                             "--nodes-table with --nodes-mapping")
+        capacity = {r: float(cluster["capacity"].get(r, 0.0)) for r in resources.names}
+        count = nodes if nodes is not None else int(cluster.get("nodes", 100))
+        node_specs = uniform_nodes(count, capacity)
+    tree = TenantTree.from_specs([TenantSpec(t) for t in workload.tenants])
+    return Scenario(resources, tree, node_specs, workload, name=name)
+
+
+__all__ = ["TableWorkload", "load_table", "read_mapping", "read_node_table", "MAPPINGS"]

@@ -1,0 +1,162 @@
+"""Bring your own trace (issue "tabular loader"): ``--format table`` reads any CSV/TSV through a
+column mapping; the shipped mappings read the public traces; rows that cannot be used are
+counted per reason, and a mapping error is one line naming the field and the column."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from fairstream.cli import main
+from fairstream.core.model import ModelError
+from fairstream.sim.traces.google import load_google
+from fairstream.sim.traces.table import TableWorkload, load_table, read_node_table
+
+DATA = Path(__file__).resolve().parent / "data"
+GOOGLE = DATA / "google-task_events-part-00001.head3000.csv.gz"
+ALIBABA = DATA / "alibaba-2017-batch_task.head300.csv"
+MACHINES = DATA / "alibaba-2018-machine_meta.head60.csv"
+PHILLY = DATA / "philly_runtime.head100.csv"
+
+
+def test_the_google_mapping_gives_the_same_tasks_as_format_google():
+    ours, theirs = load_table(str(GOOGLE), "google-2011"), load_google(str(GOOGLE))
+    assert list(ours.tasks) == list(theirs.tasks) and len(list(ours.tasks)) == 64
+    assert ours.tree.leaves == theirs.tree.leaves
+    assert [(n.id, n.capacity) for n in ours.nodes] == [(n.id, n.capacity) for n in theirs.nodes]
+    assert ours.tasks.sorted  # the part is in time order: the second pass streams it
+
+
+def test_the_alibaba_2017_mapping_reads_batch_task_with_the_2018_machines_as_nodes():
+    scenario = load_table(str(ALIBABA), "alibaba-2017", nodes_table=str(MACHINES), nodes_mapping="alibaba-2018-nodes")
+    tasks = list(scenario.tasks)
+    # 300 rows: 265 Terminated (kept), 35 Failed, Running or Waiting (left out by keep).
+    assert len(tasks) == 265 and scenario.tasks.left_out == {"not kept (keep)": 35}
+    assert "265 tasks; left out: 35 not kept (keep)" in scenario.name
+    first = tasks[0]
+    # Row "6457,6533,3,5,1,Terminated,50,0.004395206": the earliest creation in the excerpt, so
+    # submit 0; runs 6533 - 6457 = 76 s; 50 hundredths of a core = 0.5; memory 0.0043952 of a
+    # machine x 100 (2018's 0-100 scale) = 0.43952; one instance: a single task "3-5".
+    assert (first.id, first.job, first.submit, first.duration, first.count) == ("3-5", "3", 0.0, 76.0, None)
+    assert first.demand == pytest.approx({"cpu": 0.5, "mem": 0.4395206})
+    assert [t.submit for t in tasks] == sorted(t.submit for t in tasks)  # the file is not in order: sorted
+    assert not scenario.tasks.sorted
+    # Requests: a row of number_of_instances N > 1 is one request of N tasks.
+    assert sum(t.tasks for t in tasks) > len(tasks)
+    # 60 machine rows: 15 machines (each repeats per state change), 96 cores, 100 memory units.
+    assert len(scenario.nodes) == 15 and "nodes left out: 45 a node seen before" in scenario.name
+    assert scenario.nodes[0].capacity == {"cpu": 96.0, "mem": 100.0}
+    assert scenario.nodes[0].labels == {"failure_domain_1": "219", "failure_domain_2": "17"}
+    assert scenario.tree.leaves == ["q0", "q1", "q2", "q3"]
+
+
+def test_the_philly_mapping_makes_one_gpu_job_a_minute_from_the_run_times():
+    scenario = load_table(str(PHILLY), "philly")
+    tasks = list(scenario.tasks)
+    runtimes = [float(line) for line in PHILLY.read_text().splitlines()[1:]]
+    assert [t.duration for t in tasks] == runtimes
+    assert [t.submit for t in tasks[:3]] == [0.0, 60.0, 120.0]
+    assert [t.tenant for t in tasks[:5]] == ["q0", "q1", "q2", "q3", "q0"]
+    assert tasks[0].demand == {"gpu": 1.0, "mem": 8.0} and len(scenario.nodes) == 32
+
+
+def write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+MAPPING = {"job": "job", "task": "task", "tenant": "user", "submit": {"column": "t", "unit": 0.001},
+           "duration": "d", "demand": {"cpu": {"column": "mcpu", "factor": 0.001}, "gpu": {"columns": ["g", "share"]}},
+           "cluster": {"nodes": 2, "capacity": {"cpu": 4, "gpu": 2}}}
+
+
+def test_rows_that_cannot_be_used_are_counted_per_reason(tmp_path):
+    table = write(tmp_path / "t.csv", "job,task,user,t,d,mcpu,g,share\n"
+                  "j1,0,alice,1000,5,500,1,0.5\n"      # kept: submit 1 s, cpu 0.5, gpu 1 x 0.5
+                  "j1,1,alice,2000,5,,1,0.5\n"         # missing demand.cpu
+                  "j2,0,bob,x,5,500,0,0\n"             # submit not a number
+                  "j2,1,bob,3000,-1,500,0,0\n"         # negative duration
+                  "j3,0,carol,4000,5,0,0,0\n"          # asks for nothing
+                  "j3,1,,5000,5,100,0,0\n"             # missing tenant
+                  "j4,0,dave,6000,7,250,2,0.25\n")     # kept
+    scenario = load_table(table, MAPPING)
+    tasks = list(scenario.tasks)
+    assert [(t.id, t.tenant, t.submit, t.duration) for t in tasks] == [("j1-0", "alice", 0.0, 5.0),
+                                                                       ("j4-0", "dave", 5.0, 7.0)]
+    assert tasks[0].demand == {"cpu": 0.5, "gpu": 0.5} and tasks[1].demand == {"cpu": 0.25, "gpu": 0.5}
+    assert scenario.tasks.left_out == {"missing demand.cpu": 1, "submit not a number": 1, "negative duration": 1,
+                                       "asks for nothing": 1, "missing tenant": 1}
+
+
+@pytest.mark.parametrize("change, message", [
+    pytest.param({"demand": {"cpu": "cpus"}}, "mapping.demand.cpu.column: no column 'cpus' in the file (columns: job, "
+                 "task, user", id="a column the file does not have"),
+    pytest.param({"tenant": {"round_robin": 0}}, "mapping.tenant.round_robin: a whole number >= 1",
+                 id="a bad round robin"),
+    pytest.param({"duration": None}, "mapping.duration: give duration or end", id="neither duration nor end"),
+    pytest.param({"speed": 1}, "mapping.speed: unknown field", id="an unknown field"),
+    pytest.param({"submit": {"column": "t", "divide_by": 0}}, "mapping.submit.divide_by: a number > 0",
+                 id="dividing by zero"),
+    pytest.param({"constraints": {"column": "user"}}, "mapping.constraints.kind: nodes", id="constraints without kind"),
+    pytest.param({"job": None, "events": {"column": "t", "submit": [0], "start": [1], "end": [2]}},
+                 "mapping.job: required with events", id="events without a job column"),
+])
+def test_a_bad_mapping_is_one_line_naming_the_field(tmp_path, change, message):
+    table = write(tmp_path / "t.csv", "job,task,user,t,d,mcpu,g,share\nj1,0,a,1,5,500,1,1\n")
+    mapping = {k: v for k, v in {**MAPPING, **change}.items() if v is not None}
+    with pytest.raises(ModelError) as error:
+        load_table(table, mapping)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_command_line_says_a_mapping_error_in_one_line_and_runs_a_good_one(tmp_path, capsys):
+    table = write(tmp_path / "t.tsv", "job\ttask\tuser\tt\td\tmcpu\tg\tshare\nj1\t0\ta\t0\t5\t500\t1\t1\n")
+    bad = write(tmp_path / "bad.yaml", "job: jobid\n")
+    assert main(["simulate", "--trace", table, "--format", "table", "--mapping", bad, "--policy", "drf",
+                 "--no-baseline", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fairstream: error: mapping.jobid") or "mapping.job: no column 'jobid'" in err
+    assert err.count("\n") == 1
+    assert main(["simulate", "--trace", table, "--format", "table", "--policy", "drf", "--no-baseline",
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "--format table needs --mapping" in capsys.readouterr().err
+    good = write(tmp_path / "good.json", json.dumps(MAPPING))
+    assert main(["simulate", "--trace", table, "--format", "table", "--mapping", good, "--policy", "drf",
+                 "--no-baseline", "--no-progress", "--out", str(tmp_path / "o")]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["placed_tasks"] == 1 and "none left out" in summary["scenario"]
+
+
+def test_constraints_counts_gzip_and_a_file_without_a_header(tmp_path):
+    path = tmp_path / "t.csv.gz"
+    with gzip.open(path, "wt") as handle:
+        handle.write("j1,0,a,0,5,1000,n1;n2,3\nj2,0,b,1,5,1000,zone=a;gpu=yes,1\nj3,0,c,2,5,1000,zone,1\n")
+    mapping = {"file": {"header": False}, "job": 0, "task": 1, "tenant": 2, "submit": 3, "duration": 4,
+               "demand": {"cpu": {"column": 5, "factor": 0.001}}, "count": 7,
+               "constraints": {"column": 6, "kind": "nodes"}, "cluster": {"nodes": 2, "capacity": {"cpu": 4}}}
+    tasks = list(load_table(str(path), mapping).tasks)
+    assert tasks[0].constraints == {"nodes": ["n1", "n2"]} and tasks[0].count == 3
+    labels = {**mapping, "constraints": {"column": 6, "kind": "labels"}}
+    workload = load_table(str(path), labels).tasks
+    assert [t.constraints for t in workload] == [{"labels": {"gpu": "yes", "zone": "a"}}]
+    assert workload.left_out == {"constraints not key=value labels": 2}
+
+
+def test_a_node_table_counts_rows_it_cannot_use(tmp_path):
+    nodes = write(tmp_path / "n.csv", "id,cores,gb,rack\nm1,8,32,r1\nm1,8,32,r1\nm2,,32,r2\nm3,4,16,\n")
+    specs, left = read_node_table(nodes, {"id": "id", "capacity": {"cpu": "cores", "mem": "gb"}, "labels": {"rack": "rack"}})
+    assert [(s.id, s.capacity, s.labels) for s in specs] == [("m1", {"cpu": 8.0, "mem": 32.0}, {"rack": "r1"}),
+                                                             ("m3", {"cpu": 4.0, "mem": 16.0}, {})]
+    assert left == {"a node seen before": 1, "missing capacity.cpu": 1}
+
+
+def test_a_table_is_read_as_the_simulation_reaches_it():
+    # The workload is not a list of tasks: each pass reads the file (a file in submit order
+    # streams; TableWorkload keeps per task a line number, a submit time and a run time).
+    workload = load_table(str(PHILLY), "philly").tasks
+    assert isinstance(workload, TableWorkload) and not isinstance(workload, list)
+    first = next(iter(workload))
+    assert first.id == "2" and len(workload) == 100
