@@ -14,10 +14,11 @@ Rows that cannot be used are counted per reason (``TableWorkload.left_out``) and
 scenario's name, never dropped silently; a mapping that names a column the file does not have
 is one ``ModelError`` line naming the mapping field and the column.
 
-Read lazily: a first pass checks every row, counts, and keeps per usable task its line number
-and run time (16 bytes); the tasks are built from a second pass as the simulation reaches them.
-A file whose tasks are not in submit order is ordered by a sort of those numbers, and its rows
-are then read into memory in that order (documented; sort large files first).
+Read lazily: a first pass checks every row, counts, and keeps per usable task its line number,
+submit time, run time and tenant code (32 bytes); the tasks are built from a second pass as the
+simulation reaches them. A file whose tasks are not in submit order is ordered by a sort of
+those numbers and read again once per ``WINDOW`` tasks of that order, so memory stays bounded
+either way.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from fairstream.sim.scenario import NodeSpec, Scenario, TaskSpec
 from fairstream.sim.traces import uniform_nodes
 
 MAPPINGS = Path(__file__).resolve().parent / "mappings"
+#: Tasks of a file not in submit order gathered per pass over it (about 0.5 KB each).
+WINDOW = 200_000
 
 
 def read_mapping(path: str | Path) -> dict:
@@ -553,7 +556,6 @@ class TableWorkload:
         lines = self._lines
         if not len(lines):
             return
-        wanted = {int(line): k for k, line in enumerate(lines)}
         if self.sorted:
             k = 0
             for number, cells in _rows(self.path, self.format):
@@ -563,13 +565,19 @@ class TableWorkload:
                     if k == len(lines):
                         return
             return
-        found: dict[int, TaskSpec] = {}
-        for number, cells in _rows(self.path, self.format):
-            k = wanted.get(number)
-            if k is not None:
-                found[k] = self._spec(cells, number, k)
-        for k in range(len(lines)):
-            yield found.pop(k)
+        # Not in submit order: the next WINDOW tasks of the order are gathered in one pass
+        # over the file, then given in order; memory stays bounded, at one pass per window.
+        for start in range(0, len(lines), WINDOW):
+            wanted = {int(line): k for k, line in enumerate(lines[start:start + WINDOW], start)}
+            found: dict[int, TaskSpec] = {}
+            for number, cells in _rows(self.path, self.format):
+                k = wanted.get(number)
+                if k is not None:
+                    found[k] = self._spec(cells, number, k)
+                    if len(found) == len(wanted):
+                        break
+            for k in range(start, start + len(wanted)):
+                yield found.pop(k)
 
     def _spec(self, cells: list[str], number: int, k: int) -> TaskSpec:
         m = self.map
