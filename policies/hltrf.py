@@ -75,13 +75,8 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     # Queues that order their children their own way (TenantSpec.ordering; YARN's per-queue
     # schedulingPolicy): fifo by the earliest waiting task below a child, fair / drf by the
     # child's current allocation per weight, ltrf (the default) by usage per weight as above.
-    orderings = {queue: tree.specs[queue].ordering for queue in tree.ordered_queues()}
-    group_allocation: dict[str, np.ndarray] = {}
-    if orderings:
-        for leaf, row in rows.items():
-            if tree.is_leaf(leaf):
-                for node in tree.path(leaf)[:-1]:
-                    group_allocation[node] = group_allocation.get(node, 0) + cycle.allocation[row]
+    # The cycle keeps what runs below each queue (Cycle.tracks_groups).
+    orderings = tree.queue_orderings
 
     def allocation_key(node: str, ordering: str):
         resource = ordering_resource(snapshot, ordering)
@@ -89,7 +84,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
             row = rows[node]
             share = resource_share(cycle.allocation[row], snapshot.capacity, resource) / snapshot.share_fraction[row]
             return fair_key(share, float(snapshot.arrival[row]), node)
-        share = resource_share(group_allocation[node], snapshot.capacity, resource) / group_fraction[node]
+        share = resource_share(cycle.group_allocation[node], snapshot.capacity, resource) / group_fraction[node]
         return fair_key(share, group_arrival[node], node)
 
     def earliest_waiting(node: str):
@@ -134,8 +129,6 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
             added = usage.charge(cycle, row, task)
             for node in tree.path(leaf)[:-1]:
                 group_vector[node] = group_vector[node] + added
-                if orderings:
-                    group_allocation[node] = group_allocation[node] + task.demand
             waiting_since[leaf] = now
             heapq.heappush(lowest, (node_key(leaf), leaf))
         if cycle.next_task(leaf) is None:

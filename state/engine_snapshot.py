@@ -90,6 +90,10 @@ def _rebuild_engine(obj: Engine) -> None:
     obj._node_view = None
 
 
+def _rebuild_tree(obj: TenantTree) -> None:
+    obj.queue_orderings = obj._queue_orderings()
+
+
 def _rebuild_running(obj: _Running) -> None:
     obj.demand = np.array(obj.values, dtype=float)
 
@@ -115,7 +119,8 @@ CLASSES: tuple[_Class, ...] = (
                    "preemption starved_since running_jobs job_usage _maybe_idle",
            derived="_node_view", rebuild=_rebuild_engine),  # the snapshot's node view, made again on use
     _Class(ResourceSpace, "names _position"),
-    _Class(TenantTree, "specs children effective_share has_limits orders_jobs _paths"),
+    _Class(TenantTree, "specs children effective_share has_limits orders_jobs _paths", derived="queue_orderings",
+           rebuild=_rebuild_tree),  # from the specs
     _Class(TenantSpec, "id parent weight min_share max_share max_resources max_running ordering"),
     _Class(Accounting, "config n_resources ledgers row allocation weighted_allocation pending_demand share "
                        "counted_usage raw_usage capacity fractions clock round_start quanta",

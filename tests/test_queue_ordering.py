@@ -237,3 +237,14 @@ def test_why_is_my_task_pending_lists_a_leafs_entries_in_its_jobs_order():
     e.step(1, [submit(f"b{k}", "A", 1, job="j2") for k in range(3)])
     listed = [(entry.job, entry.position) for entry in explain(e, [], None).pending["A"]]
     assert listed == [("j2", 0), ("j2", 1), ("j2", 2), ("j1", 3), ("j1", 4)]
+
+
+def test_an_engine_read_back_orders_a_queues_children_as_the_one_written():
+    # The tree's queue orderings are derived from its specs, made again on reading.
+    g = TenantSpec("G", ordering="fair")
+    written = engine(tree(g, TenantSpec("a", parent="G"), TenantSpec("b", parent="G")), "hltrf")
+    written.step(0, [node("n", mem=3), submit("a1", "a"), submit("a2", "a"), submit("b0", "b"), submit("b1", "b")])
+    read = decode_engine(encode_engine(written))
+    assert read.tree.queue_orderings == {"G": "fair"}
+    events = [TaskCompleted(10, "a1"), submit("a3", "a", 10), submit("b2", "b", 10)]
+    assert read.step(10, events).decisions == written.step(10, events).decisions

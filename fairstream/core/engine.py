@@ -512,7 +512,7 @@ class Engine:
     def _orderings_problem(self, tree: TenantTree) -> str | None:
         """Why this policy cannot honour the tree's queue orderings, or None: a queue's ordering
         of its children needs a policy that walks the tree (``PolicySpec.hierarchical``)."""
-        queues = tree.ordered_queues()
+        queues = list(tree.queue_orderings)
         if not queues or self.spec.hierarchical:
             return None
         return (f"tenants[{queues[0]}].ordering: orders a queue's children, which only a hierarchical policy "

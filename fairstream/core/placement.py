@@ -60,6 +60,9 @@ class Cycle:
         self._orders_jobs = tree.orders_jobs
         self._job_queues: dict[str, _JobQueue | None] = {}
         self.capped = tree.has_limits  # min or max shares: keys and caps read the queue allocations
+        # What runs below each queue, kept through the pass when limits or a queue's ordering
+        # of its children (hltrf) read it.
+        self.tracks_groups = self.capped or bool(tree.queue_orderings)
         self.group_allocation: dict[str, np.ndarray] = {}
         # Queues' absolute caps (max_resources, unnamed resources unbounded) and job limits
         # (max_running): the jobs running below each such queue, and those this pass started.
@@ -67,7 +70,7 @@ class Cycle:
         self.job_limits: dict[str, int] = {}
         self.group_jobs: dict[str, int] = {}
         self._started_jobs: set[tuple[str, str]] = set()
-        if self.capped:
+        if self.tracks_groups:
             for tenant, row in snapshot.rows.items():
                 if not tree.is_leaf(tenant):
                     continue  # a tenant whose row outlived a tree change (it has no work)
@@ -75,6 +78,7 @@ class Cycle:
                     prev = self.group_allocation.get(node)
                     alloc = snapshot.allocation[row]
                     self.group_allocation[node] = alloc.copy() if prev is None else prev + alloc
+        if self.capped:
             for node, spec in tree.specs.items():
                 if spec.max_resources:
                     cap = np.full(len(snapshot.capacity), np.inf)
@@ -359,6 +363,7 @@ class Cycle:
                 for group in self.snapshot.tree.path(tenant):
                     if group in self.group_jobs:
                         self.group_jobs[group] += 1
+        if self.tracks_groups:
             for group in self.snapshot.tree.path(tenant):
                 self.group_allocation[group] += task.demand
         within = self._advance(tenant, task)
@@ -384,7 +389,7 @@ class Cycle:
         self.free[node] += task.demand
         self._free_rows[node] = self.free[node].tolist()
         self.allocation[self.snapshot.rows[task.tenant]] -= task.demand
-        if self.capped:
+        if self.tracks_groups:
             for group in self.snapshot.tree.path(task.tenant):
                 self.group_allocation[group] -= task.demand
         self._candidates.clear()  # first-fit lists were made before this room came free

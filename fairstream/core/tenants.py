@@ -26,6 +26,8 @@ class TenantTree:
     effective_share: dict[str, float] = field(default_factory=dict)
     has_limits: bool = False  # some tenant or queue has a min or max share, max_resources or max_running
     orders_jobs: bool = False  # some leaf orders its jobs other than by arrival (``TenantSpec.ordering``)
+    # Queues (tenants with children) that set an ordering of their children, and that ordering.
+    queue_orderings: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_specs(cls, specs: list[TenantSpec]) -> "TenantTree":
@@ -88,6 +90,7 @@ class TenantTree:
                               for s in self.specs.values())
         self._paths = {leaf: self._path(leaf) for leaf in self.effective_share}
         self.orders_jobs = any(self.job_ordering(leaf) != "fifo" for leaf in self.effective_share)
+        self.queue_orderings = self._queue_orderings()
 
     def _path(self, leaf: str) -> tuple[str, ...]:
         path = [leaf]
@@ -122,9 +125,8 @@ class TenantTree:
         """How ``leaf`` orders its jobs: its ``ordering``, ``fifo`` when it has none."""
         return self.specs[leaf].ordering or "fifo"
 
-    def ordered_queues(self) -> list[str]:
-        """Queues (tenants with children) that set an ordering of their children."""
-        return [q for q, spec in self.specs.items() if spec.ordering is not None and self.children.get(q)]
+    def _queue_orderings(self) -> dict[str, str]:
+        return {q: spec.ordering for q, spec in self.specs.items() if spec.ordering is not None and self.children.get(q)}
 
     @property
     def depth(self) -> int:

@@ -232,6 +232,19 @@ def _quantity(spec: Any, cols: _Columns, where: str, factor_key: str = "factor")
     return _Quantity(indices, float(factor), None, where, float(divide_by))
 
 
+def _keep_rule(spec: Any, cols: _Columns) -> tuple[int, frozenset[str]] | None:
+    """``keep: {column, in}`` as (cell position, values of rows to use), or None."""
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or "column" not in spec or not isinstance(spec.get("in"), list):
+        raise ModelError("mapping.keep: an object with column and in (the values of rows to use)")
+    return cols.index(spec["column"], "keep.column"), frozenset(str(v) for v in spec["in"])
+
+
+def _kept(rule: tuple[int, frozenset[str]] | None, cells: list[str]) -> bool:
+    return rule is None or (rule[0] < len(cells) and cells[rule[0]].strip() in rule[1])
+
+
 # ------------------------------------------------------------------ the mapping
 
 
@@ -266,7 +279,7 @@ class TaskMapping:
         self.demand = [_quantity(spec, cols, f"demand.{name}") for name, spec in demand.items()]
         self.count = _quantity(mapping["count"], cols, "count") if "count" in mapping else None
         self.constraints = self._constraints(mapping.get("constraints"), cols)
-        self.keep = self._keep(mapping.get("keep"), cols)
+        self.keep = _keep_rule(mapping.get("keep"), cols)
 
     def _tenant(self, spec: Any, cols: _Columns) -> None:
         self.tenant_fixed, self.tenant_column, self.round_robin, self.tenant_chars = None, None, None, None
@@ -336,13 +349,6 @@ class TaskMapping:
                              f"labels (the cell lists key=value node labels it needs), got {kind!r}")
         return cols.index(spec["column"], "constraints.column"), separator, kind
 
-    def _keep(self, spec: Any, cols: _Columns) -> tuple[int, frozenset[str]] | None:
-        if spec is None:
-            return None
-        if not isinstance(spec, dict) or "column" not in spec or not isinstance(spec.get("in"), list):
-            raise ModelError("mapping.keep: an object with column and in (the values of rows to use)")
-        return cols.index(spec["column"], "keep.column"), frozenset(str(v) for v in spec["in"])
-
     # ---------------------------------------------------------------- per row
 
     def cell(self, cells: list[str], index: int, what: str) -> str:
@@ -352,7 +358,7 @@ class TaskMapping:
         return text
 
     def kept(self, cells: list[str]) -> bool:
-        return self.keep is None or (self.keep[0] < len(cells) and cells[self.keep[0]].strip() in self.keep[1])
+        return _kept(self.keep, cells)
 
     def tenant_of(self, cells: list[str]) -> str | None:
         """The tenant named on the row (None: fixed or round robin, decided by the loader)."""
@@ -624,12 +630,12 @@ def read_node_table(path: str, mapping: dict) -> tuple[list[NodeSpec], dict[str,
     if not isinstance(labels, dict):
         raise ModelError("nodes mapping.labels: an object of label -> column")
     label_index = {str(name): cols.index(ref, f"labels.{name}") for name, ref in labels.items()}
-    keep = TaskMapping._keep(None, mapping.get("keep"), cols) if "keep" in mapping else None
+    keep = _keep_rule(mapping.get("keep"), cols)
     nodes: dict[str, NodeSpec] = {}
     left_out: dict[str, int] = {}
     for number, cells in _rows(str(path), fmt):
         try:
-            if keep is not None and not (keep[0] < len(cells) and cells[keep[0]].strip() in keep[1]):
+            if not _kept(keep, cells):
                 raise _Skip("not kept (keep)")
             node = cells[id_index].strip() if id_index < len(cells) else ""
             if not node:
