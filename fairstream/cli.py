@@ -279,9 +279,15 @@ def cmd_publish(args) -> int:
 
 
 def cmd_configure(args) -> int:
-    """Send a cluster's new tenant tree (the ``tenants`` of a file, as the worker's --tenants)."""
+    """Send a cluster's new tenant tree (the ``tenants`` of a file, as the worker's --tenants),
+    after the checks the worker will make: the message's form, the tree (a cycle is named), and,
+    with the cluster's state read from the worker's Redis, exactly what the worker's engine
+    checks (a moved tenant, a tenant with tasks made a queue, an ordering its policy cannot
+    honour). ``--dry-run``: the fair shares before and after, nothing sent."""
     import asyncio
 
+    from fairstream.core.model import TenantsChanged
+    from fairstream.core.tenants import TenantTree, min_share_warning, specs_from_json
     from fairstream.producers.client import Publisher
     from fairstream.wire.topics import Topics
 
@@ -297,16 +303,86 @@ def cmd_configure(args) -> int:
     message = {"cluster": args.cluster, "tenants": tenants, **({"time": args.time} if args.time is not None else {})}
     try:  # the checks the worker makes of its form, here first: one line, nothing sent
         decode_message(CONFIG, json.dumps(message).encode())
-    except BadInput as exc:
+        tree = TenantTree.from_specs(specs_from_json(tenants))
+    except (BadInput, ModelError) as exc:
         raise ModelError(f"--tenants {args.tenants}: {exc}") from None
+    warning = min_share_warning(tree)
+    if warning is not None:
+        print(f"fairstream: warning: {warning}", file=sys.stderr)
+    engine, why_not = _worker_engine(args)
+    if engine is None:
+        print(f"fairstream: warning: {why_not}: checked the file and its tree, not the cluster's state", file=sys.stderr)
+        if args.dry_run:
+            raise ModelError(f"--dry-run needs the cluster's state: {why_not}")
+    else:
+        change = TenantsChanged(args.time, tuple(specs_from_json(tenants)))
+        (problem,) = engine.admissible([change])
+        if problem is not None:
+            raise ModelError(f"--tenants {args.tenants}: the worker would reject it: {problem}")
+    if args.dry_run:
+        print(json.dumps(_shares_before_and_after(engine, engine.admission_tree(change)), indent=1))
+        return 0
 
     async def send():
         async with Publisher(args.broker, Topics().with_prefix(args.topic_prefix)) as pub:
             await pub.configure(args.cluster, tenants, args.time)
 
     asyncio.run(send())
-    print(json.dumps({"cluster": args.cluster, "tenants": len(tenants), "sent": True}))
+    print(json.dumps({"cluster": args.cluster, "tenants": len(tenants), "sent": True,
+                      "checked": "against the cluster's state" if engine is not None else "file and tree only"}))
     return 0
+
+
+def _worker_engine(args):
+    """The cluster's engine as the worker holds it (its last snapshot in Redis and the log after
+    it, replayed), or None and why not (no Redis, no such cluster, no snapshot yet)."""
+    import asyncio
+
+    from fairstream.state.engine_snapshot import SnapshotError, decode_engine
+    from fairstream.state.store import RedisStore, redis_client
+    from fairstream.wire.log import replay
+    from redis.exceptions import RedisError
+
+    async def load():
+        client = redis_client(args.redis)
+        try:
+            return await RedisStore(client, prefix=args.app_id).load(args.cluster)
+        finally:
+            await client.aclose()
+
+    try:
+        record = asyncio.run(load())
+    except RedisError as exc:
+        return None, f"cannot read the worker's state from Redis ({type(exc).__name__}: {exc})"
+    if not record.snapshot:
+        return None, (f"no state of cluster {args.cluster!r} under app id {args.app_id!r} in Redis"
+                      + (" (no snapshot yet)" if record.log else ""))
+    try:
+        engine = decode_engine(record.snapshot)
+        for _ in replay(engine, record.log):
+            pass
+    except (SnapshotError, ModelError) as exc:
+        return None, f"the cluster's state in Redis cannot be read ({exc})"
+    return engine, None
+
+
+def _shares_before_and_after(engine, tree) -> dict:
+    """Per tenant: weight and fair share now and under ``tree`` (same demand), for --dry-run."""
+    from fairstream.core.fairness import fair_shares
+
+    acc = engine.accounting
+    names = [ledger.name for ledger in acc.ledgers]
+    n = len(names)
+    before = engine.fair_shares()
+    after = fair_shares(tree, names, acc.allocation[:n] + engine.waiting_demand(), acc.capacity, acc.config.resource,
+                        engine.resources.names)
+    rows = []
+    for row, name in enumerate(names):
+        old, new = engine.tree.specs.get(name), tree.specs.get(name)
+        rows.append({"tenant": name, "weight_before": old.weight if old else None,
+                     "weight_after": new.weight if new else None, "fair_share_before": round(float(before[row]), 6),
+                     "fair_share_after": round(float(after[row]), 6)})
+    return {"cluster_time": engine.time, "policy": engine.policy, "tenants": rows}
 
 
 def cmd_tail(args) -> int:
@@ -733,6 +809,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "the worker reads it)")
     configure.add_argument("--broker", default=env_broker)
     configure.add_argument("--topic-prefix", default="")
+    configure.add_argument("--redis", default=env_redis, help="the worker's Redis, to check the tree against the "
+                                                              "cluster's state as the worker will")
+    configure.add_argument("--app-id", default=worker_defaults.app_id, help="the worker's app id (its Redis prefix)")
+    configure.add_argument("--dry-run", action="store_true", help="print each tenant's fair share before and after; "
+                                                                  "send nothing")
     configure.set_defaults(func=cmd_configure)
 
     tail_cmd = sub.add_parser("tail", help="print decisions (or any topic) as JSON lines")

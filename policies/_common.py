@@ -35,6 +35,16 @@ LONG_TERM_PARAMS = (
 )
 
 
+def parse_threshold(text: str) -> float:
+    """A preemption threshold: in (0, 1]. 0 would call no tenant starved, so nothing would ever
+    be preempted: that is ``preemption=off``, said so."""
+    value = parse_fraction(text)
+    if value == 0:
+        raise ValueError("must be > 0: no tenant is below 0 x its fair share, so nothing would ever be preempted "
+                         "(to turn preemption off, set preemption=off)")
+    return value
+
+
 #: Preemption toward fair share (``fairstream.core.preemption``), for fair, drf, ltrf, hltrf.
 PREEMPTION_PARAMS = (
     Param("preemption", "off", parse_choice("off", "on"),
@@ -42,9 +52,18 @@ PREEMPTION_PARAMS = (
     Param("preemption_timeout", 60.0, parse_non_negative,
           "seconds of event time a tenant must stay below preemption_threshold x its fair share, with pending "
           "work some node could hold, before victims are chosen (YARN's fairSharePreemptionTimeout)"),
-    Param("preemption_threshold", 0.5, parse_fraction,
+    Param("preemption_threshold", 0.5, parse_threshold,
           "a tenant below this fraction of its fair share is starved (YARN's fairSharePreemptionThreshold)"),
 )
+
+
+#: Node reservation for the first task in line that fits no node's free room (YARN Fair
+#: Scheduler's reservation, Slurm's backfill without run-time estimates): the engine keeps the
+#: room that frees on one node for it (``Snapshot.reservation``).
+RESERVATION_PARAM = Param(
+    "reservation", "on", parse_choice("on", "off"),
+    "on: the first task in the policy's order that fits no node's free room reserves one node; room freed there "
+    "is kept for it (no backfill: run times are not known); off: freed room goes to whatever fits it")
 
 
 def preemption_rule(params: Mapping[str, Any]) -> PreemptionRule | None:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fairstream.core.fairness import dominant_share, resource_shares
+from fairstream.core.fairness import resource_shares
 from fairstream.core.model import Decision
 from fairstream.core.placement import Cycle, dominant_share_order, serve_in_order
 from fairstream.core.preemption import PreemptionRule, reclaim
 from fairstream.core.snapshot import Snapshot
-from fairstream.policies._common import PREEMPTION_PARAMS, preemption_rule
+from fairstream.policies._common import PREEMPTION_PARAMS, RESERVATION_PARAM, preemption_rule
 from fairstream.policies.base import PolicySpec
 
 
@@ -23,26 +23,22 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
 
 def dominant_share_pass(snapshot: Snapshot, policy: str, rule: PreemptionRule | None = None) -> list[Decision]:
     """Lowest weighted dominant share of the whole cluster first, first fit on real nodes; with
-    a preemption ``rule``, then room taken back for starved tenants from those of the highest
-    weighted dominant share."""
+    a preemption ``rule``, then room taken back for starved tenants from those furthest above
+    their fair share."""
 
     key = dominant_share_order(snapshot).key
 
     def reason(cycle: Cycle, tenant: str, k) -> str:
         return f"{policy}: lowest dominant share/weight ({k.share:.4g})"
 
-    def victim_key(tenant: str, allocation) -> float:
-        row = snapshot.rows[tenant]
-        return dominant_share(allocation[row], snapshot.capacity) / snapshot.share_fraction[row]
-
     initial = resource_shares(snapshot.allocation, snapshot.capacity, None) / snapshot.share_fraction
     cycle = Cycle(snapshot, policy)
     serve_in_order(snapshot, policy, key, reason, initial_shares=initial, cycle=cycle)
     if rule is not None:
-        reclaim(cycle, rule, victim_key)
+        reclaim(cycle, rule)  # victims: the furthest above their fair share
     return cycle.decisions
 
 
-SPEC = PolicySpec("drf", decide, "memoryless weighted dominant resource fairness", PREEMPTION_PARAMS,
+SPEC = PolicySpec("drf", decide, "memoryless weighted dominant resource fairness", PREEMPTION_PARAMS + (RESERVATION_PARAM,),
                   tenant_local=True, preemption=preemption_rule,
                   order=lambda snapshot, params: dominant_share_order(snapshot))

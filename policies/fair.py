@@ -14,7 +14,7 @@ from fairstream.core.model import Decision
 from fairstream.core.placement import Cycle, TenantOrder, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
 from fairstream.core.preemption import reclaim
-from fairstream.policies._common import PREEMPTION_PARAMS, RESOURCE_PARAM, preemption_rule, resource_accounting
+from fairstream.policies._common import PREEMPTION_PARAMS, RESERVATION_PARAM, RESOURCE_PARAM, preemption_rule, resource_accounting
 from fairstream.policies.base import PolicySpec
 
 
@@ -38,18 +38,15 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     def reason(cycle: Cycle, tenant: str, k) -> str:
         return f"fair: lowest current {label} share/weight ({k.share:.4g})"
 
-    def victim_key(tenant: str, allocation) -> float:
-        row = snapshot.rows[tenant]
-        return resource_share(allocation[row], snapshot.capacity, resource) / snapshot.share_fraction[row]
 
     initial = resource_shares(snapshot.allocation, snapshot.capacity, resource) / snapshot.share_fraction
     cycle = Cycle(snapshot, "fair")
     serve_in_order(snapshot, "fair", key, reason, initial_shares=initial, cycle=cycle)
     rule = preemption_rule(params)
     if rule is not None:
-        reclaim(cycle, rule, victim_key)
+        reclaim(cycle, rule)  # victims: the furthest above their fair share
     return cycle.decisions
 
 
-SPEC = PolicySpec("fair", decide, "memoryless weighted max-min on one resource", (RESOURCE_PARAM,) + PREEMPTION_PARAMS,
+SPEC = PolicySpec("fair", decide, "memoryless weighted max-min on one resource", (RESOURCE_PARAM,) + PREEMPTION_PARAMS + (RESERVATION_PARAM,),
                   tenant_local=True, accounting=resource_accounting, preemption=preemption_rule, order=order)

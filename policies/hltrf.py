@@ -27,8 +27,8 @@ from fairstream.core.fairness import fair_key, normalised_usage, resource_share
 from fairstream.core.model import ROOT, Decision, ReasonCode
 from fairstream.core.placement import Cycle, ordering_resource
 from fairstream.core.snapshot import Snapshot
-from fairstream.core.preemption import reclaim
-from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, LongTermUsage, long_term_accounting, preemption_rule
+from fairstream.core.preemption import reclaim, snapshot_fair_shares
+from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, RESERVATION_PARAM, LongTermUsage, long_term_accounting, preemption_rule
 from fairstream.policies.base import Param, PolicySpec, parse_non_negative
 from fairstream.policies.ltrf import usage_order
 
@@ -134,8 +134,20 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
         if cycle.next_task(leaf) is None:
             drop(leaf)
     rule = preemption_rule(params)
-    if rule is not None:  # victims: the leaves of the highest long-term usage/weight
-        reclaim(cycle, rule, lambda tenant, allocation: usage.key(rows[tenant]) / snapshot.share_fraction[rows[tenant]])
+    if rule is not None:
+        # Victims: the leaves of the highest long-term usage per fair share. The fair share, not
+        # the static effective share, because this walk gives an idle sibling's part to the busy
+        # ones: the leaf it served by the tree must not look furthest ahead by a weight it no
+        # longer has (``fairness.fair_shares`` keeps an idle sibling's part in its queue too).
+        fair: list = []
+
+        def victim_key(tenant: str, allocation) -> float:
+            if not fair:
+                fair.append(snapshot_fair_shares(snapshot))
+            share = fair[0][rows[tenant]]
+            return usage.key(rows[tenant]) / share if share > 0 else float("inf")
+
+        reclaim(cycle, rule, victim_key)
     return cycle.decisions
 
 
@@ -147,7 +159,8 @@ SPEC = PolicySpec(
     "hltrf",
     decide,
     "hierarchical LTRF with starvation timeout t_wait (H-LTRF)",
-    LONG_TERM_PARAMS + (Param("t_wait", math.inf, _t_wait, "starvation timeout T_wait in seconds; inf = naive recursive approach"),) + PREEMPTION_PARAMS,
+    LONG_TERM_PARAMS + (Param("t_wait", math.inf, _t_wait, "starvation timeout T_wait in seconds; inf = naive recursive approach"),) + PREEMPTION_PARAMS
+    + (RESERVATION_PARAM,),
     accounting=long_term_accounting,
     preemption=preemption_rule,
     # Its leaves' own order (flat LTRF's): the tree walk and the starved leaf come first.

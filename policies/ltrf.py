@@ -19,7 +19,7 @@ from fairstream.core.model import Decision, Task
 from fairstream.core.placement import Cycle, TenantOrder, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
 from fairstream.core.preemption import reclaim
-from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, LongTermUsage, long_term_accounting, preemption_rule
+from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, RESERVATION_PARAM, LongTermUsage, long_term_accounting, preemption_rule
 from fairstream.policies.base import PolicySpec
 
 
@@ -59,6 +59,6 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     return cycle.decisions
 
 
-SPEC = PolicySpec("ltrf", decide, "long-term max-min over accumulated usage (LTRF)", LONG_TERM_PARAMS + PREEMPTION_PARAMS,
+SPEC = PolicySpec("ltrf", decide, "long-term max-min over accumulated usage (LTRF)", LONG_TERM_PARAMS + PREEMPTION_PARAMS + (RESERVATION_PARAM,),
                   tenant_local=True, accounting=long_term_accounting, preemption=preemption_rule,
                   order=lambda snapshot, params: usage_order(snapshot, LongTermUsage(snapshot)))

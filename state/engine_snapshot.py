@@ -66,12 +66,14 @@ from fairstream.core.model import (
 from fairstream.policies import REGISTRY
 from fairstream.policies.base import PolicySpec
 from fairstream.core.jobs import JobUsage
-from fairstream.core.snapshot import PendingQueue, TaskList
+from fairstream.core.snapshot import PendingQueue, Reservation, TaskList
 from fairstream.core.tenants import TenantTree
 
 MAGIC = b"FSENGINE"
-VERSION = 8  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
-# 6: nodes' resource weights (LTRF formula 9); 7: queues' max_resources and max_running; 8: queues' ordering
+VERSION = 9  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
+# 6: nodes' resource weights (LTRF formula 9); 7: queues' max_resources and max_running; 8: queues' ordering;
+# 9: whether a starved tenant has victims left (the preemption re-check, ``Engine.wake_at``) and the
+# node reservation (``Engine.reservation``)
 
 REF, LIST, TUPLE, DICT, SET, FROZENSET, OBJECT, ARRAY, ENUM, ORDERED, POLICY, NUMBER = range(12)
 
@@ -116,7 +118,7 @@ CLASSES: tuple[_Class, ...] = (
     _Class(Engine, "resources tree spec params auto_tenants accounting time nodes node_row _capacity _used _alive "
                    "_node_ids _node_labels _shares_stale tasks requests finished_ids finished_retention pending _seq _shapes "
                    "_unschedulable _to_check _nodes_changed _verdicts _grown _touched _passed _fresh _shape_demands "
-                   "preemption starved_since running_jobs job_usage _maybe_idle",
+                   "preemption starved_since _victims_exist reserving reservation _moved_reservation running_jobs job_usage _maybe_idle",
            derived="_node_view", rebuild=_rebuild_engine),  # the snapshot's node view, made again on use
     _Class(ResourceSpace, "names _position"),
     _Class(TenantTree, "specs children effective_share has_limits orders_jobs _paths", derived="queue_orderings",
@@ -127,6 +129,7 @@ CLASSES: tuple[_Class, ...] = (
            derived="_index"),  # the top-up index, rebuilt on first use
     _Class(AccountingConfig, "round_length discount quantum adaptive_quantum resource half_life"),
     _Class(PreemptionRule, "threshold timeout"),
+    _Class(Reservation, "node tenant shape task"),
     _Class(QuantumTree, "initial adaptive quantum _children_sum _children_count _finished version"),
     _Class(TenantLedger, "name pending running first_arrival round_arrival pseudo_accumulated pseudo_at "
                          "waiting_since recent"),

@@ -473,11 +473,12 @@ class Processor:
             rules = self.snapshot_rules
             snapshots.land_snapshot(cluster, session, commit, rules)
             if session.snapshotting is None and snapshots.due(session, rules):
+                first = session.steps_at_snapshot == 0  # a new cluster's: small, and wanted in this commit
                 steps_now, time_now = session.steps_taken, engine.time or 0.0
                 session.steps_at_snapshot = steps_now
                 session.events_since_snapshot = 0
                 session.time_at_snapshot = time_now
-                if self.background_snapshots:
+                if self.background_snapshots and not first:
                     fork_after_commit.append((session, steps_now, time_now))
                 else:
                     snapshots.add_snapshot(cluster, session, steps_now, time_now, snapshots.encoded(engine), commit,

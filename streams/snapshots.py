@@ -43,7 +43,7 @@ class Snapshotting:
 
 
 def due(session, rules: SnapshotRules) -> bool:
-    """At least ``every`` steps since the last snapshot, and a log after it that holds ``ratio``
+    """After a new cluster's first batch; then at least ``every`` steps since the last snapshot, and a log after it that holds ``ratio``
     times as many events as the engine holds tasks and remembered finished ids (or, with a
     bounded log, a quarter of its retention of event time).
 
@@ -52,6 +52,11 @@ def due(session, rules: SnapshotRules) -> bool:
     its events: so the pause is rare when the state is large, the snapshot's amortised cost per
     event is bounded, and a recovery replays at most about ``ratio`` times the state."""
     engine = session.engine
+    if session.steps_at_snapshot == 0 and session.steps_taken > 0:
+        # A new cluster's first batch: from then on its state in the store is an engine and the
+        # log after it, which a tool can read without the worker's configuration (``fairstream
+        # configure`` checks a new tree against it as the worker will).
+        return True
     if session.steps_taken - session.steps_at_snapshot < rules.every:
         return False
     if session.events_since_snapshot >= rules.ratio * (len(engine.tasks) + len(engine.finished_ids)):

@@ -64,7 +64,8 @@ def reasons(explanation) -> dict[str, WaitReason]:
                  id="a task whose constraints exclude the only node with room"),
     # DRF's key, dominant share / weight: B holds 2/8 = 0.25 of a 1/5 entitlement, 1.25; A 3/8,
     # 1.875. B is first in line for freed room; A waits behind it, 0.625 apart.
-    pytest.param("b3", WaitReason.NO_ROOM, "B is first in line for freed room (dominant share / weight 1.25)",
+    pytest.param("b3", WaitReason.NO_ROOM, "B is first in line: the first room that frees for it on one node goes "
+                                           "to it (dominant share / weight 1.25)",
                  id="the first tenant in the policy's order waits only for room"),
     pytest.param("a4", WaitReason.BEHIND_TENANTS, "freed room goes first to B (dominant share / weight 1.25 against "
                  "A's 1.875; 1 waiting tenant ahead)", id="a tenant behind another in the order is told whom"),
@@ -90,8 +91,12 @@ def test_every_reason_of_the_scenario_occurs_once_and_a_request_names_its_next_t
 def test_tenant_status_gives_shares_the_policys_key_and_rank():
     explanation = explained(EVERY_REASON)
     status = {t.tenant: t for t in explanation.tenants}
-    # Five tenants with work: each one's instantaneous fair share is 1/5.
-    assert all(t.fair_share == pytest.approx(0.2) for t in status.values())
+    # The fair share (fairness.fair_shares) of 8 cpu, equal weights, capped by demand (what
+    # runs plus what waits that some node could hold) and max_share: E's 16-cpu task fits no
+    # node, so E asks for nothing: 0. D asks 1 cpu: 1/8. C asks 3, capped by its max_share:
+    # 0.25. A (3 running + 2 waiting = 5/8) and B (2 + 2 = 4/8) share the rest, 0.625: 0.3125 each.
+    assert {t.tenant: t.fair_share for t in status.values()} == pytest.approx(
+        {"A": 0.3125, "B": 0.3125, "C": 0.25, "D": 0.125, "E": 0.0})
     assert status["A"].share == {"cpu": pytest.approx(3 / 8)} and status["A"].order_value == pytest.approx(1.875)
     assert (status["A"].running, status["A"].pending, status["B"].pending) == (3, 1, 1)
     # Rank in DRF's order among tenants with pending work: D and E hold nothing (0, by arrival
@@ -186,7 +191,8 @@ def test_the_worker_writes_the_explanation_and_the_documents_read_it():
     assert [(t["tenant"], t["rank"], t["running"]) for t in tenants] == [("B", 1, 0), ("A", 2, 4)]
     page = visibility.pending("c1", size=1)
     assert (page["entries_total"], page["tasks_total"], len(page["entries"])) == (2, 99_997, 1)
-    assert page["entries"][0]["id"] == "b1" and page["entries"][0]["reason"] == "no_room"
+    # B's 2-cpu task fits no node's free room: first in line, node n1 is reserved for it.
+    assert page["entries"][0]["id"] == "b1" and page["entries"][0]["reason"] == "reservation"
     second = visibility.pending("c1", size=1, page=2)["entries"][0]
     assert (second["id"], second["first"], second["tasks"], second["reason"]) == ("maps", "maps-4", 99_996,
                                                                                   "behind_tenants")
@@ -270,6 +276,8 @@ def test_a_tenant_of_100000_single_tasks_is_listed_up_to_the_cap_and_explained_w
     assert (page["entries_total"], page["entries_listed"], page["tasks_total"]) == (99_996, 100, 99_996)
     assert [e["id"] for e in page["entries"]][:2] == ["t54", "t55"] and page["entries"][0]["position"] == 50
     (group,) = page["groups"]
-    assert (group["tasks"], group["reason"]) == (99_996, "no_room")
+    # A is first in line and its next task (t4) has n1 reserved: the room that frees there.
+    assert (group["tasks"], group["reason"]) == (99_996, "reservation") and "next task of this shape (t4)" in group[
+        "message"]
     with pytest.raises(DocumentError, match="beyond the entries kept per tenant"):
         visibility.pending("c1", task="t50000")

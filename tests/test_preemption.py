@@ -93,11 +93,19 @@ def test_preemption_takes_only_what_it_must(document, expected):
 @pytest.mark.parametrize("timeout, threshold, expected", [
     pytest.param(30, 0.5, 50, id="starved: below half its share for 30 s"),
     pytest.param(20000, 0.5, 0, id="not starved long enough: A's tasks finish before the timeout"),
-    pytest.param(30, 0.0, 0, id="threshold 0: never below it, never starved"),
 ])
 def test_timeout_and_threshold_decide_when_a_tenant_is_starved(timeout, threshold, expected):
     result, _ = run(two_tenants(), "drf", timeout=timeout, threshold=threshold)
     assert sum(1 for d in result.decisions if d.kind is DecisionKind.PREEMPT) == expected
+
+
+def test_a_threshold_of_0_is_refused_in_one_line_naming_preemption_off():
+    # 0 x any fair share is 0: nobody is ever below it, so preemption=on would never act.
+    from fairstream.core.model import ModelError
+    from fairstream.policies import get as get_policy
+
+    with pytest.raises(ModelError, match="preemption_threshold=0: must be > 0: .* set preemption=off"):
+        get_policy("drf").parse_params({"preemption": "on", "preemption_threshold": "0"})
 
 
 @pytest.mark.parametrize("policy", ["ltrf", "hltrf"])

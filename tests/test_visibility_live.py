@@ -186,8 +186,21 @@ def test_a_weight_changed_on_a_running_worker_moves_the_shares(tmp_path):
         wait_for(lambda: running() == {"A": 4, "B": 4})
         config = tmp_path / "tenants.json"
         config.write_text(json.dumps({"tenants": [{"id": "A", "weight": 3}, {"id": "B"}]}))
-        fairstream("configure", "--cluster", "c1", "--tenants", str(config), "--broker", BROKER,
-                   "--topic-prefix", app_id)
+        state = ("--cluster", "c1", "--broker", BROKER, "--topic-prefix", app_id, "--redis", REDIS, "--app-id", app_id)
+        # --dry-run: the fair shares before and after, from the cluster's state in Redis; nothing sent.
+        shown = json.loads(fairstream("configure", "--tenants", str(config), "--dry-run", *state))
+        assert {t["tenant"]: (t["fair_share_before"], t["fair_share_after"]) for t in shown["tenants"]} == {
+            "A": (0.5, 0.75), "B": (0.5, 0.25)}
+        # A tree the worker would reject is refused before it is sent, with the worker's reason:
+        # A cannot move under a new queue g while the cluster runs.
+        moved = tmp_path / "moved.json"
+        moved.write_text(json.dumps({"tenants": [{"id": "g"}, {"id": "A", "parent": "g"}, {"id": "B"}]}))
+        refused = subprocess.run([sys.executable, "-m", "fairstream.cli", "configure", "--tenants", str(moved), *state],
+                                 capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+        assert "the worker would reject it: tenants[A].parent" in refused.stderr
+        sent = json.loads(fairstream("configure", "--tenants", str(config), *state))
+        assert sent == {"cluster": "c1", "tenants": 2, "sent": True, "checked": "against the cluster's state"}
         wait_for(lambda: {t["tenant"]: t["weight"] for t in get(port, "/v1/clusters/c1/tenants")[1]["tenants"]}
                  == {"A": 3.0, "B": 1.0})
         # The eight running tasks end at t = 5: A's share is now 3/4, so A gets 6 and B 2.

@@ -437,7 +437,9 @@ SNAPSHOT_RULE = [
     pytest.param(1, 2.0, 8, 1, id="a log shorter than twice the state waits"),
     pytest.param(1, 2.0, 9, 9, id="a log of twice the state is snapshotted"),
     pytest.param(1, 0.0, 5, 5, id="ratio 0 snapshots every snapshot_every steps"),
-    pytest.param(50, 0.0, 9, 0, id="never before snapshot_every steps"),
+    # A new cluster's first batch is snapshotted whatever the rule (tools read the cluster's
+    # state from it); after that, never before snapshot_every steps.
+    pytest.param(50, 0.0, 9, 1, id="a new cluster's first batch, then never before snapshot_every steps"),
 ]
 
 
@@ -1174,24 +1176,26 @@ def test_a_snapshot_encoded_in_a_child_lands_in_a_later_commit_and_recovers_the_
     plan += [("completed", done(f"t{k}", 6 + k)) for k in range(4)]
 
     async def first_life():
-        # ratio 0, every 3: due after the third step; the child encodes the engine as of step 3
-        # while steps 4 and 5 are applied; it lands with the first commit after it finished.
+        # The first batch's snapshot is written with it (step 1). Then ratio 0, every 3: due
+        # after step 4; the child encodes the engine as of step 4 while steps 5 and 6 are
+        # applied; it lands with the first commit after it finished.
         p = processor(store, wire, snapshot_every=3, snapshot_ratio=0.0, background_snapshots=True,
                       log_retention=log_retention)
-        for kind, body in plan[:3]:
+        for kind, body in plan[:4]:
             await p.handle([wire.msg(kind, body)])
-        assert (await store.load("c1")).snapshot is None and p.sessions["c1"].snapshotting is not None
+        assert (await store.load("c1")).snapshot_steps == 1 and p.sessions["c1"].snapshotting is not None
         await p.sessions["c1"].snapshotting.blob  # the child is done
-        for kind, body in plan[3:5]:
+        for kind, body in plan[4:6]:
             await p.handle([wire.msg(kind, body)])
         landed = await store.load("c1")
-        for kind, body in plan[5:]:
+        for kind, body in plan[6:]:
             await p.handle([wire.msg(kind, body)])
         return landed, fingerprint(p.sessions["c1"].engine)
 
     landed, engine_before = run(first_life())
-    assert landed.snapshot_steps == 3 and len(landed.log) == 2  # steps 4 and 5 replay after it
-    assert landed.checkpoints == ([] if log_retention == float("inf") else [(3, 2.0)])  # step 3 is t1 at 2.0
+    assert landed.snapshot_steps == 4 and len(landed.log) == 2  # steps 5 and 6 replay after it
+    # Bounded: step 1 (the heartbeat at 0.0) and step 4 (t2 at 3.0) are checkpoints.
+    assert landed.checkpoints == ([] if log_retention == float("inf") else [(1, 0.0), (4, 3.0)])
 
     async def second_life():
         p = processor(store, wire)
@@ -1334,8 +1338,9 @@ def test_a_snapshot_child_that_fails_loses_nothing_and_the_next_snapshot_is_take
 
     async def scenario():
         p = processor(store, wire, snapshot_every=2, snapshot_ratio=0.0, background_snapshots=True)
+        await p.handle([wire.msg("heartbeat", heartbeat(cpu=8, mem=8))])  # the first batch's snapshot
         monkeypatch.setattr(snapshots_module, "encoded", fail)
-        await p.handle([wire.msg("heartbeat", heartbeat(cpu=8, mem=8))])
+        await p.handle([wire.msg("submitted", task("s0", time=0.5))])
         await p.handle([wire.msg("submitted", task("t0", time=1))])  # due: forked, fails
         with pytest.raises(RuntimeError, match="exited with code 1"):
             await p.sessions["c1"].snapshotting.blob
@@ -1348,7 +1353,7 @@ def test_a_snapshot_child_that_fails_loses_nothing_and_the_next_snapshot_is_take
         return await store.load("c1")
 
     record = run(scenario())
-    assert record.snapshot is not None and record.snapshot_steps == 4  # the retry, two steps later
+    assert record.snapshot is not None and record.snapshot_steps == 5  # the retry, two steps later
     assert len(record.log) == 2
 
 

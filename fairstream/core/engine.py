@@ -47,12 +47,23 @@ from fairstream.core.model import (
     MAX_COUNT,
     request_task_id,
 )
-from fairstream.core.preemption import PreemptionRule, RunningTask, active_tenants, share_ratios, starved_past_timeout
-from fairstream.core.snapshot import EMPTY_MAPPING, PendingQueue, Snapshot
+from fairstream.core.fairness import fair_shares, resource_shares
+from fairstream.core.placement import Cycle
+from fairstream.core.preemption import PreemptionRule, RunningTask, share_ratios, starved_past_timeout
+from fairstream.core.snapshot import EMPTY_MAPPING, PendingQueue, Reservation, Snapshot
 from fairstream.core.tenants import TenantTree
 
 if TYPE_CHECKING:  # the core never imports the policies: the engine is handed one
     from fairstream.policies.base import PolicySpec
+
+
+#: The shortest wait between two preemption checks for a tenant starved past its timeout
+#: (``Engine.wake_at``), in seconds of event time, when preemption_timeout is shorter.
+RECHECK_MIN = 1.0
+
+
+#: Passes at one instant at most: a pass that preempted is followed by another (``Engine.schedule``).
+MAX_PASSES = 8
 
 
 class EventRejected(ModelError):
@@ -144,6 +155,11 @@ class Engine:
         # None when off; then since when each starved tenant has been starved (event time).
         self.preemption: PreemptionRule | None = policy.preemption_rule(self.params)
         self.starved_since: dict[str, float] = {}
+        self._victims_exist = False  # after the last pass: some tenant is above its fair share
+        # The node reserved for the first waiting task that fitted nowhere (``reservation=on``).
+        self.reserving = self.params.get("reservation") == "on"
+        self.reservation: Reservation | None = None
+        self._moved_reservation = False  # the last pass's reservation moved or ended (``schedule``)
         self.time: float | None = None
         self.nodes: list[Node] = []
         self.node_row: dict[str, int] = {}
@@ -226,30 +242,72 @@ class Engine:
         return result
 
     def wake_at(self) -> float | None:
-        """The next event time at which a pass could preempt though no event arrives (a starved
-        tenant's timeout runs out), or None. The simulator steps the engine then; the worker's
-        passes follow its heartbeats."""
+        """The next event time at which a pass could preempt though no event arrives, or None:
+        a starved tenant's timeout runs out; or, for a tenant starved past it that preemption
+        could not lift to its fair share while some tenant stays above its own, the next
+        check, ``preemption_timeout`` later (at least ``RECHECK_MIN`` seconds): the policy's
+        order of victims moves with time (LTRF's long-term usage), so a victim that was not
+        ahead of it may be now. The simulator steps the engine then, as the worker's heartbeats
+        step it, so both take the same preemptions."""
         if self.preemption is None or self.time is None:
             return None
         due = [since + self.preemption.timeout for since in self.starved_since.values()]
         later = [t for t in due if t > self.time]
+        if len(later) < len(due) and self._victims_exist:
+            later.append(self.time + max(self.preemption.timeout, RECHECK_MIN))
         return min(later) if later else None
 
+    def fair_shares(self) -> np.ndarray:
+        """Every tenant row's fair share now (``fairness.fair_shares``) in the policy's measure."""
+        acc = self.accounting
+        n = len(acc.ledgers)
+        return fair_shares(self.tree, [ledger.name for ledger in acc.ledgers], acc.allocation[:n] + self.waiting_demand(),
+                           acc.capacity, acc.config.resource, self.resources.names)
+
+    def waiting_demand(self) -> np.ndarray:
+        """Per tenant row, the summed demand of its pending tasks that some live node could hold:
+        a task no node can ever hold (``unschedulable``) asks for no share. A fresh array or view."""
+        acc = self.accounting
+        pending = acc.pending_demand[: len(acc.ledgers)]
+        if not self._unschedulable:
+            return pending[:]
+        pending = pending.copy()
+        for task_id in self._unschedulable:
+            task = self.tasks.get(task_id) or self.requests.get(task_id)
+            if task is not None and task.state is TaskState.PENDING:
+                pending[acc.row[task.tenant]] -= task.demand * task.count
+        return np.maximum(pending, 0.0, out=pending)
+
     def _track_starvation(self) -> None:
-        """After a pass: a tenant with pending work some live node could hold, below the rule's
-        threshold x its instantaneous fair share, is starved since now unless it already was;
+        """After a pass: a tenant with pending work some live node could hold within its limits,
+        below the rule's threshold x its fair share, is starved since now unless it already was;
         any other tenant is not."""
         acc, rule = self.accounting, self.preemption
-        active = active_tenants([ledger.name for ledger in acc.ledgers], [ledger.running for ledger in acc.ledgers],
-                                self.pending)
-        ratios = share_ratios(acc.allocation, acc.capacity, acc.fractions, active, acc.config.resource)
+        fair = self.fair_shares()
+        ratios = share_ratios(acc.allocation, acc.capacity, fair, acc.config.resource)
         starved = {}
+        cycle = None
         for tenant, queue in self.pending.items():
             if not queue.count or ratios[acc.row[tenant]] >= rule.threshold - EPSILON:
                 continue
-            if any(self._verdicts.get(shape) is None for shape in queue.groups):  # some node could hold it
-                starved[tenant] = self.starved_since.get(tenant, self.time)
+            shapes = [shape for shape in queue.groups if self._verdicts.get(shape) is None]  # some node could hold
+            if not shapes:
+                continue
+            if self.tree.has_limits:  # held by its own max_share, max_resources or max_running: not starved
+                cycle = cycle or Cycle(self.snapshot(), self.policy)
+                if not any(cycle.within_caps(tenant, task) for task in cycle.shape_heads(tenant, every_shape=True)):
+                    continue
+            starved[tenant] = self.starved_since.get(tenant, self.time)
         self.starved_since = starved
+        # Could preemption still serve one of them? Only if some tenant is above its fair share
+        # by at least the smallest task a starved tenant waits with (in the policy's measure).
+        self._victims_exist = False
+        if starved:
+            shares = resource_shares(acc.allocation, acc.capacity, acc.config.resource)
+            surplus = float((shares - fair).max()) if len(fair) else 0.0
+            demands = self._shape_demands[[shape for t in starved for shape in self.pending[t].groups]]
+            smallest = float(resource_shares(demands, acc.capacity, acc.config.resource).min())
+            self._victims_exist = surplus >= smallest - EPSILON
 
     def _running_tasks(self) -> tuple[RunningTask, ...]:
         return tuple(RunningTask(task.id, task.job, task.tenant, self.node_row[task.node], task.demand, task.demand_map,
@@ -309,8 +367,24 @@ class Engine:
                                       f"large enough (needs {task.demand_map}; largest per resource {biggest})")
 
     def schedule(self) -> list[Decision]:
+        """The scheduling pass at the current time. A pass that preempted, or whose reserved node
+        was released or moved, is followed at once by another: preemption frees whole tasks, so
+        room beyond what the starved tenant took may be left, and a pass keeps other shapes off
+        the node it had reserved; that room goes, by the policy's order, before the instant ends
+        (work conservation)."""
+        decisions = latest = self._pass()
+        for _ in range(MAX_PASSES - 1):
+            if not (self._moved_reservation or any(d.kind is DecisionKind.PREEMPT for d in latest)):
+                break
+            latest = self._pass()
+            decisions = decisions + latest
+        return decisions
+
+    def _pass(self) -> list[Decision]:
         """One scheduling pass at the current time."""
+        self._moved_reservation = False
         if not self.nodes or not any(queue.count for queue in self.pending.values()):
+            self.reservation = None
             return []
         snapshot = self.snapshot()
         if self.spec.tenant_local:
@@ -325,9 +399,56 @@ class Engine:
         decisions = self.spec.decide(snapshot, self.params)
         requests = [self._preempt(decision) if decision.kind is DecisionKind.PREEMPT else self._start(decision)
                     for decision in decisions]
+        if self.reserving:
+            before = self.reservation
+            self._reserve(getattr(decisions, "blocked", None))
+            # The pass kept other shapes off the node it had reserved: if that reservation moved
+            # or ended (its task placed), the room there goes in another pass at once.
+            after = self.reservation
+            moved = before is not None and (
+                after is None or (after.node, after.tenant, after.shape) != (before.node, before.tenant, before.shape))
+            # ... if some waiting shape (constraints aside) fits the room there now.
+            self._moved_reservation = moved and self.alive[before.node] and bool(
+                (self._shape_demands[: len(self._shapes)] <= self.capacity[before.node] - self.used[before.node]
+                 + EPSILON).all(axis=1).any())
+            if moved:
+                self._grown.add(before.node)  # its room is open to every shape again (``_candidates``)
         if not any(requests):
             return decisions
         return _grouped(decisions, requests)
+
+    def _reserve(self, blocked: tuple[str, Task] | None) -> None:
+        """After a pass: reserve a node for ``blocked``, the first entry the pass tried that
+        fitted no node's free room (None: no reservation). The node kept if the same tenant's
+        same shape held one that can still hold it; else the live node it may use that lacks
+        least (summed over resources, as shares of the cluster), the lowest number on ties."""
+        if blocked is None:
+            self.reservation = None
+            return
+        tenant, entry = blocked
+        if entry.state is not TaskState.PENDING or self._verdicts.get(entry.shape) is not None:
+            self.reservation = None  # placed after all (a later stage), or no node could ever hold it
+            return
+        held = self.reservation
+        if (held is not None and held.tenant == tenant and held.shape == entry.shape and self.alive[held.node]
+                and (self.capacity[held.node] >= entry.demand - EPSILON).all()):
+            task_id = entry.task_ids(0, 1)[0]
+            if task_id != held.task:
+                self.reservation = Reservation(held.node, tenant, entry.shape, task_id)
+            return  # the same wait: the same node (it could hold the shape when reserved)
+        live = self.alive & (self.capacity >= entry.demand - EPSILON).all(axis=1)
+        if not entry.constraints.empty:
+            live &= np.array([entry.constraints.allows(self._node_ids[r], self._node_labels[r])
+                              for r in range(len(self.nodes))], dtype=bool)
+        rows = np.flatnonzero(live)
+        if not len(rows):
+            self.reservation = None
+            return
+        total = np.where(self.accounting.capacity > 0, self.accounting.capacity, 1.0)
+        lacking = (np.maximum(entry.demand - (self.capacity[rows] - self.used[rows]), 0.0) / total).sum(axis=1)
+        node = int(rows[int(np.argmin(lacking))])  # argmin takes the first: the lowest row on ties
+        task_id = entry.task_ids(0, 1)[0]
+        self.reservation = Reservation(node, tenant, entry.shape, task_id)
 
     def _candidates(self, snapshot: Snapshot, rows: np.ndarray) -> frozenset[str]:
         """The demanding tenants that may place anything now (``Snapshot.candidates``): those
@@ -335,6 +456,8 @@ class Engine:
         of a node that gained some since (constraints aside: a superset). Every other tenant's
         shapes fitted no node when the last pass ended, and no node has more room now."""
         out = set(self._touched)
+        if self.reservation is not None and self.reservation.tenant in snapshot.pending:
+            out.add(self.reservation.tenant)  # its room may have grown on the reserved node
         if not len(rows):
             return frozenset(out)
         free = snapshot.free[rows] + EPSILON
@@ -387,6 +510,9 @@ class Engine:
             running_tasks=running_tasks,
             running_jobs=self.running_jobs if self.tree.has_limits else EMPTY_MAPPING,
             job_usage=self.job_usage if self.tree.orders_jobs else EMPTY_MAPPING,
+            pending_demand=self.waiting_demand(),
+            reservation=self.reservation,
+            reserving=self.reserving,
         )
 
     def _node_allocation(self) -> dict[tuple[int, str], np.ndarray]:
@@ -419,6 +545,11 @@ class Engine:
         taking the events before it as applied; nothing changes ("what if" without mutation)."""
         admission = self.admission()
         return [admission.check(event) for event in events]
+
+    def admission_tree(self, event: TenantsChanged) -> TenantTree:
+        """The tree ``event`` would give this engine, checked as ``step`` would (``EventRejected``
+        if it would be rejected); nothing changes ("what if" without mutation)."""
+        return self._new_tree(event)
 
     def admission(self) -> "Admission":
         """Checks events one at a time against this state, each as if those it passed before
@@ -794,6 +925,8 @@ class Engine:
         node.alive = False
         self.alive[row] = False
         self._nodes_changed = True
+        if self.reservation is not None and self.reservation.node == row:
+            self.reservation = None
         requeued = []
         for task in self.tasks.values():
             if task.state is TaskState.RUNNING and task.node == event.node:

@@ -25,7 +25,11 @@ Reasons (``WaitReason``), the first that holds:
   back when the timeout runs out (``fairstream.core.preemption``);
 - ``efficiency``: no node has room; when room frees, the policy's packing stage chooses among
   tenants (Tetris, QKnobler, Perf, FLEX), said in the policy's words;
-- ``no_room``: no node has room; its tenant is first in the policy's order among the waiting;
+- ``reservation``: no node has room; it is first in line and a node is reserved for it: room
+  freed there is kept for it (``reservation=on``), the message says how much more it needs;
+- ``reserved_for_other``: the only node with room for it is reserved for another task;
+- ``no_room``: no node has room; its tenant is first in the policy's order among the waiting
+  (without a reservation: room freed in smaller pieces goes to smaller tasks);
 - ``behind_tenants``: no node has room; tenants ahead of it in the policy's order get room
   first: the reason names the first of them and the gap in the policy's key.
 """
@@ -41,10 +45,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
 
-from fairstream.core.fairness import instantaneous_fair_shares
 from fairstream.core.model import EPSILON, TaskState
 from fairstream.core.placement import Cycle, dominant_share_order
-from fairstream.core.preemption import active_tenants
 
 if TYPE_CHECKING:
     from fairstream.core.engine import Engine
@@ -62,6 +64,8 @@ class WaitReason(str, Enum):
     NEXT_PASS = "next_pass"
     PREEMPTION_PENDING = "preemption_pending"
     EFFICIENCY = "efficiency"
+    RESERVATION = "reservation"
+    RESERVED_FOR_OTHER = "reserved_for_other"
     NO_ROOM = "no_room"
     BEHIND_TENANTS = "behind_tenants"
 
@@ -113,7 +117,7 @@ class TenantStatus:
     tenant: str
     weight: float  # as configured in the tree
     entitled: float  # effective share of the cluster (the weight fraction down the tree)
-    fair_share: float  # instantaneous: the weight fraction over the tenants with work
+    fair_share: float  # the fair share (``fairness.fair_shares``) in the policy's measure
     share: dict[str, float]  # current allocation / cluster capacity, per resource
     order_value: float | None  # the policy's key (None: no work)
     rank: int | None  # 1-based among the tenants with pending work, in the policy's order
@@ -202,10 +206,14 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
     # Per tenant and shape: the reason its head waits, before the order is applied.
     verdicts: dict[tuple[str, int], tuple[WaitReason, str] | None] = {}
     room_limited: list[str] = []
+    held_by_limit: dict[str, dict[str, tuple[WaitReason, str]]] = {}
     for tenant in ranked:
         limited = False
+        held_by_limit[tenant] = held_jobs = _jobs_over_max_running(cycle, tenant, cycle.job_queue(tenant))
         for shape, group in snap.pending[tenant].groups.items():
             head, _ = group.pending_at(0)
+            if held_jobs:  # the shape's first task that is not held by max_running, if any
+                head = next((e for e in _pending_entries(group) if e.job not in held_jobs), head)
             if head is None:
                 continue
             verdicts[(tenant, shape)] = verdict = _shape_verdict(engine, cycle, quota, tenant, head, live)
@@ -225,9 +233,20 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
                         f"share since {since:g}: preemption takes room back for it at {due:g}", None, None)
         if spec.efficiency is not None:
             return WaitReason.EFFICIENCY, f"no node has room for {need}; when room frees, {spec.efficiency}", None, None
+        held = engine.reservation
+        if held is not None and held.tenant == tenant and held.shape == task.shape:
+            lacking = np.maximum(task.demand - snap.free[held.node], 0.0)
+            short = _text({r: round(float(x), 6) for r, x in zip(names, lacking.tolist()) if x > EPSILON})
+            return (WaitReason.RESERVATION, f"node {snap.node_ids[held.node]} is reserved for {tenant}'s next task "
+                                            f"of this shape ({held.task}): room freed there is kept for it, and it "
+                                            f"needs {short} more there (first in line, {label} "
+                                            f"{order.value(keys[tenant]):.4g})", None, None)
         if tenant == first:
-            return (WaitReason.NO_ROOM, f"no node has room for {need}; {tenant} is first in line for freed room "
-                                        f"({label} {order.value(keys[tenant]):.4g})", None, None)
+            pieces = ("; room freed in smaller pieces goes to smaller tasks behind it (reservation is off)"
+                      if not engine.reserving else "")
+            return (WaitReason.NO_ROOM, f"no node has room for {need}; {tenant} is first in line: the first room "
+                                        f"that frees for it on one node goes to it ({label} "
+                                        f"{order.value(keys[tenant]):.4g}){pieces}", None, None)
         gap = order.value(keys[tenant]) - order.value(keys[first])
         ahead = room_limited.index(tenant)
         return (WaitReason.BEHIND_TENANTS,
@@ -240,21 +259,40 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
     limit = math.inf if max_entries is None else max_entries
     for tenant in ranked:
         why: dict[int, tuple[WaitReason, str, str | None, float | None]] = {}  # per shape, said once
+        held_jobs = held_by_limit[tenant]
         for shape, group in snap.pending[tenant].groups.items():
             head, _ = group.pending_at(0)
+            if held_jobs:
+                head = next((e for e in _pending_entries(group) if e.job not in held_jobs), head)
             if head is None:
                 continue
             verdict = verdicts.get((tenant, shape))
             why[shape] = room_reason(tenant, head) if verdict is None else (*verdict, None, None)
-        groups[tenant] = [PendingGroup(tenant, group.count, sum(1 for _ in _pending_entries(group)),
-                                       dict(head.demand_map), *why[shape])
-                          for shape, group in snap.pending[tenant].groups.items()
-                          if shape in why and (head := group.pending_at(0)[0]) is not None]
+        jobs = cycle.job_queue(tenant)
+        # Jobs that may not start (a max_running above the leaf is reached): their tasks wait
+        # for that, whatever the rest of their shape waits for.
+        groups[tenant] = []
+        for shape, group in snap.pending[tenant].groups.items():
+            head = group.pending_at(0)[0]
+            if shape not in why or head is None:
+                continue
+            entries = list(_pending_entries(group)) if held_jobs else None
+            waiting_for_job = [e for e in entries if e.job in held_jobs] if held_jobs else []
+            if len(waiting_for_job) < (len(entries) if held_jobs else 0):
+                free = [e for e in entries if e.job not in held_jobs]
+                groups[tenant].append(PendingGroup(tenant, sum(e.count for e in free), len(free),
+                                                   dict(head.demand_map), *why[shape]))
+            elif not held_jobs:
+                groups[tenant].append(PendingGroup(tenant, group.count, sum(1 for _ in _pending_entries(group)),
+                                                   dict(head.demand_map), *why[shape]))
+            if waiting_for_job:
+                groups[tenant].append(PendingGroup(tenant, sum(e.count for e in waiting_for_job), len(waiting_for_job),
+                                                   dict(head.demand_map), *held_jobs[waiting_for_job[0].job],
+                                                   None, None))
         out, position = [], 0
         # The tenant's queue in arrival order (its shapes' lists merged), or in its jobs' order
         # if it orders them (TenantSpec.ordering), as far as listed.
-        jobs = cycle.job_queue(tenant)
-        if jobs is None:
+        if jobs is None or jobs.ordering == "fifo":
             queue = heapq.merge(*(_pending_entries(g) for g in snap.pending[tenant].groups.values()),
                                 key=lambda t: t.seq)
         else:
@@ -262,8 +300,9 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         for task in queue:
             if len(out) >= limit:
                 break
+            reason = (*held_jobs[task.job], None, None) if task.job in held_jobs else why[task.shape]
             out.append(PendingEntry(tenant, task.id, task.job, task.count, task.task_ids(0, 1)[0], position,
-                                    dict(task.demand_map), task.submit, *why[task.shape]))
+                                    dict(task.demand_map), task.submit, *reason))
             position += task.count
         pending[tenant] = out
     for entry in held:  # after everything submitted: it arrives when its stage is released
@@ -278,9 +317,7 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         groups.setdefault(entry.tenant, []).append(PendingGroup(entry.tenant, entry.tasks, 1, dict(entry.demand),
                                                                 WaitReason.STAGE, stage.message))
 
-    active = active_tenants([ledger.name for ledger in acc.ledgers], [ledger.running for ledger in acc.ledgers],
-                            engine.pending)
-    fair = instantaneous_fair_shares(acc.fractions, active)
+    fair = engine.fair_shares()
     capacity = acc.capacity
     accumulated = acc.usage_keys(list(range(len(acc.ledgers))), snap.time)
     tenants = []
@@ -300,6 +337,19 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
             float(acc.quantum(row)), int(ledger.running), int(waiting), float(accumulated[row]),
             engine.starved_since.get(name)))
     return Explanation(snap.time, engine.policy, label, tenants, pending, groups)
+
+
+def _jobs_over_max_running(cycle: Cycle, tenant: str, jobs) -> dict[str, tuple[WaitReason, str]]:
+    """Per job of ``tenant`` that may not start now because a max_running on its path is
+    reached: the reason and its sentence (``Cycle.over_cap``)."""
+    if jobs is None or not cycle.job_limits:
+        return {}
+    out = {}
+    for job, entries in jobs.entries.items():
+        over = cycle.over_cap(tenant, entries[0])
+        if over is not None and over[0] == "max_running":
+            out[job] = (WaitReason.MAX_RUNNING, over[1])
+    return out
 
 
 def _pending_entries(group) -> Iterator["Task"]:
@@ -322,6 +372,12 @@ def _shape_verdict(engine: "Engine", cycle: Cycle, quota, tenant: str, head: "Ta
         return WaitReason.PARTITION, f"{tenant}'s partition is full: it waits for its own tasks to finish"
     if cycle.find_node(head) is not None:
         return WaitReason.NEXT_PASS, "a node has room for it now: the next pass places it"
+    held = engine.reservation
+    if (held is not None and held.shape != head.shape and live[held.node]
+            and head.constraints.allows(cycle.snapshot.node_ids[held.node], cycle.snapshot.node_labels[held.node])
+            and (cycle.free[held.node] >= head.demand - EPSILON).all()):
+        return (WaitReason.RESERVED_FOR_OTHER, f"node {cycle.snapshot.node_ids[held.node]} has room for it, but that "
+                                               f"room is kept for {held.tenant}'s task {held.task}, reserved there")
     if not head.constraints.empty:
         free = cycle.free[live]
         with_room = int((free >= head.demand - EPSILON).all(axis=1).sum()) if len(free) else 0

@@ -4,8 +4,9 @@ Terms (LTRF paper, ICS'14, section 4.2; DRF, NSDI'11):
 
 - *share* ``S_i = R * w_i / sum_k w_k`` (formula 2): the part of capacity ``R`` a tenant is
   entitled to; in a tree, ``w_i`` is the product of weight fractions along the path.
-- *instantaneous fair share*: ``w_i`` renormalised over the tenants with running or pending
-  work (YARN's), what preemption restores (``fairstream.core.preemption``).
+- *fair share* (``fair_shares``): YARN's, on the tree: each queue's share divided among its
+  children with demand by weight, capped by their demand, max_share and max_resources, raised
+  to their min_share. Preemption restores it; explain, status, the page and the metrics show it.
 - *dominant share* of an allocation vector: ``max_r alloc_r / capacity_r``.
 - *counted (discounted) allocation* ``g' = min(g, S) + eta * max(g - S, 0)`` (formula 7).
 - *accumulated usage* ``f_i(t)``: integral of the counted allocation over the current window
@@ -19,9 +20,14 @@ everywhere.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
+
+from fairstream.core.model import ROOT
+
+if TYPE_CHECKING:
+    from fairstream.core.tenants import TenantTree
 
 #: Priority classes: tenants below their guaranteed minimum share are served before the rest.
 BELOW_MIN_SHARE = 0
@@ -55,10 +61,136 @@ def dominant_share(allocation: np.ndarray, capacity: np.ndarray) -> float:
     return 0.0 if best is None else best
 
 
+def fair_shares(tree: "TenantTree", tenants: Sequence[str], demand: np.ndarray, capacity: np.ndarray,
+                resource: int | None, resources: Sequence[str] = ()) -> np.ndarray:
+    """THE fair share of every tenant row, as a fraction of the cluster in one measure (one
+    ``resource``'s share, or the dominant share when it is None): YARN Fair Scheduler's fair
+    share, which is Armada's demand-capped "adjusted fair share" on a tree.
+
+    Inputs: the tenant ``tree``; ``tenants`` the row names; ``demand`` one row per tenant, what
+    it runs plus what it waits for (resource amounts); the cluster's ``capacity``; the measure;
+    ``resources`` the resource names, for ``max_resources``.
+
+    Definition, top down from the root, which divides the whole cluster (1):
+
+    1. a tenant's or queue's *demand* is its own (a leaf) or its children's (a queue), capped
+       by its ``max_share`` (of the dominant share) and ``max_resources``: the demand vector is
+       scaled down until it is within both;
+    2. a queue's share is divided among its children with some demand (the others get 0) by
+       water-filling: child ``k`` gets ``clamp(r * w_k, low_k, demand_k)`` with the one ``r``
+       that hands out the whole share, or everything demanded if that is less; ``low_k`` is
+       what it is guaranteed: its ``min_share`` (a fraction of the cluster) or, a queue, the
+       sum of its children's if more, capped by its demand;
+    3. if the children's ``low`` add up to more than the share, they get it in proportion to
+       their ``low``.
+
+    A queue with one busy child gives it all its share (an idle sibling's part stays in the
+    queue, as YARN's does), a capped child's leftover goes to its siblings first. The shares of
+    all tenants add up to at most 1, less only when everything demanded is less.
+    """
+    out = np.zeros(len(tenants))
+    if not len(tenants) or not (capacity > 0).any():
+        return out
+    row_of = {name: row for row, name in enumerate(tenants) if tree.is_leaf(name)}
+    children = tree.children
+    # Post order: every node after its children, so its demand is their capped sum.
+    order, stack = [], [ROOT]
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(children.get(node, ()))
+    vectors: dict[str, np.ndarray] = {}
+    zero = np.zeros(len(capacity))
+    for node in reversed(order):
+        kids = children.get(node, ())
+        if node != ROOT and not kids:
+            row = row_of.get(node)
+            vector = demand[row] if row is not None else zero
+        else:
+            vector = sum((vectors[k] for k in kids), zero)
+        if node != ROOT and tree.has_limits:
+            vector = _capped(vector, tree.specs[node], capacity, resources)
+        vectors[node] = vector
+
+    def measure(vector: np.ndarray) -> float:
+        return resource_share(vector, capacity, resource)
+
+    # Guaranteed part of each node, bottom up: its own min_share and what its children are
+    # guaranteed (min_share is a fraction of the cluster wherever it is set), capped by demand.
+    lows: dict[str, float] = {}
+    if tree.has_limits:
+        for node in reversed(order):
+            if node == ROOT:
+                continue
+            high = measure(vectors[node])
+            low = min(high, sum(lows.get(k, 0.0) for k in children.get(node, ())))
+            floor = tree.specs[node].min_share
+            if floor > 0 and high > 0:
+                dominant = dominant_share(vectors[node], capacity)
+                low = max(low, high if dominant <= floor else measure(vectors[node] * (floor / dominant)))
+            lows[node] = low
+
+    def divide(queue: str, amount: float) -> None:
+        kids = [k for k in children.get(queue, ()) if measure(vectors[k]) > 0]
+        if not kids:
+            return
+        high = np.array([measure(vectors[k]) for k in kids])
+        weights = np.array([tree.specs[k].weight for k in kids], dtype=float)
+        low = np.array([lows.get(k, 0.0) for k in kids])
+        for kid, share in zip(kids, water_fill(amount, weights, low, high).tolist()):
+            if kid in row_of:
+                out[row_of[kid]] = share
+            elif children.get(kid):
+                divide(kid, share)
+
+    divide(ROOT, 1.0)
+    return out
+
+
+def _capped(vector: np.ndarray, spec, capacity: np.ndarray, resources: Sequence[str]) -> np.ndarray:
+    """``vector`` scaled down (keeping its proportions) to within ``spec``'s max_share (of the
+    dominant share) and max_resources."""
+    factor = 1.0
+    if spec.max_share < 1:
+        dominant = dominant_share(vector, capacity)
+        if dominant > spec.max_share:
+            factor = spec.max_share / dominant
+    for name, limit in (spec.max_resources or {}).items():
+        if name in resources:
+            amount = float(vector[list(resources).index(name)])
+            if amount > limit:
+                factor = min(factor, limit / amount)
+    return vector * factor if factor < 1 else vector
+
+
+def water_fill(amount: float, weights: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """``clamp(r * weights, low, high)`` with the ``r`` whose sum is ``amount``; ``high`` if all
+    of it is less than ``amount``; ``low`` scaled down to ``amount`` if it is more. Exact: the
+    sum is piecewise linear in ``r`` between the points where a clamp starts or stops."""
+    if high.sum() <= amount:
+        return high.copy()
+    if low.sum() >= amount:
+        return low * (amount / low.sum()) if low.sum() > 0 else low.copy()
+
+    def total(r: float) -> float:
+        return float(np.clip(r * weights, low, high).sum())
+
+    points = np.unique(np.concatenate([low / weights, high / weights]))
+    values = np.array([total(r) for r in points.tolist()])
+    k = int(np.searchsorted(values, amount))  # values[k - 1] < amount <= values[k]
+    if k == 0:
+        r = float(points[0])
+    else:
+        r0, r1, v0, v1 = points[k - 1], points[k], values[k - 1], values[k]
+        r = float(r0 + (r1 - r0) * (amount - v0) / (v1 - v0)) if v1 > v0 else float(r1)
+    return np.clip(r * weights, low, high)
+
+
 def instantaneous_fair_shares(fractions: np.ndarray, active: np.ndarray) -> np.ndarray:
-    """Each tenant's instantaneous fair share, as YARN's: its weight fraction (``S_i / R``)
-    renormalised over the ``active`` tenants (those with running or pending work), 0 for the
-    others. Preemption measures starvation against it; the metrics' time to fair share too."""
+    """Each tenant's weight fraction (``S_i / R``) renormalised over the ``active`` tenants, 0
+    for the others: ``fair_shares`` on a flat tree without limits where every active tenant
+    asks for the whole cluster (a test holds the two to it). Not a fair share to compare
+    allocations with: that is ``fair_shares``."""
     weights = np.where(active, fractions, 0.0)
     total = weights.sum()
     return weights / total if total > 0 else weights

@@ -26,6 +26,15 @@ from fairstream.core.snapshot import Snapshot
 _START = (0, 0)
 
 
+class DecisionList(list):
+    """A pass's decisions, in order, and ``blocked``: the first (tenant, entry) the pass tried
+    that fitted no node's free room (not one held by a limit), or None. A policy returns it as
+    its list of decisions; the engine reserves a node for ``blocked`` when the policy has
+    ``reservation=on``."""
+
+    blocked: tuple[str, Task] | None = None
+
+
 class Cycle:
     """Tentative state of one pass: free capacity, tenant and queue allocations, decisions."""
 
@@ -42,7 +51,9 @@ class Cycle:
         # float compares instead of numpy calls on a 2-element array.
         self._free_rows: dict[int, list[float]] = {}
         self.allocation = snapshot.allocation.copy()
-        self.decisions: list[Decision] = []
+        self.decisions = DecisionList()
+        # The node reserved for one waiting task (``Snapshot.reservation``): no other shape goes there.
+        self.reservation = snapshot.reservation
         self._candidates: dict[tuple, list] = {}
         self._failed_shapes: set[int] = set()
         # Demands that fit on no node at all (kept minimal): anything at least as large cannot
@@ -56,8 +67,6 @@ class Cycle:
         self._taken: dict[tuple[str, int], int] = {}
         self._eligible: dict[Constraints, np.ndarray] = {}
         tree = snapshot.tree
-        # Leaves that order their jobs (``TenantSpec.ordering``): their pass-local job queues.
-        self._orders_jobs = tree.orders_jobs
         self._job_queues: dict[str, _JobQueue | None] = {}
         self.capped = tree.has_limits  # min or max shares: keys and caps read the queue allocations
         # What runs below each queue, kept through the pass when limits or a queue's ordering
@@ -94,18 +103,25 @@ class Cycle:
                         for node in tree.path(tenant):
                             if node in self.group_jobs:
                                 self.group_jobs[node] += len(jobs)
+        # Leaves served job by job through pass-local job queues: those that order their jobs
+        # (``TenantSpec.ordering``), and those below a max_running, where a job that may not
+        # start is passed over without holding back the running jobs' tasks of its shape.
+        self._orders_jobs = tree.orders_jobs or bool(self.job_limits)
 
     # ------------------------------------------------------------------- tasks
 
     def job_queue(self, tenant: str) -> "_JobQueue | None":
-        """The pass's queue of ``tenant``'s jobs if it orders them (fair, drf, ltrf), else None."""
+        """The pass's queue of ``tenant``'s jobs if it orders them (fair, drf, ltrf) or a queue
+        on its path limits its running jobs (then in arrival order unless it orders them), else None."""
         queues = self._job_queues
         if tenant in queues:
             return queues[tenant]
         tree = self.snapshot.tree
         queue = None
-        if tenant in self.snapshot.pending and tree.is_leaf(tenant) and tree.job_ordering(tenant) != "fifo":
-            queue = _JobQueue(self.snapshot, tenant, tree.job_ordering(tenant))
+        if tenant in self.snapshot.pending and tree.is_leaf(tenant):
+            ordering = tree.job_ordering(tenant)
+            if ordering != "fifo" or any(node in self.job_limits for node in tree.path(tenant)):
+                queue = _JobQueue(self.snapshot, tenant, ordering)
         queues[tenant] = queue
         return queue
 
@@ -215,7 +231,14 @@ class Cycle:
         return rank
 
     def skip_for(self, tenant: str, task: Task) -> None:
-        """This tenant may not run tasks of this shape in this pass (a quota or cap)."""
+        """This tenant may not run tasks of this shape in this pass (a quota or cap); a task held
+        only because its job may not start (max_running) holds back its job alone: the running
+        jobs' tasks of the same shape may still go."""
+        if self.job_limits and (jobs := self.job_queue(tenant)) is not None:
+            over = self.over_cap(tenant, task)
+            if over is not None and over[0] == "max_running":
+                jobs.block(task.job)
+                return
         self._failed_for.setdefault(tenant, set()).add(task.shape)
 
     # ------------------------------------------------------------------- nodes
@@ -230,6 +253,16 @@ class Cycle:
                 count=len(snap.node_ids),
             )
             self._eligible[constraints] = mask
+        return mask
+
+    def usable(self, task: Task) -> np.ndarray | bool:
+        """The nodes ``task`` may take room on as far as a reservation goes: all but a node
+        reserved for another shape (True: no reservation stands in its way)."""
+        reserved = self.reservation
+        if reserved is None or reserved.shape == task.shape:
+            return True
+        mask = np.ones(len(self.free), dtype=bool)
+        mask[reserved.node] = False
         return mask
 
     def find_node(self, task: Task) -> int | None:
@@ -255,6 +288,9 @@ class Cycle:
                 if not task.constraints.empty:
                     fits &= self.eligible(task.constraints)
                 nodes = np.flatnonzero(fits)
+            reserved = self.reservation
+            if reserved is not None and reserved.shape != task.shape:
+                nodes = nodes[nodes != reserved.node]
             if self.node_order is not None:
                 rank = np.empty(len(self.node_order), dtype=np.int64)
                 rank[self.node_order] = np.arange(len(self.node_order))
@@ -277,7 +313,7 @@ class Cycle:
     def best_aligned_node(self, task: Task) -> int | None:
         if not len(self.free):
             return None
-        fits = (self.free >= task.demand - EPSILON).all(axis=1)
+        fits = (self.free >= task.demand - EPSILON).all(axis=1) & self.usable(task)
         if not task.constraints.empty:
             fits &= self.eligible(task.constraints)
         if not fits.any():
@@ -339,11 +375,16 @@ class Cycle:
         for floor in self._too_large:
             if all(d >= f for d, f in zip(demand, floor)):
                 self._failed_shapes.add(task.shape)
+                self._blocked(tenant, task)
                 return False
         node = self.find_node(task)
         if node is None:
             self._failed_shapes.add(task.shape)
-            if task.constraints.empty:
+            self._blocked(tenant, task)
+            held = self.reservation
+            if task.constraints.empty and (held is None or held.shape == task.shape):
+                # (Not when a reservation kept it off a node: a larger task of the reserved shape
+                # may still fit there.)
                 # Nothing in the list is below this demand (it would have been caught above);
                 # drop what this one dominates from below.
                 self._too_large = [f for f in self._too_large if not all(x >= d for x, d in zip(f, demand))]
@@ -351,6 +392,22 @@ class Cycle:
             return False
         self.commit(tenant, task, node, reason() if callable(reason) else reason, code)
         return True
+
+    def _blocked(self, tenant: str, task: Task) -> None:
+        """``task`` fitted no node's free room: the first such task in the pass's order of
+        service is first in line for room (``DecisionList.blocked``; the engine may reserve a
+        node for it)."""
+        if self.decisions.blocked is not None or self.kept_off_reserved_room(task):
+            return  # (kept off the reserved node's room: held by the reservation, not short of room)
+        self.decisions.blocked = (tenant, task)
+
+    def kept_off_reserved_room(self, task: Task) -> bool:
+        """``task`` would fit the free room of the node reserved for another shape."""
+        held = self.reservation
+        snap = self.snapshot
+        return (held is not None and held.shape != task.shape
+                and all(have >= want - EPSILON for have, want in zip(self.free[held.node].tolist(), task.demand_values))
+                and task.constraints.allows(snap.node_ids[held.node], snap.node_labels[held.node]))
 
     def commit(self, tenant: str, task: Task, node: int, reason: str, code: ReasonCode) -> None:
         self.free[node] -= task.demand
@@ -421,6 +478,7 @@ class _JobQueue:
         self.taken: dict[str, int] = {}  # per entry id: tasks this pass took of it
         self.used: dict[str, np.ndarray] = {}  # per job: allocation (fair, drf) or usage (ltrf)
         self.current: dict[str, tuple] = {}
+        self.blocked: set[str] = set()  # jobs that may not start in this pass (max_running)
         heap = []
         for job, entries in self.entries.items():
             entries.sort(key=lambda t: t.seq)
@@ -440,9 +498,18 @@ class _JobQueue:
     def _key(self, job: str) -> tuple:
         entries = self.entries[job]
         first = entries[self.position[job]].seq if self.position[job] < len(entries) else float("inf")
+        if self.ordering == "fifo":  # the earliest waiting task first: the leaf's arrival order
+            return (0.0, first, job)
         return (resource_share(self.used[job], self.capacity, self.resource), first, job)
 
+    def block(self, job: str) -> None:
+        """``job`` may not start in this pass (a max_running above its leaf is reached)."""
+        self.blocked.add(job)
+        self.current.pop(job, None)  # its heap entry is stale from now on
+
     def _first_open(self, job: str, failed: set[int] | tuple, failed_here: set[int] | tuple) -> Task | None:
+        if job in self.blocked:
+            return None
         entries, i = self.entries[job], self.position[job]
         while i < len(entries) and self.taken.get(entries[i].id, 0) >= entries[i].count:
             i += 1
@@ -484,6 +551,8 @@ class _JobQueue:
         """The first open entry of each shape, jobs in their order (the pass's order of the leaf)."""
         seen, heads = set(), []
         for job in self.jobs_in_order():
+            if job in self.blocked:
+                continue
             for entry in self.entries[job][self.position[job]:]:
                 if (entry.shape not in seen and self.taken.get(entry.id, 0) < entry.count
                         and entry.shape not in failed and entry.shape not in failed_here):
@@ -590,6 +659,7 @@ def serve_in_order(
         for tenant in (snapshot.demanding() if only is None else only):
             heap.append((key(cycle, tenant), tenant))
     heapq.heapify(heap)
+    blocked_key = None  # the key its tenant had when the pass's first blocked task fitted nowhere
     while heap:
         tenant_key, tenant = heapq.heappop(heap)
         # Until the tenant is served its key stays what it was (keys read allocations and
@@ -604,10 +674,41 @@ def serve_in_order(
                     charge(cycle, tenant, task)
                 heapq.heappush(heap, (key(cycle, tenant), tenant))
                 break
+            elif blocked_key is None and cycle.decisions.blocked is not None:
+                blocked_key = tenant_key
             if key_reads_queue:
                 heapq.heappush(heap, (key(cycle, tenant), tenant))
                 break
+    if only is not None and snapshot.reserving:
+        _first_blocked_of_all(cycle, only, key, initial_shares, blocked_key)
     return cycle.decisions
+
+
+def _first_blocked_of_all(cycle: Cycle, only: list[str], key: KeyFn, initial_shares: np.ndarray | None,
+                          blocked_key) -> None:
+    """A pass over the candidate tenants ``only`` finds the first blocked task a pass over every
+    tenant would: a waiting tenant left out fits no node (``Snapshot.candidates``), so a pass
+    over all would have found its next task blocked when its key came up, if before
+    ``blocked_key``. Its key cannot have moved: nothing of it was placed."""
+    snapshot = cycle.snapshot
+    chosen = set(only)
+    rest = [tenant for tenant in snapshot.pending if tenant not in chosen]
+    if not rest:
+        return
+    if initial_shares is not None and not cycle.capped:  # the keys in one sort, in C: rest may be most tenants
+        rows = np.array([snapshot.rows[t] for t in rest])
+        shares, arrival = initial_shares[rows], snapshot.arrival[rows]
+        order = np.lexsort((np.array(rest), arrival, shares)).tolist()
+        keyed = ((fair_key(float(shares[i]), float(arrival[i]), rest[i]), rest[i]) for i in order)
+    else:
+        keyed = iter(sorted((key(cycle, t), t) for t in rest))
+    for tenant_key, tenant in keyed:
+        if blocked_key is not None and not tenant_key < blocked_key:
+            return
+        task = cycle.next_task(tenant)
+        if task is not None and not cycle.kept_off_reserved_room(task):
+            cycle.decisions.blocked = (tenant, task)
+            return
 
 
 def order_code(key: tuple, code: ReasonCode = ReasonCode.FAIR_ORDER) -> ReasonCode:
@@ -628,5 +729,5 @@ def leaf_arrival(snapshot: Snapshot, tenant: str) -> float:
     return float(snapshot.arrival[snapshot.rows[tenant]])
 
 
-__all__ = ["Cycle", "TenantOrder", "dominant_share_order", "ordering_resource", "serve_in_order", "order_code", "leaf_arrival",
+__all__ = ["Cycle", "DecisionList", "TenantOrder", "dominant_share_order", "ordering_resource", "serve_in_order", "order_code", "leaf_arrival",
            "alignment_scores"]

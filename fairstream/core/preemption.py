@@ -5,21 +5,27 @@ The rule operators know from YARN's Fair Scheduler (``fairSharePreemptionThresho
 stayed below ``threshold`` x its fair share for ``timeout`` seconds of event time, is *starved*;
 the scheduler then kills running tasks of tenants above their share and gives the room to it.
 
-What "fair share" means here: the tenant's *instantaneous* fair share, as YARN's, its weight
-fraction (``Snapshot.share_fraction``) renormalised over the *active* tenants (those with
-running or pending work), measured in the policy's own resource (``AccountingConfig.resource``:
-one resource, or the dominant share). A tenant's *share ratio* is its current share over that:
-1 is exactly its fair share.
+What "fair share" means here: the one fair share (``fairness.fair_shares``, YARN's): the tree
+divided queue by queue among the children with demand, by weight, each capped by its demand,
+max_share and max_resources and raised to its min_share, measured in the policy's own resource
+(``AccountingConfig.resource``: one resource, or the dominant share). A tenant's *share ratio*
+is its current share over that: 1 is exactly its fair share. The demand counts what runs and
+what waits, so moving a task from one to the other in a pass does not move the fair share.
 
 ``reclaim`` is the last stage of a pass, pure like the rest (it works on the pass's ``Cycle``):
 
 - victims come from the tenants furthest above their share in the policy's own order
-  (``victim_key``: the highest first; long-term usage for LTRF, dominant share for DRF), the
-  youngest task first (latest start, then latest arrival: the least work lost); a tenant is a
-  victim only while it is above its fair share *and* ahead of the starved tenant in that order,
-  so preemption never undoes what the policy chose (LTRF serving first a tenant that used less
-  over the long term);
-- a victim's tenant is never taken below its own share (its ratio stays >= 1);
+  (``victim_key``: the highest first; long-term usage for LTRF and H-LTRF; for the memoryless
+  policies the share ratio itself), the youngest task first (latest start, then latest
+  arrival: the least work lost); a tenant is a victim only while it is above its fair share
+  *and* ahead of the starved tenant in that order, so preemption never undoes what the policy
+  chose (LTRF serving first a tenant that used less over the long term);
+- a victim's tenant is never taken below its own fair share (its ratio stays >= 1), so never
+  below its min_share either (the fair share is raised to it);
+- room is made on one node at a time: for each node the task may use, the victims *on that
+  node* in the order above, until the task fits; the node needing the fewest victims wins (then
+  the lowest number). Only victims that go count against their tenant's share, so a tenant
+  holding room on every node can give up a whole node's worth;
 - no more is taken than the starved tenant's next task needs on one node, task by task, until
   it reaches its fair share or has nothing left that some node could hold;
 - nothing is taken for a task no node could hold even with every allowed victim gone;
@@ -40,7 +46,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from fairstream.core.fairness import instantaneous_fair_shares, resource_shares
+from fairstream.core.fairness import fair_shares, resource_shares
 from fairstream.core.model import EPSILON, ReasonCode, Task
 
 
@@ -73,11 +79,16 @@ def active_tenants(tenants: Sequence[str], running: Sequence[float], pending: Ma
     return np.array([r > 0 or (t in pending and pending[t].count > 0) for t, r in zip(tenants, running)], dtype=bool)
 
 
-def share_ratios(allocation: np.ndarray, capacity: np.ndarray, fractions: np.ndarray, active: np.ndarray,
-                 resource: int | None) -> np.ndarray:
-    """Each tenant's current share over its instantaneous fair share (module docstring): one
-    row per tenant; inf for an inactive tenant (it is owed nothing)."""
-    fair = instantaneous_fair_shares(fractions, active)
+def snapshot_fair_shares(snap) -> np.ndarray:
+    """The fair share (``fairness.fair_shares``) of every tenant row of a ``Snapshot``, in the
+    policy's measure: demand is what runs plus what waits."""
+    return fair_shares(snap.tree, snap.tenants, snap.allocation + snap.pending_demand, snap.capacity,
+                       snap.accounting.resource, snap.resources.names)
+
+
+def share_ratios(allocation: np.ndarray, capacity: np.ndarray, fair: np.ndarray, resource: int | None) -> np.ndarray:
+    """Each tenant's current share over its fair share ``fair`` (module docstring): one row per
+    tenant; inf for a tenant whose fair share is 0 (it is owed nothing)."""
     shares = resource_shares(allocation, capacity, resource)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(fair > 0, shares / np.where(fair > 0, fair, 1.0), np.inf)
@@ -92,29 +103,33 @@ def starved_past_timeout(starved_since: Mapping[str, float], now: float, rule: P
 VictimKey = Callable[[str, np.ndarray], float]
 
 
-def reclaim(cycle, rule: PreemptionRule, victim_key: VictimKey) -> None:
+def reclaim(cycle, rule: PreemptionRule, victim_key: VictimKey | None = None) -> None:
     """The preemption stage of a pass on ``cycle`` (a ``placement.Cycle``), after the policy's
     own placements: for each tenant starved past the timeout and still below ``threshold`` x
     its fair share, preempt and place as the module docstring says.
 
     ``victim_key(tenant, allocation)``: the policy's order of who is furthest above its share,
     highest first, given the tenants' allocation matrix as the stage has it (a key that falls
-    as victims go is read again after each)."""
+    as victims go is read again after each); None: the share ratio to the fair share."""
     snap = cycle.snapshot
     if snap.running_tasks is None or not snap.starved_since:
         return
     starved = [t for t in starved_past_timeout(snap.starved_since, snap.time, rule) if t in snap.pending]
     if not starved:
         return
-    active = active_tenants(snap.tenants, snap.running, snap.pending)
+    fair = snapshot_fair_shares(snap)
 
     def ratios(allocation: np.ndarray) -> np.ndarray:
-        return share_ratios(allocation, snap.capacity, snap.share_fraction, active, snap.accounting.resource)
+        return share_ratios(allocation, snap.capacity, fair, snap.accounting.resource)
 
-    # Running tasks per tenant, oldest first (the youngest is taken first, from the end).
-    by_tenant: dict[str, list[RunningTask]] = {}
-    for task in sorted(snap.running_tasks, key=lambda t: (t.start, t.seq, t.id)):
-        by_tenant.setdefault(task.tenant, []).append(task)
+    if victim_key is None:
+        def victim_key(tenant: str, allocation: np.ndarray) -> float:
+            return float(ratios(allocation)[snap.rows[tenant]])
+
+    # Running tasks per node, youngest first (latest start, then latest arrival).
+    by_node: dict[int, list[RunningTask]] = {}
+    for task in sorted(snap.running_tasks, key=lambda t: (t.start, t.seq, t.id), reverse=True):
+        by_node.setdefault(task.node, []).append(task)
     taken: set[str] = set()
     for tenant in starved:
         row = snap.rows[tenant]
@@ -123,69 +138,91 @@ def reclaim(cycle, rule: PreemptionRule, victim_key: VictimKey) -> None:
         waited = snap.time - snap.starved_since[tenant]
         while ratios(cycle.allocation)[row] < 1.0 - EPSILON:
             heads = [task for task in cycle.shape_heads(tenant, every_shape=True) if cycle.within_caps(tenant, task)]
-            if not any(_make_room(cycle, tenant, task, by_tenant, taken, victim_key, ratios, waited) for task in heads):
+            if not any(_make_room(cycle, tenant, task, by_node, taken, victim_key, ratios, waited) for task in heads):
                 break  # nothing of it fits anywhere, even with every allowed victim gone
 
 
-def _make_room(cycle, tenant: str, task: Task, by_tenant: dict[str, list[RunningTask]], taken: set[str],
+def _make_room(cycle, tenant: str, task: Task, by_node: dict[int, list[RunningTask]], taken: set[str],
                victim_key: VictimKey, ratios: Callable[[np.ndarray], np.ndarray], waited: float) -> bool:
     """Free room for ``task`` of starved ``tenant`` on one node and place it there; False
     (nothing changed) if no node it may use can be freed enough."""
     snap = cycle.snapshot
-    eligible = cycle.eligible(task.constraints) & (snap.free > -0.5).all(axis=1)  # live nodes it may use
+    # Live nodes it may use, but a node reserved for another task's shape.
+    eligible = cycle.eligible(task.constraints) & (snap.free > -0.5).all(axis=1) & cycle.usable(task)
     need = task.demand - EPSILON
     room = np.flatnonzero(eligible & (cycle.free >= need).all(axis=1))
     if len(room):  # left by an earlier victim of this stage: no victim needed
         cycle.commit(tenant, task, int(room[0]), f"reclaimed: placed for starved {tenant} on room freed for it",
                      ReasonCode.RECLAIMED)
         return True
-    # Take victims tentatively, furthest-above tenant first and its youngest useful task first,
-    # until one node the task may use has room; then only the victims on that node go.
-    allocation = cycle.allocation.copy()
-    freed = np.zeros_like(cycle.free)
-    chosen: dict[int, list[RunningTask]] = {}
-    left = {victim: len(tasks) for victim, tasks in by_tenant.items()}
-    # A victim is above its share and ahead of the starved tenant in the policy's own order
-    # (for LTRF: more long-term usage), so preemption never undoes what the policy chose.
-    own = victim_key(tenant, allocation)
-    above = ratios(allocation)
-    heap = [(-key, v) for v in by_tenant
-            if v != tenant and above[snap.rows[v]] > 1.0 + EPSILON and (key := victim_key(v, allocation)) > own]
-    heapq.heapify(heap)
-    node = None
-    while heap and node is None:
-        _, victim = heapq.heappop(heap)
-        row = snap.rows[victim]
-        found = None
-        while left[victim] > 0 and found is None:
-            left[victim] -= 1
-            candidate = by_tenant[victim][left[victim]]
-            if candidate.id in taken or not eligible[candidate.node]:
-                continue  # gone already, or on a node this task may not use
-            allocation[row] -= candidate.demand
-            if ratios(allocation)[row] < 1.0 - EPSILON:
-                allocation[row] += candidate.demand  # would take it below its share: an older, smaller one may do
-                continue
-            found = candidate
-        if found is None:
-            continue  # nothing more of this tenant can go
-        freed[found.node] += found.demand
-        chosen.setdefault(found.node, []).append(found)
-        if (cycle.free[found.node] + freed[found.node] >= need).all():
-            node = found.node
-        elif left[victim] > 0 and ratios(allocation)[row] > 1.0 + EPSILON and victim_key(victim, allocation) > own:
-            heapq.heappush(heap, (-victim_key(victim, allocation), victim))
-    if node is None:
+    own = victim_key(tenant, cycle.allocation)
+    best: tuple[int, int, list[RunningTask]] | None = None  # (victims, node, them)
+    for node in sorted(by_node):
+        if not eligible[node]:
+            continue
+        here = [t for t in by_node[node] if t.id not in taken]
+        if (cycle.free[node] + sum((t.demand for t in here), np.zeros_like(need)) < need).any():
+            continue  # even every task on it gone would not make room
+        victims = _victims_on_node(cycle, node, here, need, own, victim_key, ratios,
+                                   None if best is None else best[0])
+        if victims is not None and (best is None or len(victims) < best[0]):
+            best = (len(victims), node, victims)
+            if best[0] == 1:
+                break  # no node needs fewer
+    if best is None:
         return False
-    for victim_task in chosen[node]:
+    _, node, victims = best
+    for victim_task in victims:
         taken.add(victim_task.id)
         cycle.evict(victim_task, f"preempt: frees room for {tenant}, below its fair share for {waited:.4g}s "
-                                 f"(preemption_timeout reached); {victim_task.tenant} stays at or above its own share",
-                    ReasonCode.FAIR_SHARE_PREEMPTION)
+                                 f"(preemption_timeout reached); {victim_task.tenant} stays at or above its own "
+                                 f"fair share", ReasonCode.FAIR_SHARE_PREEMPTION)
     cycle.commit(tenant, task, node, f"reclaimed: placed for starved {tenant} on room preempted for it",
                  ReasonCode.RECLAIMED)
     return True
 
 
-__all__ = ["PreemptionRule", "RunningTask", "active_tenants", "share_ratios", "starved_past_timeout",
-           "reclaim"]
+def _victims_on_node(cycle, node: int, here: list[RunningTask], need: np.ndarray, own: float, victim_key: VictimKey,
+                     ratios: Callable[[np.ndarray], np.ndarray], most: int | None) -> list[RunningTask] | None:
+    """The victims on ``node`` (its running tasks ``here``, youngest first) that make room for
+    ``need``, taken tenant by tenant furthest above its share first, each tenant's youngest
+    task that keeps it at or above its fair share; None if they cannot (or need more than
+    ``most``). Only these victims count against their tenants' shares."""
+    snap = cycle.snapshot
+    allocation = cycle.allocation.copy()
+    free = cycle.free[node].copy()
+    left: dict[str, list[RunningTask]] = {}
+    for task in here:
+        left.setdefault(task.tenant, []).append(task)
+    chosen: list[RunningTask] = []
+
+    def eligible_victim(victim: str) -> bool:
+        return bool(left[victim]) and ratios(allocation)[snap.rows[victim]] > 1.0 + EPSILON \
+            and victim_key(victim, allocation) > own
+
+    heap = [(-victim_key(v, allocation), v) for v in left if eligible_victim(v)]
+    heapq.heapify(heap)
+    while heap and (free < need).any():
+        if most is not None and len(chosen) >= most:
+            return None
+        _, victim = heapq.heappop(heap)
+        row = snap.rows[victim]
+        found = None
+        for candidate in left[victim]:  # youngest first; an older, smaller one may keep it at its share
+            allocation[row] -= candidate.demand
+            if ratios(allocation)[row] >= 1.0 - EPSILON:
+                found = candidate
+                break
+            allocation[row] += candidate.demand
+        if found is None:
+            continue  # nothing more of this tenant can go
+        left[victim].remove(found)
+        free += found.demand
+        chosen.append(found)
+        if eligible_victim(victim):
+            heapq.heappush(heap, (-victim_key(victim, allocation), victim))
+    return chosen if (free >= need).all() else None
+
+
+__all__ = ["PreemptionRule", "RunningTask", "active_tenants", "snapshot_fair_shares", "share_ratios",
+           "starved_past_timeout", "reclaim"]

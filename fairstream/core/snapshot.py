@@ -114,6 +114,17 @@ EMPTY_MAPPING: Mapping[str, float] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
+class Reservation:
+    """A node whose freed room is kept for one waiting task: ``tenant``'s next task of ``shape``
+    (``task``: its id when reserved), on node row ``node`` (YARN Fair Scheduler's reservation)."""
+
+    node: int
+    tenant: str
+    shape: int
+    task: str
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """The cluster as one pass sees it. Row ``i`` of every tenant array is ``tenants[i]``.
 
@@ -171,6 +182,13 @@ class Snapshot:
     # Per leaf that orders its jobs (``TenantSpec.ordering`` fair, drf or ltrf), its jobs' running
     # demand and accumulated usage (``fairstream.core.jobs``); the engine's own, to be read only.
     job_usage: Mapping[str, Mapping[str, "JobUsage"]] = field(default_factory=lambda: EMPTY_MAPPING)
+    # Per tenant row, the summed demand of its pending tasks (requests counted by their count):
+    # with ``allocation``, the demand the fair share is capped by (``fairness.fair_shares``).
+    pending_demand: np.ndarray | None = None
+    # The node reserved for the first waiting task that fitted nowhere (policies with
+    # ``reservation=on``): no other task shape is placed there (``placement.Cycle``).
+    reservation: Reservation | None = None
+    reserving: bool = False  # the policy reserves nodes (``reservation=on``): passes find the first blocked task
 
     def __post_init__(self) -> None:
         # Read-only in fact, not by convention: a policy that writes to a snapshot array raises
@@ -188,4 +206,4 @@ class Snapshot:
 
 
 _ARRAYS = ("free", "capacity", "share_fraction", "allocation", "share", "accumulated", "pseudo_accumulated",
-           "quantum", "arrival", "waiting_since", "running", "node_capacity", "grown_rows")
+           "quantum", "arrival", "waiting_since", "running", "node_capacity", "grown_rows", "pending_demand")

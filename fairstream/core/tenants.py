@@ -44,8 +44,7 @@ class TenantTree:
                 else:
                     rest.append(spec)
             if not progressed:
-                bad = rest[0]
-                raise ModelError(f"tenants[{bad.id}].parent: unknown tenant {bad.parent!r} (or a cycle)")
+                raise ModelError(_unresolved(rest))
             pending = rest
         tree._recompute()
         return tree
@@ -131,6 +130,43 @@ class TenantTree:
     @property
     def depth(self) -> int:
         return max((len(p) for p in self._paths.values()), default=0)
+
+
+def _unresolved(rest: list[TenantSpec]) -> str:
+    """Why these specs hang from no tree: a parent that is not declared, or a cycle (named)."""
+    parents = {spec.id: spec.parent for spec in rest}
+    for spec in rest:
+        if spec.parent not in parents:
+            return f"tenants[{spec.id}].parent: unknown tenant {spec.parent!r}"
+    start = rest[0].id
+    seen: list[str] = []
+    node = start
+    while node not in seen:  # every parent here is in ``rest``: the walk must come round
+        seen.append(node)
+        node = parents[node]
+    cycle = seen[seen.index(node):] + [node]
+    return f"tenants[{cycle[0]}].parent: the tree has a cycle {' -> '.join(cycle)} (each is its own ancestor)"
+
+
+def guaranteed_total(tree: TenantTree) -> float:
+    """How much of the cluster the tree guarantees in min_shares: each top-level tenant's own
+    min_share or its children's together, whichever is more. Above 1, every guarantee is scaled
+    down in proportion (``fairness.fair_shares``)."""
+
+    def guaranteed(node: str) -> float:
+        below = sum(guaranteed(kid) for kid in tree.children.get(node, []))
+        return max(tree.specs[node].min_share, below)
+
+    return sum(guaranteed(kid) for kid in tree.children.get(ROOT, []))
+
+
+def min_share_warning(tree: TenantTree) -> str | None:
+    """One line when the tree's min_shares add up to more than the cluster, else None."""
+    total = guaranteed_total(tree)
+    if total <= 1 + 1e-9:
+        return None
+    return (f"min_share adds up to {total:.4g} of the cluster: no guarantee can be kept whole, each is scaled "
+            f"down in proportion (to {1 / total:.3g} of it)")
 
 
 def specs_from_json(items: list[dict]) -> list[TenantSpec]:

@@ -26,7 +26,7 @@ import numpy as np
 from fairstream.core.fairness import (
     counted_allocation,
     fairness_degree,
-    instantaneous_fair_shares,
+    fair_shares,
     resource_shares,
     soft_fairness_degree,
     sharing_benefit,
@@ -90,8 +90,8 @@ class MetricsRecorder:
         own share by a whole task of this tenant's size (its mean running task), so no task
         could come to it without taking another tenant below its share. (256 GPUs over three
         tenants of 1-GPU tasks: 86, 86, 84 is fair share reached; 85.33 each is not possible.)
-        The fair share is its weight fraction over the tenants with running or pending work (as
-        preemption measures it, ``fairstream.core.preemption``)."""
+        The fair share is the one preemption restores (``fairness.fair_shares``), in the
+        metric resource."""
         acc = self.engine.accounting
         n = len(g)
         if len(self._reached) < n:  # tenants joined
@@ -102,7 +102,10 @@ class MetricsRecorder:
             return
         active = d > 0
         self._wanting_since[active & np.isnan(self._wanting_since)] = at
-        fair = instantaneous_fair_shares(acc.fractions[:n], active)
+        capacity = acc.capacity
+        fair = fair_shares(self.engine.tree, [ledger.name for ledger in acc.ledgers[:n]],
+                           acc.allocation[:n] + self.engine.waiting_demand()[:n], capacity, self.resource,
+                           self.engine.resources.names)
         waiting = active & ~self._reached
         reached = waiting & (g >= np.minimum(fair, d) - 1e-9)
         short = np.flatnonzero(waiting & ~reached & (g > 0))

@@ -1,0 +1,313 @@
+"""Features that are right alone must be right together (issue "Features that are right alone
+must be right together"): each case is a small scenario an operator would write from the docs,
+with the arithmetic done by hand first, in the comments."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from fairstream.core.explain import WaitReason, explain
+from fairstream.core.fairness import fair_shares
+from fairstream.core.model import DecisionKind, TaskCompleted, TaskSubmitted, TenantSpec
+from fairstream.sim.scenario import parse_scenario
+from fairstream.sim.simulator import Simulator
+
+from builders import engine, node, tree
+
+
+def placed(decisions) -> Counter:
+    return Counter(d.tenant for d in decisions if d.kind is DecisionKind.PLACE for _ in range(d.count or 1))
+
+
+def preempted(decisions) -> Counter:
+    return Counter(d.tenant for d in decisions if d.kind is DecisionKind.PREEMPT)
+
+
+# ------------------------------------------------------------------ 1. preemption across nodes
+
+
+def test_preemption_makes_room_on_one_node_and_counts_only_the_victims_that_go():
+    # 10 nodes x 10 cpu, all held by A's 1-cpu tasks. B submits ten 6-cpu tasks at t=100.
+    # Fair shares: A asks 100 cpu, B 60; equal weights: 50 each. At t=130 (timeout 30,
+    # threshold 1) B is owed 50: each 6-cpu task needs 6 of A's tasks gone from one node.
+    # Eight tasks: B 48, A 52. A ninth would take A to 46 < 50: never. Victims on other nodes
+    # (A's youngest tasks are spread over all ten) must not count against A's share.
+    e = engine(tree("A", "B"), "drf", resources=("cpu",), preemption="on", preemption_timeout=30,
+               preemption_threshold=1)
+    e.step(0, [node(f"n{i}", cpu=10) for i in range(10)]
+           + [TaskSubmitted(0, f"a{k}", "ja", "A", {"cpu": 1}) for k in range(100)])
+    e.step(100, [TaskSubmitted(100, f"b{k}", "jb", "B", {"cpu": 6}) for k in range(10)])
+    result = e.step(130, [])
+    assert (preempted(result.decisions), placed(result.decisions)) == ({"A": 48}, {"B": 8})
+    assert e.accounting.allocation[:, 0].tolist() == [52.0, 48.0]
+    # Every B task sits on a node where exactly its six victims were.
+    per_node = Counter(d.node for d in result.decisions if d.kind is DecisionKind.PREEMPT)
+    assert sorted(per_node.values()) == [6] * 8
+    # Nothing more can be done without taking A below 50: no re-check is asked for.
+    assert e.wake_at() is None
+
+
+# -------------------------------------------------------- 2. a queue's max_running with an ordering
+
+
+def queue_limits_with_ordering(policy: str):
+    """4 nodes of <8 cpu, 32 GB>; eng (weight 3) = {a: max_running 2, ordering fair, three jobs
+    of 20 tasks; b: max_resources cpu 8, 40 tasks}, ops (weight 1, 60 tasks); all <1 cpu, 4 GB>."""
+    t = tree(TenantSpec("eng", weight=3), TenantSpec("a", parent="eng", max_running=2, ordering="fair"),
+             TenantSpec("b", parent="eng", max_resources={"cpu": 8}), TenantSpec("ops", weight=1))
+    params = dict(quantum=1, quantum_mode="fixed") if policy in ("ltrf", "hltrf") else {}
+    e = engine(t, policy, resources=("cpu", "mem"), **params)
+    events = [node(f"n{i}", cpu=8, mem=32) for i in range(4)]
+    for j in range(3):
+        events += [TaskSubmitted(0, f"a{j}-{k}", f"aj{j}", "a", {"cpu": 1, "mem": 4}) for k in range(20)]
+    events += [TaskSubmitted(0, f"b-{k}", "bj", "b", {"cpu": 1, "mem": 4}) for k in range(40)]
+    events += [TaskSubmitted(0, f"o-{k}", "oj", "ops", {"cpu": 1, "mem": 4}) for k in range(60)]
+    return e, e.step(0, events)
+
+
+@pytest.mark.parametrize("policy, expected", [
+    # 32 slots. Effective weights a 3/8, b 3/8, ops 1/4. b stops at 8 (max_resources cpu 8); a and
+    # ops share the other 24 as 3:2, 14.4 : 9.6, whole tasks 14 and 10. a runs two of its three
+    # jobs (max_running 2); the third waits without holding back the two running jobs' tasks.
+    pytest.param("drf", {"a": 14, "b": 8, "ops": 10}, id="drf gives a 14, b 8, ops 10"),
+    pytest.param("fair", {"a": 14, "b": 8, "ops": 10}, id="fair gives a 14, b 8, ops 10"),
+    pytest.param("ltrf", {"a": 14, "b": 8, "ops": 10}, id="ltrf gives a 14, b 8, ops 10"),
+    # hltrf walks the tree: eng's 24 stay in eng, b's cap leaves 16 to a; ops 8 (YARN's answer,
+    # and the fair share: fairness.fair_shares gives a 0.5, b 0.25, ops 0.25).
+    pytest.param("hltrf", {"a": 16, "b": 8, "ops": 8}, id="hltrf keeps eng's share in eng: a 16, b 8, ops 8"),
+])
+def test_a_queues_max_running_holds_back_only_the_job_that_may_not_start(policy, expected):
+    _, result = queue_limits_with_ordering(policy)
+    assert placed(result.decisions) == expected
+    assert {d.job for d in result.decisions if d.tenant == "a"} == {"aj0", "aj1"}
+
+
+def test_pending_says_the_third_job_waits_for_max_running_and_the_others_for_room():
+    e, _ = queue_limits_with_ordering("drf")
+    groups = {(g.tenant, g.reason): g for gs in explain(e).groups.values() for g in gs}
+    # a: 40 tasks of its two running jobs, 14 placed: 26 wait for room, a first in line (DRF
+    # key 14/32 / (3/8) = 1.167 against ops's 10/32 / (1/4) = 1.25), a node reserved for its
+    # next one; aj2's 20 wait for max_running.
+    assert groups[("a", WaitReason.RESERVATION)].tasks == 26
+    assert groups[("a", WaitReason.MAX_RUNNING)].tasks == 20
+    assert "job aj2 waits" in groups[("a", WaitReason.MAX_RUNNING)].message
+    assert groups[("ops", WaitReason.BEHIND_TENANTS)].waits_for == "a"
+
+
+def test_max_running_without_an_ordering_passes_over_a_new_jobs_task_for_a_running_jobs_later_one():
+    # One tenant, max_running 1, two jobs whose tasks arrive interleaved (j1, j2, j1, j2, ...).
+    # j1 runs; j2's tasks wait; every j1 task fits and goes: 4 of them on 4 slots.
+    e = engine(tree(TenantSpec("A", max_running=1)), "drf")
+    events = [node("n", mem=4)]
+    for k in range(4):
+        events += [TaskSubmitted(0, f"x{k}", "j1", "A", {"mem": 1}), TaskSubmitted(0, f"y{k}", "j2", "A", {"mem": 1})]
+    result = e.step(0, events)
+    assert Counter(d.job for d in result.decisions) == {"j1": 4}
+
+
+# ------------------------------------------------------------------------ 3. one fair share
+
+
+def eng_and_ops(**eng_children):
+    """eng {a, b} and ops, equal weights; ``eng_children`` sets a's or b's spec fields."""
+    return tree(TenantSpec("eng"), TenantSpec("a", parent="eng", **eng_children.get("a", {})),
+                TenantSpec("b", parent="eng", **eng_children.get("b", {})), TenantSpec("ops"))
+
+
+@pytest.mark.parametrize("specs, demand, expected", [
+    # eng and ops half each; b idle, so a has all of eng's half (YARN: 0.5 / 0.5; a flat
+    # renormalisation of effective weights 1/4, 1/4, 1/2 over a and ops said 1/3 and 2/3).
+    pytest.param({}, {"a": 100, "b": 0, "ops": 100}, {"a": 0.5, "b": 0.0, "ops": 0.5},
+                 id="an idle sibling's share stays in its queue"),
+    # a asks for 10: it gets 10; b the rest of eng's 50: 40; ops 50.
+    pytest.param({}, {"a": 10, "b": 100, "ops": 100}, {"a": 0.1, "b": 0.4, "ops": 0.5},
+                 id="a queue's share not asked for by one child goes to its sibling"),
+    # Everyone asks for 10: everyone gets what it asks, the rest is nobody's.
+    pytest.param({}, {"a": 10, "b": 10, "ops": 10}, {"a": 0.1, "b": 0.1, "ops": 0.1},
+                 id="the fair share is capped by demand"),
+    # a's max_share 0.2 caps it; b has the rest of eng's half.
+    pytest.param({"a": {"max_share": 0.2}}, {"a": 100, "b": 100, "ops": 100}, {"a": 0.2, "b": 0.3, "ops": 0.5},
+                 id="max_share caps a tenant and its queue's share goes to the sibling"),
+    # a's min_share 0.8 is a fraction of the cluster: eng is guaranteed what its children are,
+    # 0.8 > its weighted 0.5, so eng 0.8 and ops 0.2; in eng, a's 0.8 leaves b nothing.
+    pytest.param({"a": {"min_share": 0.8}}, {"a": 100, "b": 100, "ops": 100}, {"a": 0.8, "b": 0.0, "ops": 0.2},
+                 id="a min_share raises a tenant and its queues above their weighted share"),
+    # The guarantee is capped by demand: a asks 30, so it is guaranteed 30, and eng's other 20
+    # of its half go to b.
+    pytest.param({"a": {"min_share": 0.8}}, {"a": 30, "b": 100, "ops": 100}, {"a": 0.3, "b": 0.2, "ops": 0.5},
+                 id="a min_share is capped by what the tenant asks for"),
+])
+def test_the_fair_share_is_hierarchical_weighted_capped_and_raised(specs, demand, expected):
+    t = eng_and_ops(**specs)
+    names = ["a", "b", "ops"]
+    shares = fair_shares(t, names, np.array([[demand[n]] for n in names], dtype=float), np.array([100.0]), 0, ("cpu",))
+    assert dict(zip(names, shares.tolist())) == pytest.approx(expected)
+
+
+def test_min_shares_beyond_the_cluster_are_scaled_to_it():
+    # a and ops each guaranteed 0.8: 1.6 > 1, so each gets in proportion, 0.5.
+    t = tree(TenantSpec("a", min_share=0.8), TenantSpec("ops", min_share=0.8))
+    shares = fair_shares(t, ["a", "ops"], np.array([[100.0], [100.0]]), np.array([100.0]), 0, ("cpu",))
+    assert shares.tolist() == pytest.approx([0.5, 0.5])
+
+
+def preempting_scenario(tenants: list[dict], policy: str = "drf", **params) -> tuple[list, Simulator]:
+    """One node of 100 cpu; ops holds all of it with 100 1-cpu tasks (10,000 s) from t=0; a
+    submits 100 such tasks at t=10; preemption on, timeout 30, threshold 1."""
+    document = {"resources": ["cpu"], "nodes": [{"id": "n", "capacity": {"cpu": 100}}], "tenants": tenants,
+                "tasks": [{"id": "o", "job": "o", "tenant": "ops", "submit": 0, "duration": 10000,
+                           "demand": {"cpu": 1}, "count": 100},
+                          {"id": "x", "job": "x", "tenant": "a", "submit": 10, "duration": 10000,
+                           "demand": {"cpu": 1}, "count": 100}]}
+    out: list = []
+    all_params = {"preemption": "on", "preemption_timeout": "30", "preemption_threshold": "1", **params}
+    sim = Simulator(parse_scenario(document), policy, all_params, on_decision=out.append, explain_at=100)
+    sim.run()
+    return out, sim
+
+
+EQUAL_TREE = [{"id": "eng"}, {"id": "a", "parent": "eng"}, {"id": "b", "parent": "eng"}, {"id": "ops"}]
+
+
+@pytest.mark.parametrize("policy, params", [
+    pytest.param("drf", {}, id="drf"),
+    pytest.param("fair", {"resource": "cpu"}, id="fair"),
+    pytest.param("hltrf", {"resource": "cpu", "quantum": "1", "quantum_mode": "fixed"}, id="hltrf"),
+])
+def test_preemption_restores_the_hierarchical_fair_share_not_a_flat_one(policy, params):
+    # eng {a, b idle} and ops, equal weights: a's fair share is eng's half, 50 cpu. Preemption
+    # takes 50 of ops's tasks (a flat share, 1/3 for a, took 33; under hltrf, whose own order
+    # gives eng half, preempting to a flat share pushed ops back to 66).
+    decisions, sim = preempting_scenario(EQUAL_TREE, policy, **params)
+    assert preempted(decisions) == {"ops": 50}
+    status = {t.tenant: t for t in sim.explanation.tenants}
+    assert (status["a"].fair_share, status["ops"].fair_share) == (0.5, 0.5)
+    assert status["a"].starved_since is None
+
+
+def test_min_share_is_given_and_never_preempted():
+    # a has min_share 0.8: its fair share is 0.8 (raised to it), ops's 0.2. a gets 80 of ops's
+    # room and keeps it: nothing of a is preempted, ops is not starved at 20 (its fair share).
+    decisions, sim = preempting_scenario([{"id": "a", "min_share": 0.8}, {"id": "ops"}])
+    assert preempted(decisions) == {"ops": 80}
+    status = {t.tenant: t for t in sim.explanation.tenants}
+    assert (status["a"].fair_share, status["ops"].fair_share) == (pytest.approx(0.8), pytest.approx(0.2))
+    assert status["ops"].starved_since is None
+
+
+def test_a_tenant_held_by_its_own_max_share_is_not_starved():
+    # a's max_share 0.3 caps its fair share at 0.3 = 30 cpu; it gets 30 and is not starved, and
+    # a max_share that a whole task cannot reach (tasks of 40 cpu under 0.5) is not starvation.
+    decisions, sim = preempting_scenario([{"id": "a", "max_share": 0.3}, {"id": "ops"}])
+    assert preempted(decisions) == {"ops": 30}
+    status = {t.tenant: t for t in sim.explanation.tenants}
+    assert status["a"].fair_share == pytest.approx(0.3) and status["a"].starved_since is None
+    e = engine(tree(TenantSpec("A", max_share=0.5), "B"), "drf", resources=("cpu",), preemption="on",
+               preemption_timeout=0, preemption_threshold=1)
+    e.step(0, [node("n", cpu=100), TaskSubmitted(0, "b", "jb", "B", {"cpu": 1}, count=100)])
+    e.step(1, [TaskSubmitted(1, "a", "ja", "A", {"cpu": 40}, count=2)])
+    e.step(2, [])  # preemption (timeout 0): 40 of B's tasks go, A's first task runs
+    e.step(3, [])
+    # A's fair share: 0.5 (capped by max_share); it holds 40 (one task; a second would be 80).
+    assert e.accounting.allocation[:, 0].tolist() == [40.0, 60.0]
+    assert "A" not in e.starved_since
+
+
+# ------------------------------------------------------------------- 4. ties after a timeout
+
+
+LTRF_TIE = {
+    "resources": ["mem"], "nodes": [{"id": "n", "capacity": {"mem": 100}}], "tenants": [{"id": "A"}, {"id": "B"}],
+    "tasks": [
+        # B used the whole node for 5,000 s (500,000 mem-s); A then runs it from 5,000.
+        {"id": "b-old", "job": "b0", "tenant": "B", "submit": 0, "duration": 5000, "demand": {"mem": 1}, "count": 100},
+        {"id": "a", "job": "a", "tenant": "A", "submit": 5000, "duration": 20000, "demand": {"mem": 1}, "count": 100},
+        # B comes back at 9,940; its timeout runs out at 10,000, when A's usage is 100 x 5,000 =
+        # 500,000 too: a tie, A is not ahead of B in LTRF's order, so no victim then. From then
+        # on A is ahead, without any event arriving.
+        {"id": "b", "job": "b1", "tenant": "B", "submit": 9940, "duration": 20000, "demand": {"mem": 1}, "count": 100},
+    ],
+}
+LTRF_PARAMS = {"preemption": "on", "preemption_timeout": "60", "preemption_threshold": "1", "quantum": "1",
+               "quantum_mode": "fixed"}
+
+
+def test_the_simulator_checks_again_while_a_starved_tenant_could_be_served_as_the_worker_does():
+    out: list = []
+    Simulator(parse_scenario(LTRF_TIE), "ltrf", LTRF_PARAMS, on_decision=out.append).run()
+    simulated = [d for d in out if d.kind is DecisionKind.PREEMPT and d.time < 20000]
+    # The check after the tie, one timeout later (10,060), takes 50 of A's tasks: B's half.
+    assert Counter((d.time, d.tenant) for d in simulated) == {(10060.0, "A"): 50}
+    # The worker's passes follow heartbeats (every 10 s here): the first after 10,000 takes the
+    # same 50. Same engine, driven as the worker drives it.
+    e = engine(tree("A", "B"), "ltrf", resources=("mem",), **{k: v for k, v in LTRF_PARAMS.items()})
+    e.step(0, [node("n", mem=100), TaskSubmitted(0, "b-old", "b0", "B", {"mem": 1}, count=100)])
+    e.step(5000, [TaskCompleted(5000, f"b-old-{k}") for k in range(100)]
+           + [TaskSubmitted(5000, "a", "a", "A", {"mem": 1}, count=100)])
+    e.step(9940, [TaskSubmitted(9940, "b", "b1", "B", {"mem": 1}, count=100)])
+    worker = []
+    for t in range(9950, 11000, 10):
+        worker += e.step(float(t), [node("n", time=float(t), mem=100)]).decisions
+    assert sum(d.count or 1 for d in worker if d.kind is DecisionKind.PREEMPT) == 50
+
+
+# ------------------------------------------------------- 5. big tasks are not starved: reservations
+
+
+def big_task_among_small_ones(reservation: str):
+    """2 nodes of 8 cpu, all held by S's unit tasks: on n0 the ones ending at 10, 11, ..., 17 s,
+    on n1 the same (s0 ... s15 end at 10 + k), then S keeps 200 more 10-s unit tasks waiting.
+    B submits one 4-cpu task at t=1: DRF puts B first (it holds nothing), but every unit of room
+    that frees is one cpu, too small for B, and went to S's next unit task."""
+    tasks = [{"id": f"s{k}", "job": "s", "tenant": "S", "submit": 0, "duration": 10 + k, "demand": {"cpu": 1}}
+             for k in range(16)]
+    tasks += [{"id": f"t{k}", "job": "s", "tenant": "S", "submit": 0, "duration": 10, "demand": {"cpu": 1}}
+              for k in range(200)]
+    tasks += [{"id": "big", "job": "b", "tenant": "B", "submit": 1, "duration": 5, "demand": {"cpu": 4}}]
+    document = {"resources": ["cpu"], "nodes": [{"id": "n0", "capacity": {"cpu": 8}}, {"id": "n1", "capacity": {"cpu": 8}}],
+                "tenants": [{"id": "S"}, {"id": "B"}], "tasks": tasks}
+    out: list = []
+    sim = Simulator(parse_scenario(document), "drf", {"reservation": reservation}, on_decision=out.append,
+                    explain_at=12.5)
+    sim.run()
+    return next(d for d in out if d.task == "big"), sim.explanation.pending["B"][0]
+
+
+def test_a_big_task_first_in_line_reserves_a_node_and_starts_when_enough_room_is_kept_there():
+    # At t=1 B's 4-cpu task fits nowhere: it reserves the node that lacks least, n0 (first of two
+    # equal). s0 ... s3 on n0 end at 10, 11, 12, 13; their room is kept: at 12.5 three cpu are,
+    # one more is needed; at 13 B starts on n0.
+    placed_big, why = big_task_among_small_ones("on")
+    assert (placed_big.time, placed_big.node) == (13.0, "n0")
+    assert why.reason is WaitReason.RESERVATION
+    assert 'node n0 is reserved for B\'s next task of this shape (big)' in why.message
+    assert 'it needs {"cpu":1.0} more there' in why.message
+
+
+def test_without_a_reservation_the_big_task_waits_and_the_explanation_says_why():
+    # Every freed cpu goes to S's next unit task until S's queue runs dry: B starts at 141 s.
+    placed_big, why = big_task_among_small_ones("off")
+    assert placed_big.time == 141.0
+    assert why.reason is WaitReason.NO_ROOM
+    assert "room freed in smaller pieces goes to smaller tasks behind it (reservation is off)" in why.message
+
+
+def test_the_reserved_nodes_room_goes_to_no_other_shape_and_a_lost_node_drops_the_reservation():
+    e = engine(tree("S", "B"), "drf", resources=("cpu",))
+    e.step(0, [node("n0", cpu=4), node("n1", cpu=4)]
+           + [TaskSubmitted(0, f"s{k}", "js", "S", {"cpu": 1}) for k in range(12)])
+    e.step(1, [TaskSubmitted(1, "big", "jb", "B", {"cpu": 3})])
+    assert (e.reservation.node, e.reservation.task) == (0, "big")
+    # One of S's tasks on n0 ends: its cpu is kept for B (S's next unit task waits, though it fits).
+    freed = e.step(2, [TaskCompleted(2, "s0")])
+    assert freed.decisions == [] and e.used[0].tolist() == [3.0]
+    why = {g.tenant: g for gs in explain(e).groups.values() for g in gs}["S"]
+    assert why.reason is WaitReason.RESERVED_FOR_OTHER and "kept for B's task big" in why.message
+    # n0 is lost: the reservation goes with it, B's task is reserved elsewhere.
+    from fairstream.core.model import NodeLost
+
+    e.step(3, [NodeLost(3, "n0")])
+    assert e.reservation is not None and e.reservation.node == 1
