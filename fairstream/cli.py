@@ -333,25 +333,31 @@ def cmd_configure(args) -> int:
     return 0
 
 
-def _worker_engine(args):
-    """The cluster's engine as the worker holds it (its last snapshot in Redis and the log after
-    it, replayed), or None and why not (no Redis, no such cluster, no snapshot yet)."""
+def _from_store(args, read):
+    """``read(store)`` on the worker's Redis state store (``--redis``, ``--app-id``), awaited."""
     import asyncio
 
-    from fairstream.state.engine_snapshot import SnapshotError, decode_engine
     from fairstream.state.store import RedisStore, redis_client
-    from fairstream.wire.log import replay
-    from redis.exceptions import RedisError
 
-    async def load():
+    async def run():
         client = redis_client(args.redis)
         try:
-            return await RedisStore(client, prefix=args.app_id).load(args.cluster)
+            return await read(RedisStore(client, prefix=args.app_id))
         finally:
             await client.aclose()
 
+    return asyncio.run(run())
+
+
+def _worker_engine(args):
+    """The cluster's engine as the worker holds it (its last snapshot in Redis and the log after
+    it, replayed), or None and why not (no Redis, no such cluster, no snapshot yet)."""
+    from fairstream.state.engine_snapshot import SnapshotError, decode_engine
+    from fairstream.wire.log import replay
+    from redis.exceptions import RedisError
+
     try:
-        record = asyncio.run(load())
+        record = _from_store(args, lambda store: store.load(args.cluster))
     except RedisError as exc:
         return None, f"cannot read the worker's state from Redis ({type(exc).__name__}: {exc})"
     if not record.snapshot:
@@ -463,18 +469,7 @@ def cmd_pending(args) -> int:
 def cmd_export_log(args) -> int:
     """Write a cluster's recorded input from Redis, one step per line (for ``simulate --events``),
     and, when ``--log-retention`` trimmed the log's head, the engine it starts from."""
-    import asyncio
-
-    from fairstream.state.store import RedisStore, redis_client
-
-    async def run():
-        client = redis_client(args.redis)
-        try:
-            return await RedisStore(client, prefix=args.app_id).full_log(args.cluster)
-        finally:
-            await client.aclose()
-
-    retained = asyncio.run(run())
+    retained = _from_store(args, lambda store: store.full_log(args.cluster))
     if retained.base_steps and not args.snapshot_out:
         raise ModelError(f"the log of cluster {args.cluster} starts at step {retained.base_steps} (older steps were "
                          "trimmed by --log-retention): pass --snapshot-out FILE for the engine it starts from")

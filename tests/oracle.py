@@ -88,13 +88,19 @@ def fair_shares(specs: dict, demand: dict[str, list[float]], capacity: list[floa
     return out
 
 
-def engine_fair_shares(engine) -> dict[str, float]:
-    """The reference fair share of every leaf of a live engine, from its tasks one by one."""
-    width = len(engine.resources)
-    capacity = [0.0] * width
+def live_capacity(engine) -> list[float]:
+    """The summed capacity of the engine's live nodes, node by node."""
+    capacity = [0.0] * len(engine.resources)
     for node in engine.nodes:
         if node.alive:
             capacity = [c + float(x) for c, x in zip(capacity, node.capacity)]
+    return capacity
+
+
+def engine_fair_shares(engine) -> dict[str, float]:
+    """The reference fair share of every leaf of a live engine, from its tasks one by one."""
+    width = len(engine.resources)
+    capacity = live_capacity(engine)
     demand: dict[str, list[float]] = {}
     unschedulable = engine._unschedulable
     entries = list(engine.tasks.values()) + list(engine.requests.values())
@@ -114,10 +120,7 @@ def engine_fair_shares(engine) -> dict[str, float]:
 def engine_shares(engine) -> dict[str, float]:
     """Every tenant's current share of the cluster in the policy's measure, from its running tasks."""
     width = len(engine.resources)
-    capacity = [0.0] * width
-    for node in engine.nodes:
-        if node.alive:
-            capacity = [c + float(x) for c, x in zip(capacity, node.capacity)]
+    capacity = live_capacity(engine)
     running: dict[str, list[float]] = {}
     for task in engine.tasks.values():
         if task.state is TaskState.RUNNING:

@@ -186,16 +186,6 @@ def water_fill(amount: float, weights: np.ndarray, low: np.ndarray, high: np.nda
     return np.clip(r * weights, low, high)
 
 
-def instantaneous_fair_shares(fractions: np.ndarray, active: np.ndarray) -> np.ndarray:
-    """Each tenant's weight fraction (``S_i / R``) renormalised over the ``active`` tenants, 0
-    for the others: ``fair_shares`` on a flat tree without limits where every active tenant
-    asks for the whole cluster (a test holds the two to it). Not a fair share to compare
-    allocations with: that is ``fair_shares``."""
-    weights = np.where(active, fractions, 0.0)
-    total = weights.sum()
-    return weights / total if total > 0 else weights
-
-
 def resource_share(allocation: np.ndarray, capacity: np.ndarray, resource: int | None) -> float:
     """Share of one resource (``resource`` index) or the dominant share (``resource is None``)."""
     if resource is None:

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -72,11 +72,6 @@ class RunningTask:
     demand_map: Mapping[str, float]
     start: float
     seq: int
-
-
-def active_tenants(tenants: Sequence[str], running: Sequence[float], pending: Mapping) -> np.ndarray:
-    """Per tenant row: has it running tasks or pending ones (``pending``: tenant -> queue)?"""
-    return np.array([r > 0 or (t in pending and pending[t].count > 0) for t, r in zip(tenants, running)], dtype=bool)
 
 
 def snapshot_fair_shares(snap) -> np.ndarray:
@@ -224,5 +219,5 @@ def _victims_on_node(cycle, node: int, here: list[RunningTask], need: np.ndarray
     return chosen if (free >= need).all() else None
 
 
-__all__ = ["PreemptionRule", "RunningTask", "active_tenants", "snapshot_fair_shares", "share_ratios",
+__all__ = ["PreemptionRule", "RunningTask", "snapshot_fair_shares", "share_ratios",
            "starved_past_timeout", "reclaim"]
