@@ -144,6 +144,7 @@ def cmd_simulate(args) -> int:
     if args.events:
         return _replay_events(args)
     scenario = _scenario_from_args(args)
+    _warn_min_share(scenario.tree)
     params = parse_param_pairs(args.param)
     progress = None if args.progress is None else args.progress
     out = Path(args.out)
@@ -287,7 +288,7 @@ def cmd_configure(args) -> int:
     import asyncio
 
     from fairstream.core.model import TenantsChanged
-    from fairstream.core.tenants import TenantTree, min_share_warning, specs_from_json
+    from fairstream.core.tenants import TenantTree, specs_from_json
     from fairstream.producers.client import Publisher
     from fairstream.wire.topics import Topics
 
@@ -306,9 +307,7 @@ def cmd_configure(args) -> int:
         tree = TenantTree.from_specs(specs_from_json(tenants))
     except (BadInput, ModelError) as exc:
         raise ModelError(f"--tenants {args.tenants}: {exc}") from None
-    warning = min_share_warning(tree)
-    if warning is not None:
-        print(f"fairstream: warning: {warning}", file=sys.stderr)
+    _warn_min_share(tree)
     engine, why_not = _worker_engine(args)
     if engine is None:
         print(f"fairstream: warning: {why_not}: checked the file and its tree, not the cluster's state", file=sys.stderr)
@@ -331,6 +330,15 @@ def cmd_configure(args) -> int:
     print(json.dumps({"cluster": args.cluster, "tenants": len(tenants), "sent": True,
                       "checked": "against the cluster's state" if engine is not None else "file and tree only"}))
     return 0
+
+
+def _warn_min_share(tree) -> None:
+    """One line on stderr when the tree's min_shares add up to more than the cluster."""
+    from fairstream.core.tenants import min_share_warning
+
+    warning = min_share_warning(tree)
+    if warning is not None:
+        print(f"fairstream: warning: {warning}", file=sys.stderr)
 
 
 def _from_store(args, read):

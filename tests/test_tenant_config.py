@@ -165,3 +165,31 @@ def test_configure_checks_the_file_before_it_sends_anything(tmp_path, capsys):
     assert main(["configure", "--cluster", "c1", "--tenants", str(path), "--broker", "127.0.0.1:1"]) == 2
     err = capsys.readouterr().err
     assert "tenants.0.weight" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("tenants, says", [
+    pytest.param([{"id": "a", "parent": "b"}, {"id": "b", "parent": "c"}, {"id": "c", "parent": "a"}],
+                 "tenants[a].parent: the tree has a cycle a -> b -> c -> a", id="a cycle is named"),
+    pytest.param([{"id": "a", "parent": "zz"}], "tenants[a].parent: unknown tenant 'zz'", id="an unknown parent"),
+])
+def test_configure_refuses_a_tree_that_is_no_tree_before_it_reads_or_sends_anything(tmp_path, capsys, tenants, says):
+    path = tmp_path / "tenants.json"
+    path.write_text(json.dumps({"tenants": tenants}))
+    assert main(["configure", "--cluster", "c1", "--tenants", str(path), "--broker", "127.0.0.1:1",
+                 "--redis", "redis://127.0.0.1:1/0"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1
+
+
+def test_min_shares_over_the_cluster_are_warned_in_one_line(tmp_path, capsys):
+    # 0.7 + 0.6 = 1.3 of the cluster guaranteed: each is scaled to 1/1.3 of itself.
+    scenario = tmp_path / "s.json"
+    scenario.write_text(json.dumps({
+        "resources": ["cpu"], "nodes": [{"id": "n", "capacity": {"cpu": 4}}],
+        "tenants": [{"id": "a", "min_share": 0.7}, {"id": "b", "min_share": 0.6}],
+        "tasks": [{"id": "t", "job": "j", "tenant": "a", "submit": 0, "duration": 1, "demand": {"cpu": 1}}]}))
+    assert main(["simulate", "--scenario", str(scenario), "--policy", "drf", "--no-baseline", "--no-plots",
+                 "--out", str(tmp_path / "out")]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == ["fairstream: warning: min_share adds up to 1.3 of the cluster: no guarantee can be kept "
+                        "whole, each is scaled down in proportion (to 0.769 of it)"]
