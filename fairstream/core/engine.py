@@ -510,7 +510,7 @@ class Engine:
             running_tasks=running_tasks,
             running_jobs=self.running_jobs if self.tree.has_limits else EMPTY_MAPPING,
             job_usage=self.job_usage if self.tree.orders_jobs else EMPTY_MAPPING,
-            pending_demand=self.waiting_demand(),
+            pending_demand=self.waiting_demand() if self.preemption is not None else None,  # the fair share's
             reservation=self.reservation,
             reserving=self.reserving,
         )

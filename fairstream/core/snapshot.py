@@ -182,8 +182,9 @@ class Snapshot:
     # Per leaf that orders its jobs (``TenantSpec.ordering`` fair, drf or ltrf), its jobs' running
     # demand and accumulated usage (``fairstream.core.jobs``); the engine's own, to be read only.
     job_usage: Mapping[str, Mapping[str, "JobUsage"]] = field(default_factory=lambda: EMPTY_MAPPING)
-    # Per tenant row, the summed demand of its pending tasks (requests counted by their count):
-    # with ``allocation``, the demand the fair share is capped by (``fairness.fair_shares``).
+    # Per tenant row, the summed demand of its pending tasks that some node could hold (requests
+    # counted by their count): with ``allocation``, the demand the fair share is capped by
+    # (``fairness.fair_shares``). Given when the policy preempts (the fair share's one reader).
     pending_demand: np.ndarray | None = None
     # The node reserved for the first waiting task that fitted nowhere (policies with
     # ``reservation=on``): no other task shape is placed there (``placement.Cycle``).
