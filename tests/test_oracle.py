@@ -6,6 +6,8 @@ that accepts them. After every pass:
 - the fair share the engine uses is the reference's;
 - no node is over-committed and no placement breaks its constraints;
 - nothing preempted takes its tenant below its fair share (so never below its min_share);
+- (fair, drf) no tenant stays starved past its timeout while some node could be freed for one
+  of its tasks by tenants that would stay at or above their fair share;
 - every pending task has exactly one wait reason and none waits while a node has room for it
   unless a limit, its constraints or another task's reservation hold it;
 - the room of a reserved node goes to the reserved task's shape only;
@@ -165,6 +167,57 @@ def every_invariant(engine: Engine, result) -> None:
             tenant = decision.tenant
             assert shares.get(tenant, 0.0) >= reference[tenant] - 1e-9, \
                 f"{tenant} preempted below its fair share {reference[tenant]:.4g}"
+
+
+def no_starved_tenant_left_while_a_node_could_be_freed_for_it(engine: Engine, result) -> None:
+    """After a pass of a memoryless policy (its victims: the tenants furthest above their fair
+    share): a tenant starved past the timeout and still below threshold x its fair share has no
+    waiting task (within its limits, its constraints, and off nodes reserved for others) for
+    which some live node holds enough room once every task of the tenants that could give all
+    they run there and stay at or above their fair share were gone."""
+    from fairstream.core.placement import Cycle
+
+    rule, now = engine.preemption, engine.time
+    fair, shares = oracle.engine_fair_shares(engine), oracle.engine_shares(engine)
+    starved = [t for t, since in engine.starved_since.items() if since < now and now - since >= rule.timeout - 1e-9
+               and shares.get(t, 0.0) < rule.threshold * fair.get(t, 0.0) - 1e-9]
+    if not starved:
+        return
+    capacity = oracle.live_capacity(engine)
+    cycle = Cycle(engine.snapshot(), engine.policy)
+    on_node: dict[int, dict[str, list]] = {}
+    for task in engine.tasks.values():
+        if task.state.name == "RUNNING":
+            on_node.setdefault(engine.node_row[task.node], {}).setdefault(task.tenant, []).append(task)
+    for tenant in starved:
+        for head in cycle.shape_heads(tenant, every_shape=True):
+            if not cycle.within_caps(tenant, head):
+                continue
+            usable = cycle.eligible(head.constraints) & cycle.usable(head)
+            for row, by_tenant in on_node.items():
+                if not engine.nodes[row].alive or not usable[row]:
+                    continue
+                room = engine.capacity[row] - engine.used[row]
+                for victim, tasks in by_tenant.items():
+                    if victim == tenant:
+                        continue
+                    given = sum((t.demand for t in tasks), np.zeros(len(capacity)))
+                    after = shares.get(victim, 0.0) - oracle.measure(given.tolist(), capacity,
+                                                                     engine.accounting.config.resource)
+                    if after >= fair.get(victim, 0.0) + 1e-6:
+                        room = room + given
+                assert not (room >= head.demand - 1e-9).all(), (
+                    f"t={now}: {tenant} starved past its timeout, yet node {engine.nodes[row].id} could be freed for "
+                    f"{head.id}")
+
+
+@SETTINGS
+@given(document=everything(), policy=st.sampled_from(["fair", "drf"]), reservation=st.sampled_from(["on", "off"]))
+def test_no_starved_tenant_is_left_while_a_node_could_be_freed_for_it(document, policy, reservation):
+    def check(engine, result):
+        no_starved_tenant_left_while_a_node_could_be_freed_for_it(engine, result)
+
+    Simulator(parse_scenario(document), policy, params_for(policy, False, reservation), on_step=check).run()
 
 
 @SETTINGS
