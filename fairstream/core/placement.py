@@ -381,10 +381,9 @@ class Cycle:
         if node is None:
             self._failed_shapes.add(task.shape)
             self._blocked(tenant, task)
-            held = self.reservation
-            if task.constraints.empty and (held is None or held.shape == task.shape):
-                # (Not when a reservation kept it off a node: a larger task of the reserved shape
-                # may still fit there.)
+            if task.constraints.empty and not self.kept_off_reserved_room(task):
+                # (Not when a reservation kept it off a node's room: a larger task of the reserved
+                # shape may still fit there.)
                 # Nothing in the list is below this demand (it would have been caught above);
                 # drop what this one dominates from below.
                 self._too_large = [f for f in self._too_large if not all(x >= d for x, d in zip(f, demand))]
@@ -697,7 +696,10 @@ def _first_blocked_of_all(cycle: Cycle, only: list[str], key: KeyFn, initial_sha
         return
     if initial_shares is not None and not cycle.capped:  # the keys in one sort, in C: rest may be most tenants
         rows = np.array([snapshot.rows[t] for t in rest])
-        shares, arrival = initial_shares[rows], snapshot.arrival[rows]
+        shares = initial_shares[rows]
+        if blocked_key is not None and float(shares.min()) > blocked_key.share:
+            return  # the usual case: every tenant left out comes after it
+        arrival = snapshot.arrival[rows]
         order = np.lexsort((np.array(rest), arrival, shares)).tolist()
         keyed = ((fair_key(float(shares[i]), float(arrival[i]), rest[i]), rest[i]) for i in order)
     else:
