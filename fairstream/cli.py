@@ -287,6 +287,7 @@ def cmd_configure(args) -> int:
     honour). ``--dry-run``: the fair shares before and after, nothing sent."""
     import asyncio
 
+    from fairstream.core.engine import EventRejected
     from fairstream.core.model import TenantsChanged
     from fairstream.core.tenants import TenantTree, specs_from_json
     from fairstream.producers.client import Publisher
@@ -304,7 +305,8 @@ def cmd_configure(args) -> int:
     message = {"cluster": args.cluster, "tenants": tenants, **({"time": args.time} if args.time is not None else {})}
     try:  # the checks the worker makes of its form, here first: one line, nothing sent
         decode_message(CONFIG, json.dumps(message).encode())
-        tree = TenantTree.from_specs(specs_from_json(tenants))
+        specs = specs_from_json(tenants)
+        tree = TenantTree.from_specs(specs)
     except (BadInput, ModelError) as exc:
         raise ModelError(f"--tenants {args.tenants}: {exc}") from None
     _warn_min_share(tree)
@@ -314,12 +316,12 @@ def cmd_configure(args) -> int:
         if args.dry_run:
             raise ModelError(f"--dry-run needs the cluster's state: {why_not}")
     else:
-        change = TenantsChanged(args.time, tuple(specs_from_json(tenants)))
-        (problem,) = engine.admissible([change])
-        if problem is not None:
-            raise ModelError(f"--tenants {args.tenants}: the worker would reject it: {problem}")
+        try:  # the worker's own check of it, on the cluster's state: nothing changes
+            tree = engine.admission_tree(TenantsChanged(args.time, tuple(specs)))
+        except EventRejected as exc:
+            raise ModelError(f"--tenants {args.tenants}: the worker would reject it: {exc}") from None
     if args.dry_run:
-        print(json.dumps(_shares_before_and_after(engine, engine.admission_tree(change)), indent=1))
+        print(json.dumps(_shares_before_and_after(engine, tree), indent=1))
         return 0
 
     async def send():
@@ -382,14 +384,8 @@ def _worker_engine(args):
 
 def _shares_before_and_after(engine, tree) -> dict:
     """Per tenant: weight and fair share now and under ``tree`` (same demand), for --dry-run."""
-    from fairstream.core.fairness import fair_shares
-
-    acc = engine.accounting
-    names = [ledger.name for ledger in acc.ledgers]
-    n = len(names)
-    before = engine.fair_shares()
-    after = fair_shares(tree, names, acc.allocation[:n] + engine.waiting_demand(), acc.capacity, acc.config.resource,
-                        engine.resources.names)
+    names = [ledger.name for ledger in engine.accounting.ledgers]
+    before, after = engine.fair_shares(), engine.fair_shares(tree)
     rows = []
     for row, name in enumerate(names):
         old, new = engine.tree.specs.get(name), tree.specs.get(name)

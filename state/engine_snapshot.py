@@ -118,7 +118,7 @@ CLASSES: tuple[_Class, ...] = (
     _Class(Engine, "resources tree spec params auto_tenants accounting time nodes node_row _capacity _used _alive "
                    "_node_ids _node_labels _shares_stale tasks requests finished_ids finished_retention pending _seq _shapes "
                    "_unschedulable _to_check _nodes_changed _verdicts _grown _touched _passed _fresh _shape_demands "
-                   "preemption starved_since _victims_exist reserving reservation _moved_reservation running_jobs job_usage _maybe_idle",
+                   "preemption starved_since _victims_exist reservation running_jobs job_usage _maybe_idle",
            derived="_node_view", rebuild=_rebuild_engine),  # the snapshot's node view, made again on use
     _Class(ResourceSpace, "names _position"),
     _Class(TenantTree, "specs children effective_share has_limits orders_jobs _paths", derived="queue_orderings",

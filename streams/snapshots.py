@@ -43,9 +43,10 @@ class Snapshotting:
 
 
 def due(session, rules: SnapshotRules) -> bool:
-    """After a new cluster's first batch; then at least ``every`` steps since the last snapshot, and a log after it that holds ``ratio``
-    times as many events as the engine holds tasks and remembered finished ids (or, with a
-    bounded log, a quarter of its retention of event time).
+    """After a new cluster's first batch; then at least ``every`` steps since the last
+    snapshot, and a log after it that holds ``ratio`` times as many events as the engine holds
+    tasks and remembered finished ids (or, with a bounded log, a quarter of its retention of
+    event time).
 
     Encoding costs time in proportion to that state (about 1 µs per task or id, during which
     the worker answers nothing unless a child encodes it), replaying the log in proportion to

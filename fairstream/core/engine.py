@@ -157,9 +157,7 @@ class Engine:
         self.starved_since: dict[str, float] = {}
         self._victims_exist = False  # after the last pass: some tenant is above its fair share
         # The node reserved for the first waiting task that fitted nowhere (``reservation=on``).
-        self.reserving = self.params.get("reservation") == "on"
         self.reservation: Reservation | None = None
-        self._moved_reservation = False  # the last pass's reservation moved or ended (``schedule``)
         self.time: float | None = None
         self.nodes: list[Node] = []
         self.node_row: dict[str, int] = {}
@@ -216,6 +214,11 @@ class Engine:
     def policy(self) -> str:
         return self.spec.name
 
+    @property
+    def reserving(self) -> bool:
+        """The policy reserves nodes for the first task in line (``reservation=on``)."""
+        return self.params.get("reservation") == "on"
+
     def step(self, time: float, events: Iterable[Event]) -> StepResult:
         """Apply the events of instant ``time``, then run one scheduling pass."""
         if self.time is not None and time < self.time:
@@ -257,12 +260,14 @@ class Engine:
             later.append(self.time + max(self.preemption.timeout, RECHECK_MIN))
         return min(later) if later else None
 
-    def fair_shares(self) -> np.ndarray:
-        """Every tenant row's fair share now (``fairness.fair_shares``) in the policy's measure."""
+    def fair_shares(self, tree: TenantTree | None = None) -> np.ndarray:
+        """Every tenant row's fair share now (``fairness.fair_shares``) in the policy's measure,
+        under this engine's tree or, "what if", under ``tree`` with the same demand."""
         acc = self.accounting
         n = len(acc.ledgers)
-        return fair_shares(self.tree, [ledger.name for ledger in acc.ledgers], acc.allocation[:n] + self.waiting_demand(),
-                           acc.capacity, acc.config.resource, self.resources.names)
+        return fair_shares(tree or self.tree, [ledger.name for ledger in acc.ledgers],
+                           acc.allocation[:n] + self.waiting_demand(), acc.capacity, acc.config.resource,
+                           self.resources.names)
 
     def waiting_demand(self) -> np.ndarray:
         """Per tenant row, the summed demand of its pending tasks that some live node could hold:
@@ -290,9 +295,8 @@ class Engine:
         for tenant, queue in self.pending.items():
             if not queue.count or ratios[acc.row[tenant]] >= rule.threshold - EPSILON:
                 continue
-            shapes = [shape for shape in queue.groups if self._verdicts.get(shape) is None]  # some node could hold
-            if not shapes:
-                continue
+            if not any(self._verdicts.get(shape) is None for shape in queue.groups):
+                continue  # no node could ever hold any of it
             if self.tree.has_limits:  # held by its own max_share, max_resources or max_running: not starved
                 cycle = cycle or Cycle(self.snapshot(), self.policy)
                 if not any(cycle.within_caps(tenant, task) for task in cycle.shape_heads(tenant, every_shape=True)):
@@ -354,8 +358,12 @@ class Engine:
         verdict = self._verdicts.get(shape)
         return None if verdict is None else verdict[1]
 
+    def _allowed(self, constraints: Constraints, rows) -> np.ndarray:
+        """Per node row of ``rows``: do ``constraints`` allow it?"""
+        return np.array([constraints.allows(self._node_ids[r], self._node_labels[r]) for r in rows], dtype=bool)
+
     def _why_unschedulable(self, task: Task, live: np.ndarray, capacity: np.ndarray) -> tuple[ReasonCode, str] | None:
-        eligible = np.array([task.constraints.allows(self._node_ids[r], self._node_labels[r]) for r in live])
+        eligible = self._allowed(task.constraints, live)
         if not eligible.any():
             return (ReasonCode.NO_MATCHING_NODE,
                     f"unschedulable: no live node matches its constraints {task.constraints.to_json()}")
@@ -372,20 +380,22 @@ class Engine:
         room beyond what the starved tenant took may be left, and a pass keeps other shapes off
         the node it had reserved; that room goes, by the policy's order, before the instant ends
         (work conservation)."""
-        decisions = latest = self._pass()
+        decisions, again = self._pass()
+        latest = decisions
         for _ in range(MAX_PASSES - 1):
-            if not (self._moved_reservation or any(d.kind is DecisionKind.PREEMPT for d in latest)):
+            if not (again or any(d.kind is DecisionKind.PREEMPT for d in latest)):
                 break
-            latest = self._pass()
+            latest, again = self._pass()
             decisions = decisions + latest
         return decisions
 
-    def _pass(self) -> list[Decision]:
-        """One scheduling pass at the current time."""
-        self._moved_reservation = False
+    def _pass(self) -> tuple[list[Decision], bool]:
+        """One scheduling pass at the current time: its decisions, and whether the room of the
+        node it had reserved opened to other shapes (its reservation ended or moved) while some
+        waiting shape fits it (then ``schedule`` runs another)."""
         if not self.nodes or not any(queue.count for queue in self.pending.values()):
             self.reservation = None
-            return []
+            return [], False
         snapshot = self.snapshot()
         if self.spec.tenant_local:
             if self._passed and not self.tree.has_limits:
@@ -399,23 +409,24 @@ class Engine:
         decisions = self.spec.decide(snapshot, self.params)
         requests = [self._preempt(decision) if decision.kind is DecisionKind.PREEMPT else self._start(decision)
                     for decision in decisions]
+        again = False
         if self.reserving:
             before = self.reservation
             self._reserve(getattr(decisions, "blocked", None))
             # The pass kept other shapes off the node it had reserved: if that reservation moved
-            # or ended (its task placed), the room there goes in another pass at once.
+            # or ended (its task placed), the room there goes in another pass at once, if some
+            # waiting shape (constraints aside) fits it now.
             after = self.reservation
             moved = before is not None and (
                 after is None or (after.node, after.tenant, after.shape) != (before.node, before.tenant, before.shape))
-            # ... if some waiting shape (constraints aside) fits the room there now.
-            self._moved_reservation = moved and self.alive[before.node] and bool(
-                (self._shape_demands[: len(self._shapes)] <= self.capacity[before.node] - self.used[before.node]
-                 + EPSILON).all(axis=1).any())
             if moved:
                 self._grown.add(before.node)  # its room is open to every shape again (``_candidates``)
+                again = bool(self.alive[before.node]) and bool(
+                    (self._shape_demands[: len(self._shapes)] <= self.capacity[before.node] - self.used[before.node]
+                     + EPSILON).all(axis=1).any())
         if not any(requests):
-            return decisions
-        return _grouped(decisions, requests)
+            return decisions, again
+        return _grouped(decisions, requests), again
 
     def _reserve(self, blocked: tuple[str, Task] | None) -> None:
         """After a pass: reserve a node for ``blocked``, the first entry the pass tried that
@@ -438,8 +449,7 @@ class Engine:
             return  # the same wait: the same node (it could hold the shape when reserved)
         live = self.alive & (self.capacity >= entry.demand - EPSILON).all(axis=1)
         if not entry.constraints.empty:
-            live &= np.array([entry.constraints.allows(self._node_ids[r], self._node_labels[r])
-                              for r in range(len(self.nodes))], dtype=bool)
+            live &= self._allowed(entry.constraints, range(len(self.nodes)))
         rows = np.flatnonzero(live)
         if not len(rows):
             self.reservation = None

@@ -211,9 +211,7 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         limited = False
         held_by_limit[tenant] = held_jobs = _jobs_over_max_running(cycle, tenant, cycle.job_queue(tenant))
         for shape, group in snap.pending[tenant].groups.items():
-            head, _ = group.pending_at(0)
-            if held_jobs:  # the shape's first task that is not held by max_running, if any
-                head = next((e for e in _pending_entries(group) if e.job not in held_jobs), head)
+            head = _head(group, held_jobs)
             if head is None:
                 continue
             verdicts[(tenant, shape)] = verdict = _shape_verdict(engine, cycle, quota, tenant, head, live)
@@ -261,9 +259,7 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         why: dict[int, tuple[WaitReason, str, str | None, float | None]] = {}  # per shape, said once
         held_jobs = held_by_limit[tenant]
         for shape, group in snap.pending[tenant].groups.items():
-            head, _ = group.pending_at(0)
-            if held_jobs:
-                head = next((e for e in _pending_entries(group) if e.job not in held_jobs), head)
+            head = _head(group, held_jobs)
             if head is None:
                 continue
             verdict = verdicts.get((tenant, shape))
@@ -273,22 +269,22 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         # for that, whatever the rest of their shape waits for.
         groups[tenant] = []
         for shape, group in snap.pending[tenant].groups.items():
-            head = group.pending_at(0)[0]
-            if shape not in why or head is None:
+            if shape not in why:
                 continue
-            entries = list(_pending_entries(group)) if held_jobs else None
-            waiting_for_job = [e for e in entries if e.job in held_jobs] if held_jobs else []
-            if len(waiting_for_job) < (len(entries) if held_jobs else 0):
-                free = [e for e in entries if e.job not in held_jobs]
-                groups[tenant].append(PendingGroup(tenant, sum(e.count for e in free), len(free),
-                                                   dict(head.demand_map), *why[shape]))
-            elif not held_jobs:
+            demand = dict(group.pending_at(0)[0].demand_map)
+            if not held_jobs:  # the usual case: the whole shape waits for one reason
                 groups[tenant].append(PendingGroup(tenant, group.count, sum(1 for _ in _pending_entries(group)),
-                                                   dict(head.demand_map), *why[shape]))
+                                                   demand, *why[shape]))
+                continue
+            entries = list(_pending_entries(group))
+            waiting_for_room = [e for e in entries if e.job not in held_jobs]
+            waiting_for_job = [e for e in entries if e.job in held_jobs]
+            if waiting_for_room:
+                groups[tenant].append(PendingGroup(tenant, sum(e.count for e in waiting_for_room),
+                                                   len(waiting_for_room), demand, *why[shape]))
             if waiting_for_job:
                 groups[tenant].append(PendingGroup(tenant, sum(e.count for e in waiting_for_job), len(waiting_for_job),
-                                                   dict(head.demand_map), *held_jobs[waiting_for_job[0].job],
-                                                   None, None))
+                                                   demand, *held_jobs[waiting_for_job[0].job], None, None))
         out, position = [], 0
         # The tenant's queue in arrival order (its shapes' lists merged), or in its jobs' order
         # if it orders them (TenantSpec.ordering), as far as listed.
@@ -352,6 +348,15 @@ def _jobs_over_max_running(cycle: Cycle, tenant: str, jobs) -> dict[str, tuple[W
     return out
 
 
+def _head(group, held_jobs) -> "Task | None":
+    """The first pending entry of a shape's list whose job is not held by max_running, if any;
+    else (all held) its first pending entry."""
+    head, _ = group.pending_at(0)
+    if held_jobs:
+        head = next((e for e in _pending_entries(group) if e.job not in held_jobs), head)
+    return head
+
+
 def _pending_entries(group) -> Iterator["Task"]:
     """The pending entries of one shape's list (``snapshot.TaskList``), in arrival order."""
     for task in group.tasks[group.head:]:
@@ -372,10 +377,8 @@ def _shape_verdict(engine: "Engine", cycle: Cycle, quota, tenant: str, head: "Ta
         return WaitReason.PARTITION, f"{tenant}'s partition is full: it waits for its own tasks to finish"
     if cycle.find_node(head) is not None:
         return WaitReason.NEXT_PASS, "a node has room for it now: the next pass places it"
-    held = engine.reservation
-    if (held is not None and held.shape != head.shape and live[held.node]
-            and head.constraints.allows(cycle.snapshot.node_ids[held.node], cycle.snapshot.node_labels[held.node])
-            and (cycle.free[held.node] >= head.demand - EPSILON).all()):
+    if cycle.kept_off_reserved_room(head):
+        held = cycle.reservation
         return (WaitReason.RESERVED_FOR_OTHER, f"node {cycle.snapshot.node_ids[held.node]} has room for it, but that "
                                                f"room is kept for {held.tenant}'s task {held.task}, reserved there")
     if not head.constraints.empty:
