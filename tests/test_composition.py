@@ -15,7 +15,7 @@ from fairstream.core.model import DecisionKind, TaskCompleted, TaskSubmitted, Te
 from fairstream.sim.scenario import parse_scenario
 from fairstream.sim.simulator import Simulator
 
-from builders import engine, node, tree
+from builders import engine, node, submit, tree
 
 
 def placed(decisions) -> Counter:
@@ -311,3 +311,32 @@ def test_the_reserved_nodes_room_goes_to_no_other_shape_and_a_lost_node_drops_th
 
     e.step(3, [NodeLost(3, "n0")])
     assert e.reservation is not None and e.reservation.node == 1
+
+
+def test_a_small_task_kept_off_the_reserved_node_does_not_make_the_reserved_task_look_too_large():
+    # n0 of 2 GB, n1 of 3 GB. A's a1 (3 GB) runs on n1, a0 (2 GB) on n0; a2 (3 GB) fits only n1:
+    # it reserves n1. At t=1 a1 ends and B's 1-GB task arrives, first in DRF's order (B holds
+    # nothing): n0 is full and n1 is kept for a2, so b1 fits nowhere. That says nothing of a
+    # 3-GB task, which the pass must still place on n1 (a rule "anything at least as large as a
+    # task that fitted nowhere fits nowhere" once held a2 back until the next event).
+    e = engine(tree("A", "B"), "drf")
+    e.step(0, [node("n0", mem=2), node("n1", mem=3), submit("a1", "A", mem=3), submit("a2", "A", mem=3),
+               submit("a0", "A", mem=2)])
+    assert (e.reservation.node, e.reservation.task) == (1, "a2")
+    placed = e.step(1, [TaskCompleted(1, "a1"), submit("b1", "B", 1, mem=1)])
+    assert [(d.task, d.node) for d in placed.decisions] == [("a2", "n1")]
+
+
+def test_a_task_kept_off_the_reserved_room_does_not_take_the_reservation_over():
+    # n0 of 2 GB full with A's a0; n1 of 3 GB holds a1 (2 GB) and a3 (1 GB); a2 (3 GB) fits
+    # only n1 and reserves it. At t=1 a3 ends: 1 GB of n1 is kept for a2. B's 1-GB task comes
+    # first in DRF's order and would fit that gigabyte, but it is not short of room, only kept
+    # off it: the reservation stays a2's, and b1 is told so.
+    e = engine(tree("A", "B"), "drf")
+    e.step(0, [node("n0", mem=2), node("n1", mem=3), submit("a0", "A", mem=2), submit("a1", "A", mem=2),
+               submit("a3", "A", mem=1), submit("a2", "A", mem=3)])
+    assert (e.reservation.node, e.reservation.task) == (1, "a2")
+    placed = e.step(1, [TaskCompleted(1, "a3"), submit("b1", "B", 1, mem=1)])
+    assert placed.decisions == [] and (e.reservation.node, e.reservation.task) == (1, "a2")
+    why = {g.tenant: g for gs in explain(e).groups.values() for g in gs}["B"]
+    assert why.reason is WaitReason.RESERVED_FOR_OTHER and "kept for A's task a2" in why.message
