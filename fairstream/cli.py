@@ -38,10 +38,11 @@ def _scenario_from_args(args):
             scenario.nodes, scenario.resources = cluster.nodes, cluster.resources
             if cluster.tree.specs:
                 scenario.tree = cluster.tree
-        return scenario
-    if not args.scenario:
+    elif not args.scenario:
         raise ModelError("give --scenario FILE or --trace FILE --format swim|google|philly|table")
-    return load_scenario(args.scenario)
+    else:
+        scenario = load_scenario(args.scenario)
+    return scenario.with_exact_estimates() if getattr(args, "estimates", "given") == "exact" else scenario
 
 
 DEFAULT_KNOBS = [0.0, 0.2, 0.5, 0.8, 1.0]
@@ -641,6 +642,9 @@ def build_parser() -> argparse.ArgumentParser:
     workload.add_argument("--users", type=int, help="google: keep the first N users")
     workload.add_argument("--max-tasks-per-job", type=int, dest="max_tasks_per_job",
                           help="swim: at most N maps and N reduces per job (the papers capped their largest jobs so)")
+    workload.add_argument("--estimates", choices=["given", "exact"], default="given",
+                          help="tasks' run-time estimates, which backfill reads (reservation=backfill): those the "
+                               "scenario gives (default), or exact: each task without one gets its true duration")
     workload.add_argument("--nodes", type=int, help="trace: number of nodes of the default cluster")
 
     sim = sub.add_parser("simulate", parents=[progress, workload], help="run one policy over a scenario or a trace")

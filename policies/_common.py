@@ -58,12 +58,14 @@ PREEMPTION_PARAMS = (
 
 
 #: Node reservation for the first task in line that fits no node's free room (YARN Fair
-#: Scheduler's reservation, Slurm's backfill without run-time estimates): the engine keeps the
-#: room that frees on one node for it (``Snapshot.reservation``).
+#: Scheduler's reservation; with ``backfill``, Slurm's backfill): the engine keeps the room that
+#: frees on one node for it (``Snapshot.reservation``).
 RESERVATION_PARAM = Param(
-    "reservation", "on", parse_choice("on", "off"),
+    "reservation", "on", parse_choice("on", "backfill", "off"),
     "on: the first task in the policy's order that fits no node's free room reserves one node; room freed there "
-    "is kept for it (no backfill: run times are not known); off: freed room goes to whatever fits it")
+    "is kept for it; backfill: the same, but a task that fits nowhere else may take room there if its run-time "
+    "estimate says it ends before the reserved task can start (by the estimates of the tasks running there); "
+    "off: freed room goes to whatever fits it")
 
 
 def preemption_rule(params: Mapping[str, Any]) -> PreemptionRule | None:

@@ -25,12 +25,110 @@ import numpy as np
 
 from fairstream.core.fairness import fair_key, normalised_usage, resource_share
 from fairstream.core.model import ROOT, Decision, ReasonCode
-from fairstream.core.placement import Cycle, ordering_resource
+from fairstream.core.placement import Cycle, TenantOrder, ordering_resource
 from fairstream.core.snapshot import Snapshot
 from fairstream.core.preemption import reclaim, snapshot_fair_shares
 from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, RESERVATION_PARAM, LongTermUsage, long_term_accounting, preemption_rule
 from fairstream.policies.base import Param, PolicySpec, parse_non_negative
-from fairstream.policies.ltrf import usage_order
+
+
+class _TreeWalk:
+    """The keys hltrf walks the tree by, on one pass's ``Cycle``: queue usage U(G) = the sum of
+    its leaves' accumulated vectors and PARs, weight = their share fractions (``node_key``);
+    a queue with an ``ordering`` of its own orders its children by it (``child_key``).
+    ``demanding_below``: per tree node, how many demanding leaves are below it (leaves drop out
+    of the walk when nothing of theirs fits)."""
+
+    def __init__(self, snapshot: Snapshot, cycle: Cycle, usage: LongTermUsage, demanding: list[str]) -> None:
+        self.snapshot, self.cycle, self.usage = snapshot, cycle, usage
+        tree, rows = snapshot.tree, snapshot.rows
+        self.group_vector: dict[str, np.ndarray] = {}
+        self.group_par: dict[str, float] = {}
+        self.group_fraction: dict[str, float] = {}
+        self.group_arrival: dict[str, float] = {}
+        for leaf, row in rows.items():
+            for node in tree.path(leaf)[:-1]:
+                self.group_vector[node] = self.group_vector.get(node, 0) + usage.vectors[row]
+                self.group_par[node] = self.group_par.get(node, 0.0) + float(snapshot.pseudo_accumulated[row])
+                self.group_fraction[node] = self.group_fraction.get(node, 0.0) + float(snapshot.share_fraction[row])
+                self.group_arrival[node] = min(self.group_arrival.get(node, math.inf), float(snapshot.arrival[row]))
+        self.demanding = demanding
+        self.demanding_below: dict[str, int] = {}
+        for leaf in demanding:
+            for node in (ROOT,) + tree.path(leaf):
+                self.demanding_below[node] = self.demanding_below.get(node, 0) + 1
+        # Queues that order their children their own way (TenantSpec.ordering; YARN's per-queue
+        # schedulingPolicy): fifo by the earliest waiting task below a child, fair / drf by the
+        # child's current allocation per weight, ltrf (the default) by usage per weight as above.
+        # The cycle keeps what runs below each queue (Cycle.tracks_groups).
+        self.orderings = tree.queue_orderings
+
+    def node_key(self, node: str):
+        snapshot = self.snapshot
+        if snapshot.tree.is_leaf(node):
+            row = snapshot.rows[node]
+            return fair_key(self.usage.key(row) / snapshot.share_fraction[row], float(snapshot.arrival[row]), node)
+        used = normalised_usage(self.group_vector[node], snapshot.capacity, self.usage.resource) + self.group_par[node]
+        return fair_key(used / self.group_fraction[node], self.group_arrival[node], node)
+
+    def allocation_key(self, node: str, ordering: str):
+        snapshot, cycle = self.snapshot, self.cycle
+        resource = ordering_resource(snapshot, ordering)
+        if snapshot.tree.is_leaf(node):
+            row = snapshot.rows[node]
+            share = resource_share(cycle.allocation[row], snapshot.capacity, resource) / snapshot.share_fraction[row]
+            return fair_key(share, float(snapshot.arrival[row]), node)
+        share = resource_share(cycle.group_allocation[node], snapshot.capacity, resource) / self.group_fraction[node]
+        return fair_key(share, self.group_arrival[node], node)
+
+    def earliest_waiting(self, node: str):
+        tree = self.snapshot.tree
+        seqs = [self.cycle.next_task(leaf).seq for leaf in self.demanding
+                if self.demanding_below.get(leaf, 0) > 0 and node in tree.path(leaf)]
+        return (min(seqs), node)
+
+    def child_key(self, parent: str):
+        ordering = self.orderings.get(parent)
+        if ordering is None or ordering == "ltrf":
+            return self.node_key
+        if ordering == "fifo":
+            return self.earliest_waiting
+        return lambda node: self.allocation_key(node, ordering)
+
+    def path_key(self, leaf: str) -> tuple:
+        """The leaf's place in the walk: its tree nodes' keys, each as its parent orders it."""
+        path = self.snapshot.tree.path(leaf)
+        return tuple(self.child_key(parent)(node) for parent, node in zip((ROOT,) + path[:-1], path))
+
+
+def tree_walk_order(snapshot: Snapshot, params: Mapping[str, Any]) -> TenantOrder:
+    """hltrf's order of its demanding leaves as its pass serves them at this instant: the
+    starved leaf first (the lowest by weighted usage, if it has waited ``t_wait``), then the
+    tree walk: by the keys of the tree nodes on each leaf's path, level by level (``_TreeWalk``).
+    The number shown is the leaf's own accumulated usage / weight."""
+    usage = LongTermUsage(snapshot)
+    walks: dict[int, _TreeWalk] = {}  # per cycle asking (one explanation: one)
+
+    def walk_of(cycle: Cycle) -> _TreeWalk:
+        walk = walks.get(id(cycle))
+        if walk is None:
+            demanding = [leaf for leaf in snapshot.demanding() if cycle.next_task(leaf) is not None]
+            walk = walks[id(cycle)] = _TreeWalk(snapshot, cycle, usage, demanding)
+            starved = None
+            if demanding and not math.isinf(params["t_wait"]):
+                lowest = min(demanding, key=walk.node_key)
+                if snapshot.time - float(snapshot.waiting_since[snapshot.rows[lowest]]) >= params["t_wait"]:
+                    starved = lowest
+            walk.starved = starved
+        return walk
+
+    def key(cycle: Cycle, tenant: str) -> tuple:
+        walk = walk_of(cycle)
+        if tenant not in walk.demanding_below:
+            return (2, (), walk.node_key(tenant))  # nothing of it fits: after every demanding leaf
+        return (0 if tenant == walk.starved else 1, walk.path_key(tenant), walk.node_key(tenant))
+
+    return TenantOrder("accumulated usage / weight", key, value_of=lambda k: float(k[-1].share))
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
@@ -38,32 +136,10 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     tree, rows, now = snapshot.tree, snapshot.rows, snapshot.time
     cycle = Cycle(snapshot, "hltrf")
     usage = LongTermUsage(snapshot)
-
-    # Queue usage U(G) = sum of its leaves' accumulated vectors and PARs; weight = share fraction.
-    group_vector: dict[str, np.ndarray] = {}
-    group_par: dict[str, float] = {}
-    group_fraction: dict[str, float] = {}
-    group_arrival: dict[str, float] = {}
-    for leaf, row in rows.items():
-        for node in tree.path(leaf)[:-1]:
-            group_vector[node] = group_vector.get(node, 0) + usage.vectors[row]
-            group_par[node] = group_par.get(node, 0.0) + float(snapshot.pseudo_accumulated[row])
-            group_fraction[node] = group_fraction.get(node, 0.0) + float(snapshot.share_fraction[row])
-            group_arrival[node] = min(group_arrival.get(node, math.inf), float(snapshot.arrival[row]))
-
-    def node_key(node: str):
-        if tree.is_leaf(node):
-            row = rows[node]
-            return fair_key(usage.key(row) / snapshot.share_fraction[row], float(snapshot.arrival[row]), node)
-        used = normalised_usage(group_vector[node], snapshot.capacity, usage.resource) + group_par[node]
-        return fair_key(used / group_fraction[node], group_arrival[node], node)
-
-    # Which tree nodes still have a demanding leaf below them (leaves drop out when nothing fits).
-    demanding_below: dict[str, int] = {}
     demanding = [leaf for leaf in snapshot.demanding() if cycle.next_task(leaf) is not None]
-    for leaf in demanding:
-        for node in (ROOT,) + tree.path(leaf):
-            demanding_below[node] = demanding_below.get(node, 0) + 1
+    walk = _TreeWalk(snapshot, cycle, usage, demanding)
+    node_key, demanding_below, orderings = walk.node_key, walk.demanding_below, walk.orderings
+    group_vector = walk.group_vector
     waiting_since = {leaf: float(snapshot.waiting_since[rows[leaf]]) for leaf in demanding}
     lowest = [(node_key(leaf), leaf) for leaf in demanding]
     heapq.heapify(lowest)
@@ -72,39 +148,11 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
         for node in (ROOT,) + tree.path(leaf):
             demanding_below[node] -= 1
 
-    # Queues that order their children their own way (TenantSpec.ordering; YARN's per-queue
-    # schedulingPolicy): fifo by the earliest waiting task below a child, fair / drf by the
-    # child's current allocation per weight, ltrf (the default) by usage per weight as above.
-    # The cycle keeps what runs below each queue (Cycle.tracks_groups).
-    orderings = tree.queue_orderings
-
-    def allocation_key(node: str, ordering: str):
-        resource = ordering_resource(snapshot, ordering)
-        if tree.is_leaf(node):
-            row = rows[node]
-            share = resource_share(cycle.allocation[row], snapshot.capacity, resource) / snapshot.share_fraction[row]
-            return fair_key(share, float(snapshot.arrival[row]), node)
-        share = resource_share(cycle.group_allocation[node], snapshot.capacity, resource) / group_fraction[node]
-        return fair_key(share, group_arrival[node], node)
-
-    def earliest_waiting(node: str):
-        seqs = [cycle.next_task(leaf).seq for leaf in demanding
-                if demanding_below.get(leaf, 0) > 0 and node in tree.path(leaf)]
-        return (min(seqs), node)
-
-    def child_key(parent: str):
-        ordering = orderings.get(parent)
-        if ordering is None or ordering == "ltrf":
-            return node_key
-        if ordering == "fifo":
-            return earliest_waiting
-        return lambda node: allocation_key(node, ordering)
-
     def descend() -> tuple[str, str]:
         node, route = ROOT, []
         while not tree.is_leaf(node):
             parent = node
-            node = min((k for k in tree.children[node] if demanding_below.get(k, 0) > 0), key=child_key(parent))
+            node = min((k for k in tree.children[node] if demanding_below.get(k, 0) > 0), key=walk.child_key(parent))
             route.append(f"{node} [{orderings[parent]} in {parent}]" if parent in orderings else node)
         return node, "hltrf: lowest usage/weight at each level (" + " > ".join(route) + ")"
 
@@ -163,7 +211,6 @@ SPEC = PolicySpec(
     + (RESERVATION_PARAM,),
     accounting=long_term_accounting,
     preemption=preemption_rule,
-    # Its leaves' own order (flat LTRF's): the tree walk and the starved leaf come first.
-    order=lambda snapshot, params: usage_order(snapshot, LongTermUsage(snapshot)),
+    order=tree_walk_order,
     hierarchical=True,
 )

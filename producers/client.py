@@ -79,13 +79,17 @@ class Publisher:
         await self.send_raw(topic, burst_key(messages), json.dumps(messages, separators=(",", ":")).encode())
 
     async def submit(self, cluster: str, task: str, tenant: str, demand: dict[str, float], time: float,
-                     job: str | None = None, constraints: dict | None = None, count: int | None = None) -> None:
-        """A task, or with ``count`` a request of that many tasks ``<task>-<k>``."""
+                     job: str | None = None, constraints: dict | None = None, count: int | None = None,
+                     estimate: float | None = None) -> None:
+        """A task, or with ``count`` a request of that many tasks ``<task>-<k>``; ``estimate``: the
+        run time expected of each (seconds), for backfill."""
         message = {"cluster": cluster, "task": task, "job": job or task, "tenant": tenant, "demand": demand, "time": time}
         if constraints:
             message["constraints"] = constraints
         if count is not None:
             message["count"] = count
+        if estimate is not None:
+            message["estimate"] = estimate
         await self.send(self.topics.submitted, message)
 
     async def complete(self, cluster: str, task: str, time: float, status: str = "succeeded") -> None:

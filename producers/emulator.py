@@ -169,7 +169,8 @@ async def run_emulator(
                 elif kind == "submit":
                     spec: TaskSpec = payload
                     await pub.submit(cluster, spec.id, spec.tenant, spec.demand, at, job=spec.job,
-                                     constraints=spec.constraints, count=spec.count)
+                                     constraints=spec.constraints, count=spec.count,
+                                     estimate=spec.estimate)
                     report.submitted += spec.tasks
                 elif kind == "complete":
                     task_id, attempt = payload
@@ -222,5 +223,6 @@ async def replay_only(scenario: Scenario, cluster: str, broker: str, topics: Top
             if delay > 0:
                 await asyncio.sleep(delay)
             await pub.submit(cluster, spec.id, spec.tenant, spec.demand, spec.submit, job=spec.job,
-                             constraints=spec.constraints, count=spec.count)
+                             constraints=spec.constraints, count=spec.count,
+                             estimate=spec.estimate)
     return sum(spec.tasks for spec in released)

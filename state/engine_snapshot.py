@@ -70,10 +70,10 @@ from fairstream.core.snapshot import PendingQueue, Reservation, TaskList
 from fairstream.core.tenants import TenantTree
 
 MAGIC = b"FSENGINE"
-VERSION = 9  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
+VERSION = 10  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
 # 6: nodes' resource weights (LTRF formula 9); 7: queues' max_resources and max_running; 8: queues' ordering;
 # 9: whether a starved tenant has victims left (the preemption re-check, ``Engine.wake_at``) and the
-# node reservation (``Engine.reservation``)
+# node reservation (``Engine.reservation``); 10: tasks' run-time estimates (``Task.estimate``, backfill)
 
 REF, LIST, TUPLE, DICT, SET, FROZENSET, OBJECT, ARRAY, ENUM, ORDERED, POLICY, NUMBER = range(12)
 
@@ -90,6 +90,7 @@ def _rebuild_demand(obj: Task) -> None:
 
 def _rebuild_engine(obj: Engine) -> None:
     obj._node_view = None
+    obj._backfill = None
 
 
 def _rebuild_tree(obj: TenantTree) -> None:
@@ -119,7 +120,7 @@ CLASSES: tuple[_Class, ...] = (
                    "_node_ids _node_labels _shares_stale tasks requests finished_ids finished_retention pending _seq _shapes "
                    "_unschedulable _to_check _nodes_changed _verdicts _grown _touched _passed _fresh _shape_demands "
                    "preemption starved_since _victims_exist reservation running_jobs job_usage _maybe_idle",
-           derived="_node_view", rebuild=_rebuild_engine),  # the snapshot's node view, made again on use
+           derived="_node_view _backfill", rebuild=_rebuild_engine),  # the snapshot's node view and the reserved task's start, made again on use
     _Class(ResourceSpace, "names _position"),
     _Class(TenantTree, "specs children effective_share has_limits orders_jobs _paths", derived="queue_orderings",
            rebuild=_rebuild_tree),  # from the specs
@@ -136,7 +137,7 @@ CLASSES: tuple[_Class, ...] = (
     _Class(RecentTasks, "demand weighted entries boundary done round_start"),
     _Class(_Running, "start done recent values counted_values", derived="demand", rebuild=_rebuild_running),
     _Class(Node, "id capacity labels alive last_heartbeat weights"),
-    _Class(Task, "id job tenant submit constraints duration seq demand_map state node start running_entry shape "
+    _Class(Task, "id job tenant submit constraints duration estimate seq demand_map state node start running_entry shape "
                  "demand_values count index cancelled", derived="demand", rebuild=_rebuild_demand),
     _Class(Constraints, "nodes labels"),
     _Class(PendingQueue, "groups count jobs"),

@@ -67,6 +67,8 @@ def fair_shares(specs: dict, demand: dict[str, list[float]], capacity: list[floa
         weight = {k: specs[k].weight for k in kids}
         if sum(high.values()) <= amount:
             given = dict(high)
+        elif amount <= 0:  # the queue's guarantees above took everything: nothing for it
+            given = {k: 0.0 for k in kids}
         elif sum(lows.values()) >= amount:
             given = {k: lows[k] * amount / sum(lows.values()) for k in kids}
         else:  # bisection on r: sum of clamp(r * w, low, high) grows with r
@@ -128,3 +130,33 @@ def engine_shares(engine) -> dict[str, float]:
             for i, amount in enumerate(task.demand.tolist()):
                 row[i] += amount
     return {tenant: measure(vector, capacity, engine.accounting.config.resource) for tenant, vector in running.items()}
+
+
+def reserved_start(engine, held) -> float | None:
+    """When the task reserved on node ``held.node`` can start by the estimates of the tasks
+    running there: the earliest expected end at which it fits once
+    every task due by then has ended (the engine's time if it fits now); None if that needs a
+    task with no estimate. Task by task, from the engine's tasks."""
+    node_id = engine.nodes[held.node].id
+    need = None
+    for group in engine.pending[held.tenant].groups.values():
+        for entry in group.tasks:
+            if entry.shape == held.shape:
+                need = list(entry.demand_values)
+    capacity = engine.nodes[held.node].capacity.tolist()
+    running = [t for t in engine.tasks.values()
+               if t.state is TaskState.RUNNING and t.node == node_id]
+
+    def fits_after(time: float) -> bool:
+        busy = [0.0] * len(capacity)
+        for task in running:
+            if task.estimate is None or task.start + task.estimate > time + 1e-6:
+                busy = [b + d for b, d in zip(busy, task.demand_values)]
+        return all(c - b >= n - 1e-9 for c, b, n in zip(capacity, busy, need))
+
+    if fits_after(engine.time):
+        return engine.time
+    for time in sorted(t.start + t.estimate for t in running if t.estimate is not None):
+        if fits_after(time):
+            return time
+    return None

@@ -235,6 +235,33 @@ LTRF_PARAMS = {"preemption": "on", "preemption_timeout": "60", "preemption_thres
                "quantum_mode": "fixed"}
 
 
+@pytest.mark.parametrize("policy", ["fair", "drf"])
+def test_room_freed_at_the_instant_preemption_is_due_is_not_lost_to_the_pass_before_it(policy):
+    # n1 of 6 GB holds U's x0-x5, n3 of 3 GB its y0 (100 s) and z0, z1 (6 s); U waits with ten
+    # more 1-GB tasks. V's one 3-GB task (t=1) fits only n3. Fair shares: V is capped by its
+    # demand at 3/9, U gets 6/9. At t=6 V is due (starved since 1, timeout 5) and z0, z1 end:
+    # the pass serves V first (it holds nothing), its task does not fit the 2 GB, and U's next
+    # two take them. Room for V needs those two back and y0: U keeps 6 of 9 = its fair share.
+    # The two were placed in this very pass: they are withdrawn, not started and killed, y0 is
+    # preempted, and V starts at 6 (before, the stage saw only y0 as a victim and V waited for
+    # the 100-s tasks: room freed at the due instant went to U, out of the stage's reach).
+    tasks = [{"id": f"x{k}", "job": "x", "tenant": "U", "submit": 0, "duration": 100, "demand": {"mem": 1}}
+             for k in range(6)]
+    tasks += [{"id": "y0", "job": "y", "tenant": "U", "submit": 0, "duration": 100, "demand": {"mem": 1}}]
+    tasks += [{"id": f"z{k}", "job": "z", "tenant": "U", "submit": 0, "duration": 6, "demand": {"mem": 1}}
+              for k in range(2)]
+    tasks += [{"id": f"w{k}", "job": "w", "tenant": "U", "submit": 0, "duration": 100, "demand": {"mem": 1}}
+              for k in range(10)]
+    tasks += [{"id": "v", "job": "v", "tenant": "V", "submit": 1, "duration": 10, "demand": {"mem": 3}}]
+    document = {"resources": ["mem"], "nodes": [{"id": "n1", "capacity": {"mem": 6}}, {"id": "n3", "capacity": {"mem": 3}}],
+                "tenants": [{"id": "U"}, {"id": "V"}], "tasks": tasks}
+    out: list = []
+    params = {"preemption": "on", "preemption_timeout": "5", "preemption_threshold": "1", "reservation": "off"}
+    Simulator(parse_scenario(document), policy, params, on_decision=out.append).run()
+    at_six = [(d.kind.value, d.task, d.node) for d in out if d.time == 6.0]
+    assert at_six == [("preempt", "y0", "n3"), ("place", "v", "n3")]
+
+
 def test_the_simulator_checks_again_while_a_starved_tenant_could_be_served_as_the_worker_does():
     out: list = []
     Simulator(parse_scenario(LTRF_TIE), "ltrf", LTRF_PARAMS, on_decision=out.append).run()
@@ -340,3 +367,151 @@ def test_a_task_kept_off_the_reserved_room_does_not_take_the_reservation_over():
     assert placed.decisions == [] and (e.reservation.node, e.reservation.task) == (1, "a2")
     why = {g.tenant: g for gs in explain(e).groups.values() for g in gs}["B"]
     assert why.reason is WaitReason.RESERVED_FOR_OTHER and "kept for A's task a2" in why.message
+
+
+def backfill_scenario(reservation: str, estimates: bool = True, explain_at: float = 12.5):
+    """The big task among small ones, with Q's six 2-s unit tasks submitted at t=1 beside B's.
+    On n0, S's tasks end at 10, 11, ..., 17 s: B's 4-cpu task, reserved there at t=1, can start
+    once four of them have ended, at 13 s by their estimates (here their exact durations)."""
+    tasks = [{"id": f"s{k}", "job": "s", "tenant": "S", "submit": 0, "duration": 10 + k, "demand": {"cpu": 1}}
+             for k in range(16)]
+    tasks += [{"id": f"t{k}", "job": "s", "tenant": "S", "submit": 0, "duration": 10, "demand": {"cpu": 1}}
+              for k in range(200)]
+    tasks += [{"id": f"q{k}", "job": "q", "tenant": "Q", "submit": 1, "duration": 2, "demand": {"cpu": 1}}
+              for k in range(6)]
+    tasks += [{"id": "big", "job": "b", "tenant": "B", "submit": 1, "duration": 5, "demand": {"cpu": 4}}]
+    document = {"resources": ["cpu"], "nodes": [{"id": "n0", "capacity": {"cpu": 8}}, {"id": "n1", "capacity": {"cpu": 8}}],
+                "tenants": [{"id": "S"}, {"id": "B"}, {"id": "Q"}], "tasks": tasks}
+    scenario = parse_scenario(document)
+    out: list = []
+    sim = Simulator(scenario.with_exact_estimates() if estimates else scenario, "drf", {"reservation": reservation},
+                    on_decision=out.append, explain_at=explain_at)
+    sim.run()
+    starts = {d.task: (d.time, d.node, d.code.value) for d in out if d.kind is DecisionKind.PLACE}
+    why = {g.tenant: g for groups in sim.explanation.groups.values() for g in groups}
+    return starts, why
+
+
+def test_backfill_starts_short_tasks_on_the_reserved_node_only_where_they_end_before_the_reserved_task_can_start():
+    # Room frees on n0 at 10 (s0) and 11 (s1). Q's tasks are expected to end 2 s later: at 12
+    # and 13, by 13 when B's task can start there, so they backfill. At 12 (s2 and q0 end) a
+    # third would end at 14: too late, and S's 10-s tasks at 22. At 13, s3 and q1 end: four
+    # cpu are free and B starts, at 13 as without backfill; Q's next ones follow from 14.
+    starts, why = backfill_scenario("backfill")
+    assert starts["q0"] == (10.0, "n0", "backfill") and starts["q1"] == (11.0, "n0", "backfill")
+    assert starts["big"] == (13.0, "n0", "fair_order")
+    assert starts["q2"][0] == 14.0
+    # At 12.5 (the state after the pass at 12): n0 has two cpu free, kept for B.
+    assert why["Q"].reason is WaitReason.RESERVED_FOR_OTHER
+    assert "its estimate (2 s) has it end at 14, after 13, when the reserved task can start there" in why["Q"].message
+    assert "its estimate (10 s) has it end at 22" in why["S"].message
+
+
+@pytest.mark.parametrize("reservation, estimates", [
+    pytest.param("on", True, id="reservation on: nothing takes the reserved room, whatever the estimates"),
+    pytest.param("backfill", False, id="backfill without estimates: no start is known, nothing backfills"),
+])
+def test_without_backfill_or_estimates_the_reserved_room_waits_for_the_big_task(reservation, estimates):
+    # Q's first task waits for the room that frees after B's start: s4 ends at 14.
+    starts, why = backfill_scenario(reservation, estimates)
+    assert starts["big"] == (13.0, "n0", "fair_order")
+    assert starts["q0"][0] == 14.0 and all(code != "backfill" for _, _, code in starts.values())
+    if not estimates:
+        assert "a task running there has no run-time estimate" in why["Q"].message
+
+
+@pytest.mark.parametrize("estimates, backfilled", [
+    pytest.param("exact", ["q0", "q1"], id="simulate --estimates exact: each task's duration is its estimate"),
+    pytest.param("given", [], id="simulate without estimates: nothing backfills"),
+])
+def test_simulate_backfills_with_the_estimates_it_is_told_to_use(tmp_path, estimates, backfilled):
+    import json
+
+    from fairstream.cli import main
+
+    tasks = [{"id": f"s{k}", "job": "s", "tenant": "S", "submit": 0, "duration": 10 + k, "demand": {"cpu": 1}}
+             for k in range(8)]
+    tasks += [{"id": f"q{k}", "job": "q", "tenant": "Q", "submit": 1, "duration": 2, "demand": {"cpu": 1}}
+              for k in range(3)]
+    tasks += [{"id": "big", "job": "b", "tenant": "B", "submit": 1, "duration": 5, "demand": {"cpu": 4}}]
+    path = tmp_path / "scenario.json"
+    path.write_text(json.dumps({"resources": ["cpu"], "nodes": [{"id": "n0", "capacity": {"cpu": 8}}],
+                                "tenants": [{"id": "S"}, {"id": "B"}, {"id": "Q"}], "tasks": tasks}))
+    out = tmp_path / "run"
+    assert main(["simulate", "--scenario", str(path), "--policy", "drf", "--param", "reservation=backfill",
+                 "--estimates", estimates, "--no-baseline", "--no-plots", "--out", str(out)]) == 0
+    decisions = [json.loads(line) for line in (out / "decisions.jsonl").read_text().splitlines()]
+    assert [d["task"] for d in decisions if d["code"] == "backfill"] == backfilled
+
+
+def test_the_reserved_tasks_start_needs_only_the_estimates_of_the_tasks_it_waits_for():
+    # n0 of 4 cpu: s0 (estimate 10), s1 (no estimate), s2 and s3 (estimate 20), one cpu each.
+    # B's 2-cpu task reserves n0 at t=1; it can start once s0 and s2 have ended: at 20 by their
+    # estimates (s1's unknown end does not matter: it need not end first). At 11, s0 has ended:
+    # Q's request of three 5-s tasks backfills one (ends at 16 <= 20); the next would need a
+    # second cpu, kept for B.
+    e = engine(tree("S", "B", "Q"), "drf", resources=("cpu",), reservation="backfill")
+    e.step(0, [node("n0", cpu=4)] + [TaskSubmitted(0, f"s{k}", "s", "S", {"cpu": 1}, estimate=estimate)
+                                     for k, estimate in enumerate([10, None, 20, 20])])
+    e.step(1, [TaskSubmitted(1, "big", "b", "B", {"cpu": 2}, estimate=5)])
+    assert (e.reservation.node, e.backfill_until()) == (0, 20.0)
+    placed = e.step(11, [TaskCompleted(11, "s0"), TaskSubmitted(11, "q", "q", "Q", {"cpu": 1}, count=3, estimate=5)])
+    assert [(d.task, d.node, d.code.value) for d in placed.decisions] == [("q-0", "n0", "backfill")]
+    assert e.tasks["q-0"].estimate == 5
+    # s1 ends at 12: B needs one more cpu, and q-0 frees one at 16; q-1 would end at 17, too late.
+    assert e.step(12, [TaskCompleted(12, "s1")]).decisions == []
+    assert e.backfill_until() == 16.0
+    # Without s2's and s3's estimates, B's start would be unknown: nothing may backfill.
+    unknown = engine(tree("S", "B", "Q"), "drf", resources=("cpu",), reservation="backfill")
+    unknown.step(0, [node("n0", cpu=4)] + [TaskSubmitted(0, f"s{k}", "s", "S", {"cpu": 1}, estimate=estimate)
+                                           for k, estimate in enumerate([10, None, None, None])])
+    unknown.step(1, [TaskSubmitted(1, "big", "b", "B", {"cpu": 2}, estimate=5)])
+    assert unknown.reservation.node == 0 and unknown.backfill_until() is None
+
+
+@pytest.mark.parametrize("estimate, expected", [
+    pytest.param(120, 120.0, id="a run-time estimate in seconds is read"),
+    pytest.param(None, None, id="no estimate: unknown"),
+])
+def test_a_submission_carries_its_estimate_through_the_wire_and_the_recorded_log(estimate, expected):
+    import json
+
+    from fairstream.wire.events import SUBMITTED, decode_message, event_from_json, event_to_json
+
+    doc = {"cluster": "c", "task": "t", "tenant": "A", "demand": {"cpu": 1}, "time": 1}
+    if estimate is not None:
+        doc["estimate"] = estimate
+    (item,) = decode_message(SUBMITTED, json.dumps(doc).encode(), 64 * 1024)
+    assert item.event.estimate == expected
+    assert event_from_json(event_to_json(item.event)) == item.event
+
+
+@pytest.mark.parametrize("estimate", [-1, "10", True, 1e16])
+def test_a_bad_estimate_is_refused_with_its_field_named(estimate):
+    import json
+
+    from fairstream.wire.events import SUBMITTED, BadInput, decode_message
+
+    doc = {"cluster": "c", "task": "t", "tenant": "A", "demand": {"cpu": 1}, "time": 1, "estimate": estimate}
+    with pytest.raises(BadInput, match="estimate"):
+        decode_message(SUBMITTED, json.dumps(doc).encode(), 64 * 1024)
+
+
+def test_a_restored_engine_backfills_as_the_one_it_was_written_from():
+    # The worker restores its engine from a snapshot: estimates and the reservation come back,
+    # and the reserved task's start is made again (it is not stored).
+    from state.engine_snapshot import decode_engine, encode_engine
+
+    def cluster():
+        e = engine(tree("S", "B", "Q"), "drf", resources=("cpu",), reservation="backfill")
+        e.step(0, [node("n0", cpu=2)] + [TaskSubmitted(0, f"s{k}", "s", "S", {"cpu": 1}, estimate=10 + k)
+                                         for k in range(2)])
+        e.step(1, [TaskSubmitted(1, "big", "b", "B", {"cpu": 2})])
+        return e
+
+    restored = decode_engine(encode_engine(cluster()))
+    assert restored.backfill_until() == 11.0
+    events = [TaskCompleted(10, "s0"), TaskSubmitted(10, "q", "q", "Q", {"cpu": 1}, estimate=1)]
+    assert [d.to_json() for d in restored.step(10, events).decisions] == \
+        [d.to_json() for d in cluster().step(10, events).decisions]
+    assert [d.code.value for d in cluster().step(10, events).decisions] == ["backfill"]

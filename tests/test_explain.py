@@ -62,27 +62,46 @@ def reasons(explanation) -> dict[str, WaitReason]:
                  id="a tenant at max_share waits though a node has room"),
     pytest.param("d1", WaitReason.CONSTRAINTS, 'its constraints {"nodes":["n1"]} exclude it',
                  id="a task whose constraints exclude the only node with room"),
-    # DRF's key, dominant share / weight: B holds 2/8 = 0.25 of a 1/5 entitlement, 1.25; A 3/8,
-    # 1.875. B is first in line for freed room; A waits behind it, 0.625 apart.
-    pytest.param("b3", WaitReason.NO_ROOM, "B is first in line: the first room that frees for it on one node goes "
-                                           "to it (dominant share / weight 1.25)",
-                 id="the first tenant in the policy's order waits only for room"),
-    pytest.param("a4", WaitReason.BEHIND_TENANTS, "freed room goes first to B (dominant share / weight 1.25 against "
-                 "A's 1.875; 1 waiting tenant ahead)", id="a tenant behind another in the order is told whom"),
+    # DRF's key, dominant share / weight: D holds nothing, 0; B holds 2/8 = 0.25 of a 1/5
+    # entitlement, 1.25; A 3/8, 1.875. D's 1-cpu task waits for room on n1 (reserved for it),
+    # so room freed there goes to D first; on n2 B's 2-cpu task is first, then A's.
+    pytest.param("b3", WaitReason.BEHIND_TENANTS, "freed room on the nodes both may use goes first to D (dominant "
+                                                  "share / weight 0 against B's 1.25; 1 waiting tenant ahead)",
+                 id="a tenant behind one that waits for some nodes only is told so"),
+    pytest.param("a4", WaitReason.BEHIND_TENANTS, "freed room on the nodes both may use goes first to D (dominant "
+                 "share / weight 0 against A's 1.875; 2 waiting tenants ahead)",
+                 id="a tenant behind others in the order is told whom"),
 ])
 def test_each_pending_task_says_the_rule_that_holds_it_back(task, reason, says):
     explanation = explained(EVERY_REASON)
     entry = next(e for entries in explanation.pending.values() for e in entries if e.id == task)
     assert entry.reason is reason and says in entry.message
     if reason is WaitReason.BEHIND_TENANTS:
-        assert entry.waits_for == "B" and entry.gap == pytest.approx(1.875 - 1.25)
+        assert entry.waits_for == "D" and entry.gap == pytest.approx({"b3": 1.25, "a4": 1.875}[task])
+
+
+def test_a_tenant_ahead_with_larger_tasks_leaves_the_first_room_that_fits_a_smaller_one_to_it():
+    # One node of 4 cpu held by A's four long unit tasks; reservation off. B (holding nothing,
+    # first by arrival) waits with a 3-cpu task, C (holding nothing) with a 1-cpu task. Both are
+    # first in line for the room that fits them: one freed cpu goes to C, as B does not fit it.
+    document = {"resources": ["cpu"], "nodes": [{"id": "n1", "capacity": {"cpu": 4}}],
+                "tenants": [{"id": "A"}, {"id": "B"}, {"id": "C"}],
+                "tasks": [{"id": "a", "job": "ja", "tenant": "A", "submit": 0, "duration": 100, "demand": {"cpu": 1},
+                           "count": 4},
+                          {"id": "b", "job": "jb", "tenant": "B", "submit": 1, "duration": 10, "demand": {"cpu": 3}},
+                          {"id": "c", "job": "jc", "tenant": "C", "submit": 2, "duration": 10, "demand": {"cpu": 1}}]}
+    explanation = explained(document, params={"reservation": "off"})
+    why = {entry.id: entry for entries in explanation.pending.values() for entry in entries}
+    assert why["b"].reason is why["c"].reason is WaitReason.NO_ROOM
+    assert "C is first in line: the first room that frees for it on one node goes to it" in why["c"].message
 
 
 def test_every_reason_of_the_scenario_occurs_once_and_a_request_names_its_next_task():
     explanation = explained(EVERY_REASON)
     found = reasons(explanation)
-    assert sorted(found.values()) == sorted({WaitReason.UNSCHEDULABLE, WaitReason.STAGE, WaitReason.MAX_SHARE,
-                                             WaitReason.CONSTRAINTS, WaitReason.NO_ROOM, WaitReason.BEHIND_TENANTS})
+    assert sorted(found.values()) == sorted([WaitReason.UNSCHEDULABLE, WaitReason.STAGE, WaitReason.MAX_SHARE,
+                                             WaitReason.CONSTRAINTS, WaitReason.BEHIND_TENANTS,
+                                             WaitReason.BEHIND_TENANTS])
     # C's request of 3 started c-0 and c-1 within its cap; what waits is c-2.
     (entry,) = explanation.pending["C"]
     assert (entry.first, entry.tasks, entry.position) == ("c-2", 1, 0)
@@ -144,7 +163,7 @@ def test_simulate_explain_at_writes_the_apis_documents(tmp_path, capsys):
     assert tenants["api"] == pending["api"] == "v1" and tenants["time"] == 1.0
     assert [t["tenant"] for t in tenants["tenants"]] == ["D", "E", "B", "C", "A"]
     assert pending["entries_total"] == 6 and {e["reason"] for e in pending["entries"]} == {
-        "unschedulable", "stage_not_released", "max_share", "constraints", "no_room", "behind_tenants"}
+        "unschedulable", "stage_not_released", "max_share", "constraints", "behind_tenants"}
 
 
 # The worker: the explanation is written with a commit, read back through the same documents.

@@ -10,11 +10,15 @@ that accepts them. After every pass:
   of its tasks by tenants that would stay at or above their fair share;
 - every pending task has exactly one wait reason and none waits while a node has room for it
   unless a limit, its constraints or another task's reservation hold it;
-- the room of a reserved node goes to the reserved task's shape only;
+- the room of a reserved node goes to the reserved task's shape only, or to a task that backfills
+  it: expected to end before the reserved task can start, a start the backfill does not move;
+- a tenant said to be first in line gets the next room that fits its task;
 - the simulator and a worker replaying its recorded input take the same decisions.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -108,6 +112,9 @@ def everything(draw):
                 "demand": {"cpu": draw(st.integers(0, 3)), "mem": draw(st.integers(1, 3))}}
         if draw(st.integers(0, 3)) == 0:
             task["count"] = draw(st.integers(2, 6))
+        estimate = draw(st.sampled_from(["exact", "exact", "none", "short", "long"]))  # backfill reads it
+        if estimate != "none":
+            task["estimate"] = {"exact": 1.0, "short": 0.5, "long": 2.0}[estimate] * task["duration"]
         kind = draw(st.sampled_from(["none", "none", "nodes", "labels"]))
         if kind == "nodes":
             task["constraints"] = {"nodes": draw(st.lists(st.sampled_from([n["id"] for n in nodes]), min_size=1,
@@ -135,22 +142,51 @@ def params_for(policy: str, draw_half_life: bool, reservation: str = "on") -> di
     return params
 
 
-def reserved_room_goes_to_the_reserved_shape_only(engine: Engine, result, held) -> None:
-    """No placement of this step went to the node reserved before it (``held``) unless it was
-    of the reserved shape, or the reservation ended or moved in this step (its task placed,
-    another first in line: the pass after that one may use the room) or its node was lost."""
-    if held is None or not engine.nodes[held.node].alive:
+def checking_every_pass(simulator: Simulator) -> Simulator:
+    """``simulator`` with its policy's passes checked one by one (a step may run several, and
+    the reservation may change between them): ``reserved_room_goes_to_the_reserved_shape_only``."""
+    engine = simulator.engine
+    decide = engine.spec.decide
+
+    def checked(snapshot, params):
+        decisions = decide(snapshot, params)
+        reserved_room_goes_to_the_reserved_shape_only(engine, snapshot, decisions)
+        return decisions
+
+    engine.spec = dataclasses.replace(engine.spec, decide=checked)
+    return simulator
+
+
+def _pending_task(engine: Engine, task_id: str):
+    """The pending task ``task_id`` (a request's: the request) before the pass's decisions apply."""
+    return engine.tasks.get(task_id) or engine._in_request(task_id)[0]
+
+
+def reserved_room_goes_to_the_reserved_shape_only(engine: Engine, snapshot, decisions) -> None:
+    """No placement of one pass goes to the node reserved when it began unless it is of the
+    reserved shape, or it backfills: with ``reservation=backfill``, expected (by its estimate)
+    to end by the time the reserved task can start there, which is the reference's
+    (``oracle.reserved_start``, from the running tasks' estimates). Ending by then, it does not
+    move that time."""
+    held = snapshot.reservation
+    if held is None:
+        assert not any(d.code.value == "backfill" for d in decisions)
         return
-    now = engine.reservation
-    if now is None or (now.node, now.tenant, now.shape) != (held.node, held.tenant, held.shape):
-        return
-    if any(d.kind is DecisionKind.PLACE and d.tenant == held.tenant and held.task in d.task_ids for d in result.decisions):
-        return  # its task was placed (the reservation ended) and a later pass of the step reserved again
-    for decision in result.decisions:
-        if decision.kind is DecisionKind.PLACE and engine.node_row[decision.node] == held.node:
-            task = engine.tasks.get(decision.task)
-            if task is not None:
-                assert task.shape == held.shape, f"{decision.task} took the room reserved for {held.task}"
+    if engine.params.get("reservation") == "backfill":
+        want = oracle.reserved_start(engine, held)
+        assert (snapshot.backfill_until is None) == (want is None), "whether the reserved task's start is known"
+        assert want is None or snapshot.backfill_until == pytest.approx(want, abs=1e-6), "the reserved task's start"
+    for decision in decisions:
+        if decision.kind is not DecisionKind.PLACE or engine.node_row[decision.node] != held.node:
+            continue
+        task = _pending_task(engine, decision.task)
+        if decision.code.value == "backfill":
+            assert engine.params["reservation"] == "backfill" and task.shape != held.shape
+            assert task.estimate is not None and snapshot.backfill_until is not None
+            assert decision.time + task.estimate <= snapshot.backfill_until + 1e-6, \
+                f"{decision.task} backfilled to end at {decision.time + task.estimate}, after {snapshot.backfill_until}"
+        else:
+            assert task.shape == held.shape, f"{decision.task} took the room reserved for {held.task}"
 
 
 def every_invariant(engine: Engine, result) -> None:
@@ -212,7 +248,7 @@ def no_starved_tenant_left_while_a_node_could_be_freed_for_it(engine: Engine, re
 
 
 @SETTINGS
-@given(document=everything(), policy=st.sampled_from(["fair", "drf"]), reservation=st.sampled_from(["on", "off"]))
+@given(document=everything(), policy=st.sampled_from(["fair", "drf"]), reservation=st.sampled_from(["on", "off", "backfill"]))
 def test_no_starved_tenant_is_left_while_a_node_could_be_freed_for_it(document, policy, reservation):
     def check(engine, result):
         no_starved_tenant_left_while_a_node_could_be_freed_for_it(engine, result)
@@ -222,24 +258,18 @@ def test_no_starved_tenant_is_left_while_a_node_could_be_freed_for_it(document, 
 
 @SETTINGS
 @given(document=everything(), policy=st.sampled_from(PREEMPTING), half_life=st.booleans(),
-       reservation=st.sampled_from(["on", "off"]))
+       reservation=st.sampled_from(["on", "off", "backfill"]))
 def test_every_feature_on_keeps_every_invariant_after_every_pass(document, policy, half_life, reservation):
-    held = [None]
-
-    def check(engine, result):
-        every_invariant(engine, result)
-        reserved_room_goes_to_the_reserved_shape_only(engine, result, held[0])
-        held[0] = engine.reservation
-
     simulator = Simulator(parse_scenario(document), policy, params_for(policy, half_life, reservation),
-                          on_step=check)
-    simulator.run()
+                          on_step=every_invariant)
+    checking_every_pass(simulator).run()
 
 
 @SETTINGS
-@given(document=everything(), policy=st.sampled_from(PREEMPTING), half_life=st.booleans())
-def test_a_worker_replaying_the_recorded_input_takes_the_simulators_decisions(document, policy, half_life):
-    params = params_for(policy, half_life)
+@given(document=everything(), policy=st.sampled_from(PREEMPTING), half_life=st.booleans(),
+       reservation=st.sampled_from(["on", "off", "backfill"]))
+def test_a_worker_replaying_the_recorded_input_takes_the_simulators_decisions(document, policy, half_life, reservation):
+    params = params_for(policy, half_life, reservation)
     scenario = parse_scenario(document)
     result = Simulator(scenario, policy, params, record_events=True).run()
     fresh = parse_scenario(document)  # its own tree: the simulator's engine changed the first one
@@ -247,6 +277,49 @@ def test_a_worker_replaying_the_recorded_input_takes_the_simulators_decisions(do
     steps = [log_step(time, events) for time, events in result.events]
     replayed = [d for step in replay(worker, steps) for d in step.decisions]
     assert [d.to_json() for d in replayed] == [d.to_json() for d in result.decisions]
+
+
+def first_in_line_is_true(engine: Engine) -> None:
+    """Every explanation is true: a tenant said to be first in line (``no_room``: "the first room
+    that frees for it on one node goes to it"; ``reservation`` naming no tenant ahead) gets that
+    room. For its earliest such entry and every live node its constraints allow that could hold
+    it and is not reserved for another shape: with exactly its demand free there (the rest as it
+    is), the policy's pass places a task of that tenant there."""
+    import dataclasses
+
+    from fairstream.core.explain import WaitReason, explain
+
+    explanation = explain(engine)
+    snapshot = engine.snapshot()
+    held = engine.reservation
+    for tenant, entries in explanation.pending.items():
+        entry = next((e for e in entries if e.reason in (WaitReason.NO_ROOM, WaitReason.RESERVATION)), None)
+        if entry is None or entry.waits_for is not None:
+            continue  # (not said to be first: a reservation behind a tenant ahead names it)
+        head = engine.tasks.get(entry.id) or engine.requests[entry.id]
+        for row, node in enumerate(engine.nodes):
+            if (not node.alive or not head.constraints.allows(node.id, node.labels)
+                    or not (node.capacity >= head.demand - 1e-9).all()
+                    or (held is not None and held.node == row and held.shape != head.shape)):
+                continue
+            free = snapshot.free.copy()
+            free[row] = head.demand
+            until = snapshot.backfill_until
+            if held is not None and held.node == row and held.shape == head.shape:
+                until = snapshot.time if until is not None else None  # the reserved task fits now: nothing backfills
+            decisions = engine.spec.decide(dataclasses.replace(snapshot, free=free, backfill_until=until), engine.params)
+            assert any(d.kind is DecisionKind.PLACE and d.tenant == tenant and d.node == node.id for d in decisions), (
+                f"t={engine.time}: {tenant} is told '{entry.message}', yet room for {entry.first} on {node.id} "
+                f"goes to {[(d.tenant, d.task) for d in decisions if d.node == node.id]}")
+
+
+@SETTINGS
+@given(document=everything(), policy=st.sampled_from(PREEMPTING), reservation=st.sampled_from(["on", "off", "backfill"]))
+def test_first_in_line_means_the_next_room_that_fits_goes_to_it(document, policy, reservation):
+    def check(engine, result):
+        first_in_line_is_true(engine)
+
+    Simulator(parse_scenario(document), policy, params_for(policy, False, reservation), on_step=check).run()
 
 
 def test_the_reference_catches_a_fair_share_that_ignores_the_tree():

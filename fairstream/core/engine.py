@@ -45,6 +45,7 @@ from fairstream.core.model import (
     TaskSubmitted,
     TenantsChanged,
     MAX_COUNT,
+    event_time,
     request_task_id,
 )
 from fairstream.core.fairness import fair_shares, resource_shares
@@ -156,8 +157,11 @@ class Engine:
         self.preemption: PreemptionRule | None = policy.preemption_rule(self.params)
         self.starved_since: dict[str, float] = {}
         self._victims_exist = False  # after the last pass: some tenant is above its fair share
-        # The node reserved for the first waiting task that fitted nowhere (``reservation=on``).
+        # The node reserved for the first waiting task that fitted nowhere (``reservation=on``),
+        # and with backfill the time its task can start there (``backfill_until``), kept while
+        # the reservation and the tasks on its node stay as they are.
         self.reservation: Reservation | None = None
+        self._backfill: tuple[Reservation, float | None] | None = None
         self.time: float | None = None
         self.nodes: list[Node] = []
         self.node_row: dict[str, int] = {}
@@ -216,8 +220,46 @@ class Engine:
 
     @property
     def reserving(self) -> bool:
-        """The policy reserves nodes for the first task in line (``reservation=on``)."""
-        return self.params.get("reservation") == "on"
+        """The policy reserves nodes for the first task in line (``reservation=on`` or ``backfill``)."""
+        return self.params.get("reservation") in ("on", "backfill")
+
+    def backfill_until(self) -> float | None:
+        """``reservation=backfill``: the time the reserved task can start on its node by the
+        estimates of the tasks running there (the earliest expected end after which enough of
+        them have ended for it to fit; now if it fits now). Other tasks may take room there if
+        they are expected to end by then (Slurm's backfill: they do not delay it). None: no
+        backfill (another setting, no reservation, or a task it must wait for has no
+        estimate). Made again only when the reservation or the tasks on its node change."""
+        held = self.reservation
+        if held is None or self.params.get("reservation") != "backfill":
+            return None
+        row = held.node
+        need = self._shape_demands[held.shape] - EPSILON
+        free = self.capacity[row] - self.used[row]
+        if (free >= need).all():
+            return self.time  # it fits now: nothing else goes first
+        now = self.time if self.time is not None else 0.0
+        cached = self._backfill
+        if cached is not None and cached[0] == held:
+            return None if cached[1] is None else max(cached[1], now)  # (a task past its estimate ends now at the earliest)
+        node_id = self.nodes[row].id
+        ends = sorted((math.inf if task.estimate is None else event_time(task.start + task.estimate), task.seq, task)
+                      for task in self.tasks.values() if task.state is TaskState.RUNNING and task.node == node_id)
+        until = None
+        for end, _, task in ends:
+            if end == math.inf:
+                break  # it must wait for a task of unknown end: its start is unknown
+            free = free + task.demand
+            if (free >= need).all():
+                until = end
+                break
+        self._backfill = (held, until)
+        return None if until is None else max(until, now)
+
+    def _tasks_changed_on(self, row: int) -> None:
+        """A task started or stopped on node ``row``: the reserved task's start there is made again."""
+        if self._backfill is not None and self._backfill[0].node == row:
+            self._backfill = None
 
     def step(self, time: float, events: Iterable[Event]) -> StepResult:
         """Apply the events of instant ``time``, then run one scheduling pass."""
@@ -409,7 +451,11 @@ class Engine:
         decisions = self.spec.decide(snapshot, self.params)
         requests = [self._preempt(decision) if decision.kind is DecisionKind.PREEMPT else self._start(decision)
                     for decision in decisions]
-        again = False
+        again = bool(getattr(decisions, "withdrawn", 0))
+        if again:
+            # Placements taken back: their room may be more than the starved task took, on
+            # nodes that did not gain room as far as the candidate tenants know: a full pass.
+            self._passed = False
         if self.reserving:
             before = self.reservation
             self._reserve(getattr(decisions, "blocked", None))
@@ -418,10 +464,15 @@ class Engine:
             # waiting shape (constraints aside) fits it now.
             after = self.reservation
             moved = before is not None and (
-                after is None or (after.node, after.tenant, after.shape) != (before.node, before.tenant, before.shape))
+                after is None or (after.node, after.tenant, after.shape) != (before.node, before.tenant, before.shape)
+                # With backfill, when the reserved task can start may have changed in the pass
+                # (the task placed, or its room taken by one of its shape): what may backfill
+                # is known only now.
+                or (self.params.get("reservation") == "backfill"
+                    and (after.task != before.task or self.backfill_until() != snapshot.backfill_until)))
             if moved:
                 self._grown.add(before.node)  # its room is open to every shape again (``_candidates``)
-                again = bool(self.alive[before.node]) and bool(
+                again = again or bool(self.alive[before.node]) and bool(
                     (self._shape_demands[: len(self._shapes)] <= self.capacity[before.node] - self.used[before.node]
                      + EPSILON).all(axis=1).any())
         if not any(requests):
@@ -523,6 +574,7 @@ class Engine:
             pending_demand=self.waiting_demand() if self.preemption is not None else None,  # the fair share's
             reservation=self.reservation,
             reserving=self.reserving,
+            backfill_until=self.backfill_until(),
         )
 
     def _node_allocation(self) -> dict[tuple[int, str], np.ndarray]:
@@ -593,6 +645,9 @@ class Engine:
             demand = self.resources.vector(event.demand, where="demand")
             if not demand.any():
                 raise EventRejected("demand: must ask for some resource (all zero)")
+            estimate = event.estimate
+            if estimate is not None and (estimate.__class__ not in (int, float) or not 0 <= estimate < math.inf):
+                raise EventRejected(f"estimate: must be a finite number of seconds >= 0, got {estimate!r}")
             return demand, Constraints.from_json(event.constraints)
         if isinstance(event, TaskCompleted):
             task = event.task
@@ -763,6 +818,7 @@ class Engine:
             demand=demand,
             submit=event.time,
             constraints=constraints,
+            estimate=None if event.estimate is None else float(event.estimate),
             seq=self._seq,
             demand_map=self.resources.as_dict(demand),
             shape=self._shape_of(demand, constraints),
@@ -812,6 +868,7 @@ class Engine:
         node = self.node_row[task.node]
         self.used[node] -= task.demand
         np.maximum(self.used[node], 0.0, out=self.used[node])
+        self._tasks_changed_on(node)
         self._grown.add(node)
         self._touched.add(task.tenant)
         task.state = TaskState.DONE
@@ -958,6 +1015,7 @@ class Engine:
     def _back_to_pending(self, task: Task, row: int, time: float) -> None:
         """A running task stops (its node lost, or preempted) and waits again, same id."""
         self.used[row] -= task.demand
+        self._tasks_changed_on(row)
         self.accounting.on_requeue(self.accounting.row[task.tenant], task.running_entry, time)
         task.state, task.node, task.start, task.running_entry = TaskState.PENDING, None, None, None
         self.pending[task.tenant].add(task)  # before the job stops: it waits, so its usage is kept
@@ -995,6 +1053,7 @@ class Engine:
         if ((self._used[row] + task.demand) > self._capacity[row] + EPSILON).any():
             raise PolicyViolation(f"{decision.policy} over-commits node {node.id} with {task.id}")
         self._used[row] += task.demand
+        self._tasks_changed_on(row)
         task.state, task.node, task.start = TaskState.RUNNING, node.id, decision.time
         jobs = self.running_jobs.setdefault(task.tenant, {})
         jobs[task.job] = jobs.get(task.job, 0) + 1
@@ -1024,7 +1083,7 @@ def _task_of(request: Task, task_id: str) -> Task:
     """Task ``task_id`` of ``request`` as a task of its own (pending), with the request's
     current arrival number: a request makes an object for a task only when the task leaves it."""
     return Task(task_id, request.job, request.tenant, request.demand, request.submit, request.constraints,
-                seq=request.seq, demand_map=request.demand_map, shape=request.shape,
+                estimate=request.estimate, seq=request.seq, demand_map=request.demand_map, shape=request.shape,
                 demand_values=request.demand_values)
 
 

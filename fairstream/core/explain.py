@@ -27,7 +27,9 @@ Reasons (``WaitReason``), the first that holds:
   tenants (Tetris, QKnobler, Perf, FLEX), said in the policy's words;
 - ``reservation``: no node has room; it is first in line and a node is reserved for it: room
   freed there is kept for it (``reservation=on``), the message says how much more it needs;
-- ``reserved_for_other``: the only node with room for it is reserved for another task;
+- ``reserved_for_other``: the only node with room for it is reserved for another task (with
+  ``reservation=backfill``: and its estimate, or the missing ones, say it may not backfill there;
+  one that may is ``next_pass``);
 - ``no_room``: no node has room; its tenant is first in the policy's order among the waiting
   (without a reservation: room freed in smaller pieces goes to smaller tasks);
 - ``behind_tenants``: no node has room; tenants ahead of it in the policy's order get room
@@ -47,6 +49,7 @@ import numpy as np
 
 from fairstream.core.model import EPSILON, TaskState
 from fairstream.core.placement import Cycle, dominant_share_order
+from fairstream.core.preemption import share_ratios
 
 if TYPE_CHECKING:
     from fairstream.core.engine import Engine
@@ -84,7 +87,7 @@ class PendingEntry:
     submitted: float
     reason: WaitReason
     message: str
-    waits_for: str | None = None  # behind_tenants: the tenant that gets the next room
+    waits_for: str | None = None  # behind_tenants, reservation: the tenant that gets the next room (elsewhere)
     gap: float | None = None  # behind_tenants: its key less that tenant's, in the policy's key
 
     def to_json(self) -> dict[str, Any]:
@@ -206,6 +209,19 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
     # Per tenant and shape: the reason its head waits, before the order is applied.
     verdicts: dict[tuple[str, int], tuple[WaitReason, str] | None] = {}
     room_limited: list[str] = []
+    # Per tenant waiting for room, per waiting head: the nodes where room would serve it, and its demand.
+    reach: dict[str, list[tuple[np.ndarray, tuple[float, ...]]]] = {}
+    reserved_for = engine.reservation
+
+    def may_use(task: "Task", now: bool = True) -> np.ndarray:
+        """The live nodes that could hold ``task`` and that its constraints allow, and (``now``)
+        the reservation: the reserved node serves its reserved task first, others after it."""
+        mask = live & cycle.eligible(task.constraints) & (snap.node_capacity >= task.demand - EPSILON).all(axis=1)
+        if now and reserved_for is not None and reserved_for.shape != task.shape:
+            mask = mask.copy()
+            mask[reserved_for.node] = False
+        return mask
+
     held_by_limit: dict[str, dict[str, tuple[WaitReason, str]]] = {}
     for tenant in ranked:
         limited = False
@@ -215,41 +231,101 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
             if head is None:
                 continue
             verdicts[(tenant, shape)] = verdict = _shape_verdict(engine, cycle, quota, tenant, head, live)
-            limited |= verdict is None
+            # Waiting for room: none has any, or the only room is kept for another's reserved task
+            # or on nodes its constraints exclude (room freed on a node it may use goes to it in
+            # its turn).
+            if verdict is None or verdict[0] in _WAITS_FOR_ROOM:
+                limited = True
+                reach.setdefault(tenant, []).append((may_use(head), head.demand_values))
         if limited:
             room_limited.append(tenant)
-    first = room_limited[0] if room_limited else None
+    # Tenants starved past the preemption timeout: the pass's last stage makes room for them,
+    # taking back from tenants above their share what the pass gave them (``preemption.reclaim``):
+    # in their turn, they take any room on a node they may use, whatever their tasks' size.
+    # A tenant at or above its fair share is a victim for them: room given to it in the pass is
+    # taken back (withdrawn) for an overdue tenant whatever their order.
+    overdue: list[str] = []
+    at_fair_share: set[str] = set()
+    if engine.preemption is not None:
+        overdue = [t for t in room_limited if t in engine.starved_since
+                   and snap.time - engine.starved_since[t] >= engine.preemption.timeout - EPSILON]
+        if overdue:
+            ratios = share_ratios(acc.allocation, acc.capacity, engine.fair_shares(), acc.config.resource)
+            at_fair_share = {t for t in snap.pending if ratios[snap.rows[t]] >= 1.0 - EPSILON}
+
+    def in_the_way(other: str, task: "Task", mask: np.ndarray) -> np.ndarray | None:
+        """Of the nodes ``mask`` (those ``task`` may use), where ``other`` would take room freed
+        for ``task``: those it waits for with a task no larger (it fits the room that fits
+        ``task``), and the node reserved for it, whatever its size; None: none."""
+        out = None
+        limit = [x + EPSILON for x in task.demand_values]
+        for nodes, demand in reach[other]:
+            if other in overdue or all(d <= x for d, x in zip(demand, limit)):  # (overdue: ``in_the_way``)
+                out = nodes & mask if out is None else out | (nodes & mask)
+        if reserved_for is not None and reserved_for.tenant == other and mask[reserved_for.node]:
+            out = np.zeros_like(mask) if out is None else out
+            out[reserved_for.node] = True  # the room there is kept for it
+        return out if out is not None and out.any() else None
+
+    def first_for(tenant: str, task: "Task") -> tuple[str, bool]:
+        """The first tenant in line for room freed for ``task`` (the first in the order that
+        waits for room it would fit, on a node both may use; ``tenant`` itself if none is
+        ahead of it), and whether that tenant is ahead on some of ``task``'s nodes only."""
+        mask = may_use(task, now=False)  # (on its node, the reserved task comes first)
+        if tenant in at_fair_share:
+            for other in overdue:
+                nodes = in_the_way(other, task, mask) if other != tenant else None
+                if nodes is not None:
+                    return other, bool((mask & ~nodes).any())
+        for other in room_limited:
+            if other == tenant:
+                return tenant, False
+            nodes = in_the_way(other, task, mask)
+            if nodes is not None:
+                return other, bool((mask & ~nodes).any())
+        return tenant, False
 
     def room_reason(tenant: str, task: "Task") -> tuple[WaitReason, str, str | None, float | None]:
         need = _text(engine.resources.as_dict(task.demand))
+        nowhere = "no node has room" if task.constraints.empty else "no node its constraints allow has room"
         since = engine.starved_since.get(tenant)
         if engine.preemption is not None and since is not None:
             due = since + engine.preemption.timeout
             if due > snap.time:
                 return (WaitReason.PREEMPTION_PENDING,
-                        f"no node has room for {need}; {tenant} is below {engine.preemption.threshold:g} x its fair "
+                        f"{nowhere} for {need}; {tenant} is below {engine.preemption.threshold:g} x its fair "
                         f"share since {since:g}: preemption takes room back for it at {due:g}", None, None)
         if spec.efficiency is not None:
-            return WaitReason.EFFICIENCY, f"no node has room for {need}; when room frees, {spec.efficiency}", None, None
-        held = engine.reservation
-        if held is not None and held.tenant == tenant and held.shape == task.shape:
-            lacking = np.maximum(task.demand - snap.free[held.node], 0.0)
+            return WaitReason.EFFICIENCY, f"{nowhere} for {need}; when room frees, {spec.efficiency}", None, None
+        first, partly = first_for(tenant, task)
+        if reserved_for is not None and reserved_for.tenant == tenant and reserved_for.shape == task.shape:
+            lacking = np.maximum(task.demand - snap.free[reserved_for.node], 0.0)
             short = _text({r: round(float(x), 6) for r, x in zip(names, lacking.tolist()) if x > EPSILON})
-            return (WaitReason.RESERVATION, f"node {snap.node_ids[held.node]} is reserved for {tenant}'s next task "
-                                            f"of this shape ({held.task}): room freed there is kept for it, and it "
-                                            f"needs {short} more there (first in line, {label} "
-                                            f"{order.value(keys[tenant]):.4g})", None, None)
+            reserved = (f"node {snap.node_ids[reserved_for.node]} is reserved for {tenant}'s next task of this shape "
+                        f"({reserved_for.task}): room freed there is kept for it, and it needs {short} more there")
+            if tenant == first:
+                return (WaitReason.RESERVATION, f"{reserved} (first in line, {label} {order.value(keys[tenant]):.4g})",
+                        None, None)
+            # A tenant ahead of it waits for room that would fit it: on other nodes, or on this
+            # one with a task of the same shape (the room there is kept for the shape).
+            where = " on the nodes both may use" if partly else ""
+            return (WaitReason.RESERVATION, f"{reserved}; freed room{where} goes first to {first} ({label} "
+                                            f"{order.value(keys[first]):.4g} against {tenant}'s "
+                                            f"{order.value(keys[tenant]):.4g})",
+                    first, order.value(keys[tenant]) - order.value(keys[first]))
         if tenant == first:
             pieces = ("; room freed in smaller pieces goes to smaller tasks behind it (reservation is off)"
                       if not engine.reserving else "")
-            return (WaitReason.NO_ROOM, f"no node has room for {need}; {tenant} is first in line: the first room "
+            return (WaitReason.NO_ROOM, f"{nowhere} for {need}; {tenant} is first in line: the first room "
                                         f"that frees for it on one node goes to it ({label} "
                                         f"{order.value(keys[tenant]):.4g}){pieces}", None, None)
         gap = order.value(keys[tenant]) - order.value(keys[first])
         ahead = room_limited.index(tenant)
+        partly = " on the nodes both may use" if partly else ""
+        starved = ", starved past its preemption timeout: room is taken back for it" if first in overdue else ""
         return (WaitReason.BEHIND_TENANTS,
-                f"no node has room for {need}; freed room goes first to {first} ({label} "
-                f"{order.value(keys[first]):.4g} against {tenant}'s {order.value(keys[tenant]):.4g}; "
+                f"{nowhere} for {need}; freed room{partly} goes first to {first} ({label} "
+                f"{order.value(keys[first]):.4g} against {tenant}'s {order.value(keys[tenant]):.4g}{starved}; "
                 f"{ahead} waiting tenant{'s' if ahead != 1 else ''} ahead)", first, gap)
 
     pending: dict[str, list[PendingEntry]] = {}
@@ -357,6 +433,24 @@ def _head(group, held_jobs) -> "Task | None":
     return head
 
 
+#: Verdicts of a task that waits for room all the same: its tenant is in line for room that
+#: frees on a node it may use.
+_WAITS_FOR_ROOM = frozenset({WaitReason.RESERVED_FOR_OTHER, WaitReason.CONSTRAINTS})
+
+
+def _no_backfill(engine: "Engine", snap, head: "Task") -> str:
+    """Why ``head`` may not backfill the reserved node's room (``reservation=backfill``), or ""."""
+    if engine.params.get("reservation") != "backfill":
+        return ""
+    if snap.backfill_until is None:
+        return ("; it cannot backfill there: a task running there has no run-time estimate, so when the reserved "
+                "task can start is unknown")
+    if head.estimate is None:
+        return "; it cannot backfill there: it has no run-time estimate"
+    return (f"; it cannot backfill there: its estimate ({head.estimate:g} s) has it end at "
+            f"{snap.time + head.estimate:g}, after {snap.backfill_until:g}, when the reserved task can start there")
+
+
 def _pending_entries(group) -> Iterator["Task"]:
     """The pending entries of one shape's list (``snapshot.TaskList``), in arrival order."""
     for task in group.tasks[group.head:]:
@@ -377,17 +471,24 @@ def _shape_verdict(engine: "Engine", cycle: Cycle, quota, tenant: str, head: "Ta
         return WaitReason.PARTITION, f"{tenant}'s partition is full: it waits for its own tasks to finish"
     if cycle.find_node(head) is not None:
         return WaitReason.NEXT_PASS, "a node has room for it now: the next pass places it"
+    held = cycle.reservation
+    if cycle.backfill_node(head) is not None:
+        return (WaitReason.NEXT_PASS, f"node {cycle.snapshot.node_ids[held.node]} has room for it, reserved for "
+                                      f"{held.tenant}'s task {held.task}, and it is expected to end before that task "
+                                      f"can start: the next pass backfills it there")
     if cycle.kept_off_reserved_room(head):
-        held = cycle.reservation
         return (WaitReason.RESERVED_FOR_OTHER, f"node {cycle.snapshot.node_ids[held.node]} has room for it, but that "
-                                               f"room is kept for {held.tenant}'s task {held.task}, reserved there")
+                                               f"room is kept for {held.tenant}'s task {held.task}, reserved there"
+                                               f"{_no_backfill(engine, cycle.snapshot, head)}")
     if not head.constraints.empty:
         free = cycle.free[live]
         with_room = int((free >= head.demand - EPSILON).all(axis=1).sum()) if len(free) else 0
         if with_room:
+            reserved = (f"; node {cycle.snapshot.node_ids[held.node]} is reserved for it"
+                        if held is not None and held.tenant == tenant and held.shape == head.shape else "")
             return (WaitReason.CONSTRAINTS, f"{with_room} node{'s have' if with_room != 1 else ' has'} room for it, "
                                             f"but its constraints {_text(head.constraints.to_json())} exclude "
-                                            f"{'them' if with_room != 1 else 'it'}")
+                                            f"{'them' if with_room != 1 else 'it'}{reserved}")
     return None
 
 

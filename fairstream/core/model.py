@@ -188,7 +188,8 @@ def request_task_id(request: str, index: int) -> str:
 class Task:
     """A unit of work, or a *request*: ``count`` identical pending tasks (YARN's
     ResourceRequest, Kueue's PodSet count). ``duration`` is the true run time, known to the
-    simulator only.
+    simulator only; ``estimate`` the run time its submitter expects (seconds, None: not given),
+    which backfill uses (``reservation=backfill``: Slurm's time limit).
 
     ``seq`` is the global arrival sequence number: the last tie-break everywhere. A request
     takes one number per task, and its ``seq`` is always that of its next task, so that
@@ -208,6 +209,7 @@ class Task:
     submit: float
     constraints: Constraints = NO_CONSTRAINTS
     duration: float | None = None
+    estimate: float | None = None
     seq: int = 0
     demand_map: dict[str, float] = field(default_factory=dict)
     # Filled in by the engine.
@@ -250,7 +252,8 @@ class CompletionStatus(str, Enum):
 @dataclass(frozen=True)
 class TaskSubmitted:
     """A task, or with ``count`` a request of ``count`` identical tasks ``<task>-0`` ...
-    ``<task>-<count - 1>`` (one event and one pending entry for a job's maps)."""
+    ``<task>-<count - 1>`` (one event and one pending entry for a job's maps). ``estimate``: the
+    run time expected of each task, in seconds (None: unknown); only backfill reads it."""
 
     time: float
     task: str
@@ -259,6 +262,7 @@ class TaskSubmitted:
     demand: Mapping[str, float]
     constraints: Mapping | None = None
     count: int | None = None
+    estimate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -321,6 +325,7 @@ class ReasonCode(str, Enum):
     PARTITION = "partition"  # static: fits in the tenant's own partition
     PACKING = "packing"  # an efficiency stage chose it (Tetris alignment, QKnobler's integer program)
     RECLAIMED = "reclaimed"  # placed for a starved tenant on room preempted for it
+    BACKFILL = "backfill"  # on a node reserved for another task, expected to end before that task can start
     # preempt
     FAIR_SHARE_PREEMPTION = "fair_share_preemption"  # killed to give a starved tenant its fair share
     # requeue

@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from fairstream.core.fairness import BELOW_MIN_SHARE, FairKey, dominant_share, fair_key, resource_share
-from fairstream.core.model import EPSILON, Constraints, Decision, DecisionKind, ReasonCode, Task, TaskState
+from fairstream.core.model import EPSILON, Constraints, Decision, DecisionKind, ReasonCode, Task, TaskState, event_time
 from fairstream.core.snapshot import Snapshot
 
 _START = (0, 0)
@@ -30,9 +30,11 @@ class DecisionList(list):
     """A pass's decisions, in order, and ``blocked``: the first (tenant, entry) the pass tried
     that fitted no node's free room (not one held by a limit), or None. A policy returns it as
     its list of decisions; the engine reserves a node for ``blocked`` when the policy has
-    ``reservation=on``."""
+    ``reservation=on``. ``withdrawn``: placements a later stage took back (``Cycle.withdraw``):
+    room they held that the stage did not use goes in another pass at once."""
 
     blocked: tuple[str, Task] | None = None
+    withdrawn: int = 0
 
 
 class Cycle:
@@ -52,6 +54,10 @@ class Cycle:
         self._free_rows: dict[int, list[float]] = {}
         self.allocation = snapshot.allocation.copy()
         self.decisions = DecisionList()
+        # This pass's placements, in order: (decision, tenant, entry, node row); a later stage
+        # may withdraw one (``withdraw``) before it ever reaches the engine.
+        self.placed: list[tuple[Decision, str, Task, int]] = []
+        self._placed_after: dict[str, tuple[str, ...]] | None = None  # (``may_withdraw``)
         # The node reserved for one waiting task (``Snapshot.reservation``): no other shape goes there.
         self.reservation = snapshot.reservation
         self._candidates: dict[tuple, list] = {}
@@ -378,6 +384,19 @@ class Cycle:
                 self._blocked(tenant, task)
                 return False
         node = self.find_node(task)
+        if node is None and self.snapshot.backfill_until is not None and self._fits_reserved_room(task):
+            if self._ends_in_time(task):
+                held = self.reservation
+                self.commit(tenant, task, held.node, f"backfill: node {self.snapshot.node_ids[held.node]} is reserved "
+                                                     f"for {held.tenant}'s task {held.task}, which can start there at "
+                                                     f"{self.snapshot.backfill_until:g} by the estimates of the tasks "
+                                                     f"running there; this one is expected to end at "
+                                                     f"{event_time(self.snapshot.time + task.estimate):g}",
+                            ReasonCode.BACKFILL)
+                return True
+            # Its estimate keeps it off (or it has none): another's task of this shape may end in time.
+            self._failed_for.setdefault(tenant, set()).add(task.shape)
+            return False
         if node is None:
             self._failed_shapes.add(task.shape)
             self._blocked(tenant, task)
@@ -401,7 +420,24 @@ class Cycle:
         self.decisions.blocked = (tenant, task)
 
     def kept_off_reserved_room(self, task: Task) -> bool:
-        """``task`` would fit the free room of the node reserved for another shape."""
+        """``task`` would fit the free room of the node reserved for another shape, and may not
+        backfill there."""
+        return self._fits_reserved_room(task) and not self._ends_in_time(task)
+
+    def backfill_node(self, task: Task) -> int | None:
+        """With backfill (``Snapshot.backfill_until`` set): the node reserved for another shape,
+        if ``task`` fits its free room and is expected to end by the time the reserved task
+        can start there (its estimate from now), so it does not delay it; else None."""
+        if self._ends_in_time(task) and self._fits_reserved_room(task):
+            return self.reservation.node
+        return None
+
+    def _ends_in_time(self, task: Task) -> bool:
+        until = self.snapshot.backfill_until
+        return (until is not None and task.estimate is not None
+                and event_time(self.snapshot.time + task.estimate) <= until)
+
+    def _fits_reserved_room(self, task: Task) -> bool:
         held = self.reservation
         snap = self.snapshot
         return (held is not None and held.shape != task.shape
@@ -423,19 +459,57 @@ class Cycle:
             for group in self.snapshot.tree.path(tenant):
                 self.group_allocation[group] += task.demand
         within = self._advance(tenant, task)
-        self.decisions.append(
-            Decision(
-                time=self.snapshot.time,
-                task=task.id if task.index < 0 else task.task_ids(within, 1)[0],
-                job=task.job,
-                tenant=tenant,
-                node=self.snapshot.node_ids[node],
-                demand=task.demand_map,
-                policy=self.policy,
-                reason=reason,
-                code=code,
-            )
+        decision = Decision(
+            time=self.snapshot.time,
+            task=task.id if task.index < 0 else task.task_ids(within, 1)[0],
+            job=task.job,
+            tenant=tenant,
+            node=self.snapshot.node_ids[node],
+            demand=task.demand_map,
+            policy=self.policy,
+            reason=reason,
+            code=code,
         )
+        self.decisions.append(decision)
+        self.placed.append((decision, tenant, task, node))
+        self._placed_after = None
+
+    def may_withdraw(self, task_id: str, gone) -> bool:
+        """Whether this pass's placement of ``task_id`` may be withdrawn, given the task ids
+        ``gone`` (withdrawn, or about to be): a request's task only once every task of that
+        request placed after it is gone (the engine takes a request's tasks in order)."""
+        if self._placed_after is None:
+            later: dict[int, list[str]] = {}
+            self._placed_after = {}
+            for decision, _, entry, _ in reversed(self.placed):
+                if entry.index >= 0:
+                    self._placed_after[decision.task] = tuple(later.setdefault(id(entry), []))
+                    later[id(entry)].append(decision.task)
+        return all(other in gone for other in self._placed_after.get(task_id, ()))
+
+    def withdraw(self, task_id: str) -> None:
+        """Take back this pass's placement of ``task_id`` (never started: no decision reaches
+        the engine for it, and it stays pending): its room and its tenant's allocation return."""
+        index = next(i for i, placed in enumerate(self.placed) if placed[0].task == task_id)
+        decision, tenant, entry, node = self.placed.pop(index)
+        self.decisions.remove(decision)
+        self.decisions.withdrawn += 1
+        if (tenant, entry.job) in self._started_jobs and not any(
+                placed[1] == tenant and placed[2].job == entry.job for placed in self.placed):
+            # It was its job's only start in this pass: the job runs nothing again (max_running).
+            self._started_jobs.discard((tenant, entry.job))
+            for group in self.snapshot.tree.path(tenant):
+                if group in self.group_jobs:
+                    self.group_jobs[group] -= 1
+        self.free[node] += entry.demand
+        self._free_rows[node] = self.free[node].tolist()
+        self.allocation[self.snapshot.rows[tenant]] -= entry.demand
+        if self.tracks_groups:
+            for group in self.snapshot.tree.path(tenant):
+                self.group_allocation[group] -= entry.demand
+        self._candidates.clear()
+        self._failed_shapes.clear()
+        self._too_large.clear()
 
 
     def evict(self, task, reason: str, code: ReasonCode) -> None:
@@ -584,10 +658,13 @@ class TenantOrder:
 
     label: str
     key: KeyFn
+    value_of: Callable[[tuple], float] | None = None  # the number to show of a key, if not the default
 
-    @staticmethod
-    def value(key: tuple) -> float:
-        """The number a key orders by (``FairKey.share``, else its first element)."""
+    def value(self, key: tuple) -> float:
+        """The number a key orders by, as ``label`` names it: ``value_of(key)`` if given, else
+        ``FairKey.share``, else the key's first element."""
+        if self.value_of is not None:
+            return self.value_of(key)
         return float(key.share) if isinstance(key, FairKey) else float(key[0])
 
 

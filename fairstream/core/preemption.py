@@ -22,9 +22,13 @@ what waits, so moving a task from one to the other in a pass does not move the f
   chose (LTRF serving first a tenant that used less over the long term);
 - a victim's tenant is never taken below its own fair share (its ratio stays >= 1), so never
   below its min_share either (the fair share is raised to it);
+- this pass's own placements (of tenants that stay at or above their fair share without them)
+  count as victims first: they are withdrawn, never started, with no decision at all. Room
+  that frees at the very instant a tenant's timeout runs out would otherwise go, in the pass's
+  first stage, to a tenant above its share, beyond this stage's reach;
 - room is made on one node at a time: for each node the task may use, the victims *on that
-  node* in the order above, until the task fits; the node needing the fewest victims wins (then
-  the lowest number). Only victims that go count against their tenant's share, so a tenant
+  node* in the order above, until the task fits; the node needing the fewest tasks killed wins
+  (then the fewest placements withdrawn, then the lowest number). Only victims that go count against their tenant's share, so a tenant
   holding room on every node can give up a whole node's worth;
 - no more is taken than the starved tenant's next task needs on one node, task by task, until
   it reaches its fair share or has nothing left that some node could hold;
@@ -72,6 +76,7 @@ class RunningTask:
     demand_map: Mapping[str, float]
     start: float
     seq: int
+    placed: bool = False  # placed in this very pass, not started: withdrawn rather than preempted
 
 
 def snapshot_fair_shares(snap) -> np.ndarray:
@@ -121,8 +126,13 @@ def reclaim(cycle, rule: PreemptionRule, victim_key: VictimKey | None = None) ->
         def victim_key(tenant: str, allocation: np.ndarray) -> float:
             return float(ratios(allocation)[snap.rows[tenant]])
 
-    # Running tasks per node, youngest first (latest start, then latest arrival).
+    # Running tasks per node, youngest first (latest start, then latest arrival), after this
+    # pass's own placements: they come first, and are withdrawn, never started (else room freed
+    # at this instant could go to a tenant above its share, out of the stage's reach).
     by_node: dict[int, list[RunningTask]] = {}
+    for decision, owner, entry, node in reversed(cycle.placed):
+        by_node.setdefault(node, []).append(RunningTask(decision.task, entry.job, owner, node, entry.demand,
+                                                        entry.demand_map, snap.time, entry.seq, placed=True))
     for task in sorted(snap.running_tasks, key=lambda t: (t.start, t.seq, t.id), reverse=True):
         by_node.setdefault(task.node, []).append(task)
     taken: set[str] = set()
@@ -151,24 +161,32 @@ def _make_room(cycle, tenant: str, task: Task, by_node: dict[int, list[RunningTa
                      ReasonCode.RECLAIMED)
         return True
     own = victim_key(tenant, cycle.allocation)
-    best: tuple[int, int, list[RunningTask]] | None = None  # (victims, node, them)
+    # The node needing the fewest tasks killed, then the fewest of this pass's placements
+    # withdrawn (they cost nothing: never started), then the lowest number.
+    best: tuple[tuple[int, int], int, list[RunningTask]] | None = None  # ((killed, withdrawn), node, victims)
     for node in sorted(by_node):
         if not eligible[node]:
             continue
         here = [t for t in by_node[node] if t.id not in taken]
         if (cycle.free[node] + sum((t.demand for t in here), np.zeros_like(need)) < need).any():
             continue  # even every task on it gone would not make room
-        victims = _victims_on_node(cycle, node, here, need, own, victim_key, ratios,
+        victims = _victims_on_node(cycle, node, here, taken, need, own, victim_key, ratios,
                                    None if best is None else best[0])
-        if victims is not None and (best is None or len(victims) < best[0]):
-            best = (len(victims), node, victims)
-            if best[0] == 1:
+        if victims is None:
+            continue
+        cost = (sum(not v.placed for v in victims), sum(v.placed for v in victims))
+        if best is None or cost < best[0]:
+            best = (cost, node, victims)
+            if cost == (0, 1) or (cost == (1, 0) and not cycle.placed):
                 break  # no node needs fewer
     if best is None:
         return False
     _, node, victims = best
     for victim_task in victims:
         taken.add(victim_task.id)
+        if victim_task.placed:
+            cycle.withdraw(victim_task.id)
+            continue
         cycle.evict(victim_task, f"preempt: frees room for {tenant}, below its fair share for {waited:.4g}s "
                                  f"(preemption_timeout reached); {victim_task.tenant} stays at or above its own "
                                  f"fair share", ReasonCode.FAIR_SHARE_PREEMPTION)
@@ -177,8 +195,9 @@ def _make_room(cycle, tenant: str, task: Task, by_node: dict[int, list[RunningTa
     return True
 
 
-def _victims_on_node(cycle, node: int, here: list[RunningTask], need: np.ndarray, own: float, victim_key: VictimKey,
-                     ratios: Callable[[np.ndarray], np.ndarray], most: int | None) -> list[RunningTask] | None:
+def _victims_on_node(cycle, node: int, here: list[RunningTask], taken: set[str], need: np.ndarray, own: float,
+                     victim_key: VictimKey,
+                     ratios: Callable[[np.ndarray], np.ndarray], most: tuple[int, int] | None) -> list[RunningTask] | None:
     """The victims on ``node`` (its running tasks ``here``, youngest first) that make room for
     ``need``, taken tenant by tenant furthest above its share first, each tenant's youngest
     task that keeps it at or above its fair share; None if they cannot (or need more than
@@ -198,12 +217,14 @@ def _victims_on_node(cycle, node: int, here: list[RunningTask], need: np.ndarray
     heap = [(-victim_key(v, allocation), v) for v in left if eligible_victim(v)]
     heapq.heapify(heap)
     while heap and (free < need).any():
-        if most is not None and len(chosen) >= most:
+        if most is not None and (sum(not c.placed for c in chosen), sum(c.placed for c in chosen)) >= most:
             return None
         _, victim = heapq.heappop(heap)
         row = snap.rows[victim]
         found = None
         for candidate in left[victim]:  # youngest first; an older, smaller one may keep it at its share
+            if candidate.placed and not cycle.may_withdraw(candidate.id, taken | {c.id for c in chosen}):
+                continue
             allocation[row] -= candidate.demand
             if ratios(allocation)[row] >= 1.0 - EPSILON:
                 found = candidate

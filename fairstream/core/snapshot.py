@@ -187,9 +187,12 @@ class Snapshot:
     # (``fairness.fair_shares``). Given when the policy preempts (the fair share's one reader).
     pending_demand: np.ndarray | None = None
     # The node reserved for the first waiting task that fitted nowhere (policies with
-    # ``reservation=on``): no other task shape is placed there (``placement.Cycle``).
+    # ``reservation=on`` or ``backfill``): no other task shape is placed there
+    # (``placement.Cycle``), but with backfill those expected to end by ``backfill_until``, the
+    # time the reserved task can start there by the running tasks' estimates (None: none may).
     reservation: Reservation | None = None
-    reserving: bool = False  # the policy reserves nodes (``reservation=on``): passes find the first blocked task
+    reserving: bool = False  # the policy reserves nodes: passes find the first blocked task
+    backfill_until: float | None = None
 
     def __post_init__(self) -> None:
         # Read-only in fact, not by convention: a policy that writes to a snapshot array raises

@@ -48,6 +48,7 @@ class TaskSpec:
     after_job: str | None = None
     delay: float = 0.0
     count: int | None = None
+    estimate: float | None = None  # the run time its submitter expects (backfill reads it), not ``duration``
 
     @property
     def tasks(self) -> int:
@@ -104,6 +105,15 @@ class Scenario:
                 out.extend(replace(spec, id=name, count=None) for name in spec.task_ids())
         return out
 
+    def with_exact_estimates(self) -> "Scenario":
+        """This scenario with every task that has no ``estimate`` given its true duration as one
+        (``--estimates exact``: backfill as it would be with perfect run-time estimates)."""
+        def exact(spec: TaskSpec) -> TaskSpec:
+            return spec if spec.estimate is not None else replace(spec, estimate=spec.duration)
+
+        tasks = [exact(spec) for spec in self.tasks] if isinstance(self.tasks, list) else map(exact, self.tasks)
+        return replace(self, tasks=tasks)
+
     def one_by_one(self) -> "Scenario":
         """This scenario with every request submitted as its tasks one by one."""
         return replace(self, tasks=self.expanded_tasks())
@@ -132,6 +142,8 @@ def _task_json(t: TaskSpec) -> dict:
                            "duration": t.duration, "demand": t.demand}
     if t.constraints:
         out["constraints"] = t.constraints
+    if t.estimate is not None:
+        out["estimate"] = t.estimate
     if t.stage:
         out["stage"] = t.stage
     if t.after_job is not None:
@@ -283,7 +295,7 @@ def parse_scenario(document: Any) -> Scenario:
             id=raw["id"], job=raw.get("job", raw["id"]), tenant=raw["tenant"], submit=float(raw["submit"]),
             duration=float(raw["duration"]), demand=dict(demand), constraints=raw.get("constraints"),
             stage=int(raw.get("stage", 0)), after_job=raw.get("after_job"), delay=float(raw.get("delay", 0.0)),
-            count=raw.get("count"),
+            count=raw.get("count"), estimate=None if raw.get("estimate") is None else float(raw["estimate"]),
         )
         for name in spec.task_ids():
             if name in ids:

@@ -77,7 +77,7 @@ _REQUIRED = {
     COMPLETED: ("cluster", "task", "time"),
     HEARTBEAT: ("cluster", "node", "time", "capacity"),
 }
-_OPTIONAL = {SUBMITTED: {"job", "constraints", "version", "count"}, COMPLETED: {"status", "version"},
+_OPTIONAL = {SUBMITTED: {"job", "constraints", "version", "count", "estimate"}, COMPLETED: {"status", "version"},
              HEARTBEAT: {"labels", "version"}}
 _STRINGS = ("cluster", "task", "tenant", "job", "node")
 
@@ -108,7 +108,7 @@ def _looks_valid(kind: str, doc) -> bool:
     for key in _STRINGS:
         if key in doc and not (doc[key].__class__ is str and 0 < len(doc[key]) <= 256):
             return False
-    if not _number(doc["time"]):
+    if not _number(doc["time"]) or ("estimate" in doc and not _number(doc["estimate"])):
         return False
     return _vector(doc["demand"]) if kind == SUBMITTED else (_vector(doc["capacity"]) if kind == HEARTBEAT else True)
 
@@ -230,8 +230,10 @@ def _event(kind: str, doc: Any) -> tuple[str, Event]:
     time = event_time(time)  # to the microsecond, as the simulator (fairstream.core.model.TIME_DECIMALS)
     cluster = doc["cluster"]
     if kind == SUBMITTED:
+        estimate = doc.get("estimate")
         return cluster, TaskSubmitted(time, doc["task"], doc.get("job", doc["task"]), doc["tenant"],
-                                      doc["demand"], doc.get("constraints"), doc.get("count"))
+                                      doc["demand"], doc.get("constraints"), doc.get("count"),
+                                      None if estimate is None else float(estimate))
     if kind == COMPLETED:
         return cluster, TaskCompleted(time, doc["task"], CompletionStatus(doc.get("status", "succeeded")))
     return cluster, NodeHeartbeat(time, doc["node"], doc["capacity"], doc.get("labels"), doc.get("weights"))
@@ -249,6 +251,8 @@ def event_to_json(event: Event) -> dict[str, Any]:
             out["constraints"] = dict(event.constraints)
         if event.count is not None:
             out["count"] = event.count
+        if event.estimate is not None:
+            out["estimate"] = event.estimate
         return out
     if isinstance(event, TaskCompleted):
         return {"type": COMPLETED, "time": event.time, "task": event.task, "status": event.status.value}
@@ -270,7 +274,7 @@ def event_from_json(doc: dict[str, Any]) -> Event:
     kind = doc.get("type")
     if kind == SUBMITTED:
         return TaskSubmitted(doc["time"], doc["task"], doc["job"], doc["tenant"], doc["demand"], doc.get("constraints"),
-                             doc.get("count"))
+                             doc.get("count"), doc.get("estimate"))
     if kind == COMPLETED:
         return TaskCompleted(doc["time"], doc["task"], CompletionStatus(doc["status"]))
     if kind == HEARTBEAT:
