@@ -161,6 +161,14 @@ class Cycle:
             return task
         return None
 
+    def first_entry(self, tenant: str) -> Task | None:
+        """The tenant's next entry whatever shapes failed for other tenants in this pass: what
+        a pass over every tenant would have tried at its turn, if that came before them."""
+        if self._orders_jobs and (jobs := self.job_queue(tenant)) is not None:
+            return jobs.next_entry((), self._failed_for.get(tenant, ()))
+        heads = self.shape_heads(tenant, every_shape=True)
+        return heads[0] if heads else None
+
     def _advance(self, tenant: str, task: Task) -> int:
         """Take the next task of ``task``'s shape for ``tenant``; returns how many tasks of
         the entry ``task`` this pass took before it (its place in a request)."""
@@ -784,7 +792,10 @@ def _first_blocked_of_all(cycle: Cycle, only: list[str], key: KeyFn, initial_sha
     for tenant_key, tenant in keyed:
         if blocked_key is not None and not tenant_key < blocked_key:
             return
-        task = cycle.next_task(tenant)
+        # Its head as a pass over all would have tried it, before the candidates' failures: a
+        # shape that failed for them failed only after its turn (an earlier failure that was not
+        # a reservation's keeping off would have been the first blocked).
+        task = cycle.first_entry(tenant)
         if task is not None and not cycle.kept_off_reserved_room(task):
             cycle.decisions.blocked = (tenant, task)
             return
