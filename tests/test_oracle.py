@@ -22,7 +22,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fairstream.core.engine import Engine
@@ -307,14 +307,64 @@ def first_in_line_is_true(engine: Engine) -> None:
             until = snapshot.backfill_until
             if held is not None and held.node == row and held.shape == head.shape:
                 until = snapshot.time if until is not None else None  # the reserved task fits now: nothing backfills
-            decisions = engine.spec.decide(dataclasses.replace(snapshot, free=free, backfill_until=until), engine.params)
+            decisions = engine.spec.decide(dataclasses.replace(snapshot, free=free, backfill_until=until,
+                                                               running_tasks=_ended_for(snapshot, row, head.demand)),
+                                           engine.params)
             assert any(d.kind is DecisionKind.PLACE and d.tenant == tenant and d.node == node.id for d in decisions), (
                 f"t={engine.time}: {tenant} is told '{entry.message}', yet room for {entry.first} on {node.id} "
                 f"goes to {[(d.tenant, d.task) for d in decisions if d.node == node.id]}")
 
 
+def _ended_for(snapshot, row: int, demand: np.ndarray):
+    """The running tasks (preemption's victims) as they would be once ``demand`` is free on node
+    ``row``: the latest started there end until what stays fits beside it. (Free room with all of
+    them still running would let preemption free more than the node holds.)"""
+    if snapshot.running_tasks is None:
+        return None
+    there = sorted((t for t in snapshot.running_tasks if t.node == row), key=lambda t: (t.start, t.seq))
+    room = snapshot.node_capacity[row] - demand
+    while there and (sum(t.demand for t in there) > room + 1e-9).any():
+        there.pop()
+    kept = {t.id for t in there}
+    return tuple(t for t in snapshot.running_tasks if t.node != row or t.id in kept)
+
+
+# Found by the property test below: room set free beside tasks still running let preemption free more
+# than n2 holds (2 mem): u0's 3-mem task went there, and u1, first in line, seemed passed over.
+WHAT_IF_BEYOND_CAPACITY = {
+    "resources": ["cpu", "mem"],
+    "nodes": [{"id": "n0", "capacity": {"cpu": 2, "mem": 8}, "labels": {"zone": "a"}},
+              {"id": "n1", "capacity": {"cpu": 2, "mem": 3}, "labels": {"zone": "a"}},
+              {"id": "n2", "capacity": {"cpu": 2, "mem": 2}, "labels": {"zone": "a"}}],
+    "tenants": [{"id": "g0", "weight": 1, "min_share": 0.1}, {"id": "g1", "weight": 1, "min_share": 0.3},
+                {"id": "u0", "weight": 1, "parent": "g0"}, {"id": "u1", "weight": 1, "parent": "g1"}],
+    "tasks": [
+        {"id": "t0", "job": "j0", "tenant": "u0", "submit": 0, "duration": 1, "demand": {"cpu": 0, "mem": 1},
+         "count": 2, "estimate": 1.0, "constraints": {"labels": {"zone": "b"}}},
+        {"id": "t1", "job": "j1", "tenant": "u0", "submit": 0, "duration": 1, "demand": {"cpu": 0, "mem": 1},
+         "estimate": 1.0},
+        {"id": "t2", "job": "j2", "tenant": "u1", "submit": 0, "duration": 36, "demand": {"cpu": 0, "mem": 3},
+         "count": 2, "estimate": 36.0},
+        {"id": "t3", "job": "j3", "tenant": "u0", "submit": 0, "duration": 1, "demand": {"cpu": 0, "mem": 1},
+         "estimate": 1.0},
+        {"id": "t4", "job": "j0", "tenant": "u0", "submit": 0, "duration": 1, "demand": {"cpu": 0, "mem": 1},
+         "estimate": 1.0},
+        {"id": "t5", "job": "j1", "tenant": "u1", "submit": 2, "duration": 13, "demand": {"cpu": 0, "mem": 2},
+         "count": 3, "estimate": 13.0, "constraints": {"nodes": ["n2"]}},
+        {"id": "t6", "job": "j2", "tenant": "u0", "submit": 0, "duration": 5, "demand": {"cpu": 0, "mem": 3},
+         "estimate": 5.0},
+        {"id": "t7", "job": "j3", "tenant": "u0", "submit": 0, "duration": 1, "demand": {"cpu": 0, "mem": 1},
+         "estimate": 1.0},
+        {"id": "t8", "job": "j0", "tenant": "u1", "submit": 5, "duration": 1, "demand": {"cpu": 0, "mem": 1},
+         "estimate": 1.0},
+        {"id": "t9", "job": "j1", "tenant": "u0", "submit": 0, "duration": 2, "demand": {"cpu": 0, "mem": 3},
+         "estimate": 2.0}],
+    "events": []}
+
+
 @SETTINGS
 @given(document=everything(), policy=st.sampled_from(PREEMPTING), reservation=st.sampled_from(["on", "off", "backfill"]))
+@example(document=WHAT_IF_BEYOND_CAPACITY, policy="fair", reservation="on")
 def test_first_in_line_means_the_next_room_that_fits_goes_to_it(document, policy, reservation):
     def check(engine, result):
         first_in_line_is_true(engine)
