@@ -26,11 +26,10 @@ from fairstream.policies.base import PolicySpec
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     cycle = Cycle(snapshot, "pmdrf")
     tenants = snapshot.demanding()
-    for node in range(len(snapshot.node_ids)):
-        if snapshot.free[node, 0] < 0:  # lost
-            continue
+    for node in nodes_with_room(snapshot):
         capacity = snapshot.node_capacity[node]
-        here = {t: (snapshot.node_allocation or {}).get((node, t), np.zeros(len(capacity))).copy() for t in tenants}
+        running = snapshot.node_allocation.of(node)
+        here = {t: running[t].copy() if t in running else np.zeros(len(capacity)) for t in tenants}
 
         def key(tenant: str):
             share = dominant_share(here[tenant], capacity) / snapshot.share_fraction[snapshot.rows[tenant]]
@@ -51,6 +50,25 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
                 here[tenant] += task.demand
             heapq.heappush(heap, (key(tenant), tenant))
     return cycle.decisions
+
+
+def nodes_with_room(snapshot: Snapshot) -> list[int]:
+    """The live node rows, in order, whose free room fits some waiting task's demand (constraints
+    aside): the only ones a pass can place on, since room only shrinks in it and each node's
+    turn changes only that node. (A pass visits these, not every node.)"""
+    demands = []
+    for queue in snapshot.pending.values():
+        for group in queue.groups.values():
+            head, _ = group.pending_at(0)
+            if head is not None:
+                demands.append(head.demand_values)
+    if not demands or not len(snapshot.free):
+        return []
+    need = np.unique(np.array(demands), axis=0) - EPSILON
+    room = np.zeros(len(snapshot.free), dtype=bool)
+    for demand in need:  # one vectorised test over the nodes per distinct demand
+        room |= (snapshot.free >= demand).all(axis=1)
+    return np.flatnonzero(room).tolist()
 
 
 def fits(cycle: Cycle, task, node: int) -> bool:

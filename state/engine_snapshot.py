@@ -90,6 +90,9 @@ def _rebuild_demand(obj: Task) -> None:
 
 def _rebuild_engine(obj: Engine) -> None:
     obj._node_view = None
+    obj._tenant_view = None
+    obj._shape_holders = None
+    obj._running_on = None
     obj._backfill = None
 
 
@@ -120,14 +123,14 @@ CLASSES: tuple[_Class, ...] = (
                    "_node_ids _node_labels _shares_stale tasks requests finished_ids finished_retention pending _seq _shapes "
                    "_unschedulable _to_check _nodes_changed _verdicts _grown _touched _passed _fresh _shape_demands "
                    "preemption starved_since _victims_exist reservation running_jobs job_usage _maybe_idle",
-           derived="_node_view _backfill", rebuild=_rebuild_engine),  # the snapshot's node view and the reserved task's start, made again on use
+           derived="_node_view _tenant_view _shape_holders _running_on _backfill", rebuild=_rebuild_engine),  # the snapshot's node and tenant views and the reserved task's start, made again on use
     _Class(ResourceSpace, "names _position"),
     _Class(TenantTree, "specs children effective_share has_limits orders_jobs _paths", derived="queue_orderings",
            rebuild=_rebuild_tree),  # from the specs
     _Class(TenantSpec, "id parent weight min_share max_share max_resources max_running ordering"),
     _Class(Accounting, "config n_resources ledgers row allocation weighted_allocation pending_demand share "
                        "counted_usage raw_usage capacity fractions clock round_start quanta",
-           derived="_index"),  # the top-up index, rebuilt on first use
+           derived="_index _arrivals"),  # the top-up index, rebuilt on first use; a count of first arrivals
     _Class(AccountingConfig, "round_length discount quantum adaptive_quantum resource half_life"),
     _Class(PreemptionRule, "threshold timeout"),
     _Class(Reservation, "node tenant shape task"),

@@ -214,3 +214,25 @@ def test_a_policy_declares_the_accounting_it_needs(policy, params, expected):
 def test_a_resource_the_cluster_lacks_is_refused_when_the_engine_is_assembled(policy):
     with pytest.raises(ModelError, match=r"--param resource=gpu: not a resource of this cluster \(known: cpu, mem, dominant\)"):
         engine(tree("A"), policy, resources=("cpu", "mem"), resource="gpu")
+
+
+def test_a_snapshot_field_made_on_first_read_shows_the_pass_and_refuses_a_read_after_the_engine_moved_on():
+    """Usage, PAR, quanta, waiting times and running counts are made when a policy first reads
+    them (``snapshot.Later``): read during the pass they are the state at the pass; read after
+    the engine applied the pass (``Snapshot.expire``) they raise instead of showing later state."""
+    import numpy as np
+
+    from fairstream.core.snapshot import SnapshotExpired
+
+    e = engine(tree("A", "B"), "ltrf", resources=("mem",))
+    e.step(0.0, [node("n0", mem=4), submit("a1", "A", mem=2), submit("b1", "B", mem=2), submit("a2", "A", mem=2)])
+    e.step(10.0, [])
+    read_now = e.snapshot()
+    assert read_now.running.tolist() == [1.0, 1.0]  # a1 and b1 run; a2 waits
+    # 10 s of 2 GB each, as the accounting says at t=10:
+    assert np.allclose(read_now.accumulated, e.accounting.accumulated_rows(None, 10.0))
+    read_late = e.snapshot()
+    read_late.expire()
+    with pytest.raises(SnapshotExpired):
+        read_late.running
+    assert read_late.allocation.tolist() == read_now.allocation.tolist()  # what it was given stays readable

@@ -381,6 +381,26 @@ def test_passes_over_the_tenants_that_may_place_decide_exactly_as_passes_over_al
 
 # ------------------------------------------------- the scenario's fast check never lets more in
 
+@SETTINGS
+@given(document=scenarios(), lost_at=st.none() | st.integers(1, 8))
+def test_per_machine_drf_visiting_the_nodes_with_room_decides_as_visiting_every_node(document, lost_at):
+    """``pmdrf`` shares each node on its own in node order; a pass visits only the live nodes
+    whose free room fits some waiting demand (``nodes_with_room``). The reference visits
+    every live node: the decisions are the same."""
+    from unittest import mock
+
+    from fairstream.policies import pmdrf
+
+    def every_live_node(snapshot):
+        return [row for row in range(len(snapshot.node_ids)) if snapshot.free[row, 0] >= 0]
+
+    fast, slow = [], []
+    drive(document, "pmdrf", lambda engine: None, lost_at=lost_at, record=fast)
+    with mock.patch.object(pmdrf, "nodes_with_room", every_live_node):
+        drive(document, "pmdrf", lambda engine: None, lost_at=lost_at, record=slow)
+    assert fast == slow
+
+
 PLAIN_TASK = {"id": "t", "job": "j", "tenant": "A", "submit": 1, "duration": 2, "demand": {"cpu": 1}, "count": 3, "stage": 1}
 
 

@@ -157,3 +157,13 @@ def test_bad_pools_are_named_in_one_line(pools, message):
 
     with pytest.raises(ModelError, match=re.escape(message)):
         engine(tree("A", "B"), "tsf", ("cpu", "mem"), pools=pools)
+
+
+def test_tasks_running_from_earlier_passes_count_in_the_task_share():
+    # One node <4 cpu, 8 GB>; tasks <1, 1>, so h = 4 for both tenants. A runs 3 tasks from t=0;
+    # at t=1 A and B each ask for one more and one slot is free. Task shares: A 3/4, B 0/4: B
+    # goes first (counting only this pass's placements, both would be 0 and A, earlier, would).
+    e = engine(tree("A", "B"), "tsf", ("cpu", "mem"))
+    e.step(0.0, [node("n0", cpu=4, mem=8)] + [submit(f"a{i}", "A", cpu=1, mem=1) for i in range(3)])
+    result = e.step(1.0, [submit("a3", "A", cpu=1, mem=1), submit("b0", "B", cpu=1, mem=1)])
+    assert [(d.tenant, d.task) for d in result.decisions if d.kind is DecisionKind.PLACE] == [("B", "b0")]

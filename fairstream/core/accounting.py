@@ -398,6 +398,7 @@ class Accounting:
         ledger = self.ledgers[row]
         if ledger.first_arrival is None:
             ledger.first_arrival = now
+            self._arrivals = self.arrivals + 1
         if ledger.round_arrival is None:
             ledger.round_arrival = now
             earlier = [
@@ -473,6 +474,12 @@ class Accounting:
 
     def quantum(self, row: int) -> float:
         return self.quanta.of(self.ledgers[row].name)
+
+    @property
+    def arrivals(self) -> int:
+        """How many tenants have a first arrival, counted since this object was made or read
+        back: it changes when one arrives for the first time (snapshots' arrival arrays)."""
+        return self.__dict__.get("_arrivals", 0)
 
     def top_ups(self, rows: list[int] | None, now: float) -> np.ndarray:
         """Formula 15 for running tasks, for the given tenant rows (all if None):

@@ -51,7 +51,7 @@ from fairstream.core.model import (
 from fairstream.core.fairness import fair_shares, resource_shares
 from fairstream.core.placement import Cycle
 from fairstream.core.preemption import PreemptionRule, RunningTask, share_ratios, starved_past_timeout
-from fairstream.core.snapshot import EMPTY_MAPPING, PendingQueue, Reservation, Snapshot
+from fairstream.core.snapshot import EMPTY_MAPPING, Later, NodeAllocation, PendingQueue, Reservation, Snapshot
 from fairstream.core.tenants import TenantTree
 
 if TYPE_CHECKING:  # the core never imports the policies: the engine is handed one
@@ -171,6 +171,7 @@ class Engine:
         self._alive = np.zeros(0, dtype=bool)
         self._node_ids: list[str] = []
         self._node_labels: list[dict[str, str]] = []
+        self._tenant_view: tuple | None = None  # the snapshot's tenant names, rows and arrivals
         self._node_view: tuple[tuple[str, ...], tuple[Mapping[str, str], ...]] | None = None  # the snapshot's
         self._shares_stale = False
         self.tasks: dict[str, Task] = {}  # pending and running tasks
@@ -203,6 +204,8 @@ class Engine:
         self._touched: set[str] = set()
         self._passed = False
         self._fresh: set[int] = set()  # shapes queued since the last pass
+        self._shape_holders: dict[int, set[str]] | None = None  # (``_holders``)
+        self._running_on: dict[int, dict[str, Task]] | None = None  # (``_tasks_on_nodes``)
         # Row k: the demand of shape k (spare rows beyond ``len(self._shapes)``; grows by doubling).
         self._shape_demands = np.zeros((0, len(resources)))
         for leaf in tree.leaves:
@@ -256,10 +259,27 @@ class Engine:
         self._backfill = (held, until)
         return None if until is None else max(until, now)
 
-    def _tasks_changed_on(self, row: int) -> None:
-        """A task started or stopped on node ``row``: the reserved task's start there is made again."""
+    def _tasks_changed_on(self, row: int, task: Task, started: bool) -> None:
+        """``task`` started (``started``) or stopped on node ``row``: the reserved task's start
+        there is made again, and the index of what runs on each node is kept."""
         if self._backfill is not None and self._backfill[0].node == row:
             self._backfill = None
+        if self._running_on is not None:
+            if started:
+                self._running_on.setdefault(row, {})[task.id] = task
+            else:
+                self._running_on.get(row, {}).pop(task.id, None)
+
+    def _tasks_on_nodes(self) -> dict[int, dict[str, Task]]:
+        """Per node row, its running tasks by id (made from the tasks when first needed, then
+        kept by ``_tasks_changed_on``)."""
+        if self._running_on is None:
+            index: dict[int, dict[str, Task]] = {}
+            for task in self.tasks.values():
+                if task.state is TaskState.RUNNING:
+                    index.setdefault(self.node_row[task.node], {})[task.id] = task
+            self._running_on = index
+        return self._running_on
 
     def step(self, time: float, events: Iterable[Event]) -> StepResult:
         """Apply the events of instant ``time``, then run one scheduling pass."""
@@ -438,17 +458,20 @@ class Engine:
         if not self.nodes or not any(queue.count for queue in self.pending.values()):
             self.reservation = None
             return [], False
-        snapshot = self.snapshot()
+        fields = {}
         if self.spec.tenant_local:
             if self._passed and not self.tree.has_limits:
                 grown = np.array(sorted(row for row in self._grown if self.alive[row]), dtype=np.int64)
-                snapshot = dataclasses.replace(snapshot, candidates=self._candidates(snapshot, grown),
-                                               grown_rows=grown, fresh_shapes=frozenset(self._fresh))
+                candidates, grown_demands = self._candidates(grown)
+                fields = dict(candidates=candidates, grown_rows=grown, fresh_shapes=frozenset(self._fresh),
+                              grown_demands=grown_demands)
             self._grown.clear()
             self._touched.clear()
             self._fresh.clear()
             self._passed = True
+        snapshot = self.snapshot(**fields)
         decisions = self.spec.decide(snapshot, self.params)
+        snapshot.expire()  # the decisions change the state its fields not read yet are made from
         requests = [self._preempt(decision) if decision.kind is DecisionKind.PREEMPT else self._start(decision)
                     for decision in decisions]
         again = bool(getattr(decisions, "withdrawn", 0))
@@ -511,31 +534,75 @@ class Engine:
         task_id = entry.task_ids(0, 1)[0]
         self.reservation = Reservation(node, tenant, entry.shape, task_id)
 
-    def _candidates(self, snapshot: Snapshot, rows: np.ndarray) -> frozenset[str]:
+    def _enqueue(self, task: Task) -> None:
+        """``task`` (or request) waits in its tenant's queue."""
+        self.pending.setdefault(task.tenant, PendingQueue()).add(task)
+        if self._shape_holders is not None:
+            self._shape_holders.setdefault(task.shape, set()).add(task.tenant)
+
+    def _dequeue(self, task: Task) -> None:
+        """One task of ``task`` (a request: its next) leaves its tenant's queue."""
+        queue = self.pending[task.tenant]
+        queue.removed(task)
+        if task.shape not in queue.groups and self._shape_holders is not None:
+            holders = self._shape_holders.get(task.shape)
+            if holders is not None:
+                holders.discard(task.tenant)
+
+    def _holders(self) -> dict[int, set[str]]:
+        """Per task shape, the tenants with tasks of it waiting (made from the queues when
+        first needed, then kept by ``_enqueue`` and ``_dequeue``)."""
+        if self._shape_holders is None:
+            holders: dict[int, set[str]] = {}
+            for tenant, queue in self.pending.items():
+                for shape in queue.groups:
+                    holders.setdefault(shape, set()).add(tenant)
+            self._shape_holders = holders
+        return self._shape_holders
+
+    def _candidates(self, rows: np.ndarray) -> tuple[frozenset[str], np.ndarray]:
         """The demanding tenants that may place anything now (``Snapshot.candidates``): those
         with an event since the last pass, and those with a task shape that fits the free room
         of a node that gained some since (constraints aside: a superset). Every other tenant's
-        shapes fitted no node when the last pass ended, and no node has more room now."""
+        shapes fitted no node when the last pass ended, and no node has more room now. Also the
+        demands of the queued shapes that fit such a node's room (``Snapshot.grown_demands``)."""
         out = set(self._touched)
-        if self.reservation is not None and self.reservation.tenant in snapshot.pending:
-            out.add(self.reservation.tenant)  # its room may have grown on the reserved node
-        if not len(rows):
-            return frozenset(out)
-        free = snapshot.free[rows] + EPSILON
+        held = self.reservation
+        if held is not None and held.tenant in self.pending and self.pending[held.tenant].count:
+            out.add(held.tenant)  # its room may have grown on the reserved node
         demands = self._shape_demands[: len(self._shapes)]
-        fits = (demands[:, None, :] <= free[None, :, :]).all(axis=2).any(axis=1).tolist()
-        for tenant, queue in snapshot.pending.items():
-            if tenant not in out and any(fits[shape] for shape in queue.groups):
-                out.add(tenant)
-        return frozenset(out)
+        if not len(rows):
+            return frozenset(out), demands[:0]
+        free = self.capacity[rows] - self.used[rows] + EPSILON  # (live rows only)
+        fits = np.flatnonzero((demands[:, None, :] <= free[None, :, :]).all(axis=2).any(axis=1))
+        if not len(fits):
+            return frozenset(out), demands[:0]
+        holders = self._holders()
+        room = []
+        for shape in fits.tolist():
+            tenants = holders.get(shape)
+            if tenants:
+                out |= tenants
+                room.append(shape)
+        return frozenset(out), demands[room]
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, **pass_fields) -> Snapshot:
+        """The state a pass reads (``Snapshot``); ``pass_fields``: what the engine knows of this
+        pass only (``candidates``, ``grown_rows``, ...). What only some policies read is made on
+        first read (``snapshot.Later``) from the state as it is now: ``Snapshot.expire`` before
+        the state changes."""
         acc = self.accounting
         now = self.time if self.time is not None else 0.0
         free = self.capacity - self.used
         free[~self.alive] = -1.0
-        names = [ledger.name for ledger in acc.ledgers]
-        accumulated = acc.accumulated_rows(None, now)
+        n = len(acc.ledgers)
+        if self._tenant_view is None or self._tenant_view[0] != (n, acc.arrivals):
+            # made again only when a tenant joins or first arrives
+            self._tenant_view = ((n, acc.arrivals), [ledger.name for ledger in acc.ledgers], dict(acc.row),
+                                 np.array([math.inf if l.first_arrival is None else l.first_arrival
+                                           for l in acc.ledgers]))
+            self._tenant_view[3].flags.writeable = False
+        _, names, rows, arrival = self._tenant_view
         if self._node_view is None:  # made again only when a node joins or its labels change
             self._node_view = (tuple(self._node_ids), tuple(MappingProxyType(labels) for labels in self._node_labels))
         node_ids, node_labels = self._node_view
@@ -553,20 +620,22 @@ class Engine:
             capacity=acc.capacity.copy(),
             tree=self.tree,
             tenants=names,
-            rows=dict(acc.row),
+            rows=rows,
             share_fraction=acc.fractions.copy(),
             allocation=acc.allocation.copy(),
             share=acc.share.copy(),
-            accumulated=accumulated,
-            pseudo_accumulated=acc.pseudo_rows(None, now),
-            quantum=acc.quanta_by_row().copy(),
-            arrival=np.array([math.inf if l.first_arrival is None else l.first_arrival for l in acc.ledgers]),
-            waiting_since=np.array([math.nan if l.waiting_since is None else l.waiting_since for l in acc.ledgers]),
+            accumulated=Later(lambda: acc.accumulated_rows(None, now)),
+            pseudo_accumulated=Later(lambda: acc.pseudo_rows(None, now)),
+            quantum=Later(lambda: acc.quanta_by_row().copy()),
+            arrival=arrival,
+            waiting_since=Later(lambda: np.array([math.nan if l.waiting_since is None else l.waiting_since
+                                                  for l in acc.ledgers])),
             pending={t: q for t, q in self.pending.items() if q.count > 0},
             accounting=acc.config,
-            running=np.array([ledger.running for ledger in acc.ledgers], dtype=float),
+            running=Later(lambda: np.array([ledger.running for ledger in acc.ledgers], dtype=float)),
             node_capacity=self.capacity,
-            node_allocation=self._node_allocation() if self.spec.needs_node_allocation else None,
+            node_allocation=(NodeAllocation(lambda row: self._tasks_on_nodes().get(row, {}).values())
+                             if self.spec.needs_node_allocation else None),
             starved_since=starved_since,
             running_tasks=running_tasks,
             running_jobs=self.running_jobs if self.tree.has_limits else EMPTY_MAPPING,
@@ -575,15 +644,8 @@ class Engine:
             reservation=self.reservation,
             reserving=self.reserving,
             backfill_until=self.backfill_until(),
+            **pass_fields,
         )
-
-    def _node_allocation(self) -> dict[tuple[int, str], np.ndarray]:
-        out: dict[tuple[int, str], np.ndarray] = {}
-        for task in self.tasks.values():
-            if task.state is TaskState.RUNNING:
-                key = (self.node_row[task.node], task.tenant)
-                out[key] = out[key] + task.demand if key in out else task.demand.copy()
-        return out
 
     # ------------------------------------------------------------------ events
 
@@ -834,7 +896,7 @@ class Engine:
         self._to_check.append(task)
         self._touched.add(task.tenant)
         self._fresh.add(task.shape)
-        self.pending.setdefault(task.tenant, PendingQueue()).add(task)
+        self._enqueue(task)
         self.accounting.on_submit(self.accounting.row[task.tenant], demand, event.time, count)
         return task
 
@@ -861,14 +923,14 @@ class Engine:
         if task.state is TaskState.PENDING:
             # Killed (or failed) before it ever ran: it leaves the queue.
             task.state = TaskState.DONE
-            self.pending[task.tenant].removed(task)
+            self._dequeue(task)
             self.accounting.on_cancel_pending(row, task.demand)
             self._forget_idle_job(task.tenant, task.job)
             return task
         node = self.node_row[task.node]
         self.used[node] -= task.demand
         np.maximum(self.used[node], 0.0, out=self.used[node])
-        self._tasks_changed_on(node)
+        self._tasks_changed_on(node, task, started=False)
         self._grown.add(node)
         self._touched.add(task.tenant)
         task.state = TaskState.DONE
@@ -898,7 +960,7 @@ class Engine:
             request.cancelled = request.cancelled | {k}
             request.count -= 1
         self._retire_request(request)
-        self.pending[request.tenant].removed(request)
+        self._dequeue(request)
         self.accounting.on_cancel_pending(self.accounting.row[request.tenant], request.demand)
         self._forget_idle_job(request.tenant, request.job)
         task = _task_of(request, event.task)
@@ -1015,10 +1077,10 @@ class Engine:
     def _back_to_pending(self, task: Task, row: int, time: float) -> None:
         """A running task stops (its node lost, or preempted) and waits again, same id."""
         self.used[row] -= task.demand
-        self._tasks_changed_on(row)
+        self._tasks_changed_on(row, task, started=False)
         self.accounting.on_requeue(self.accounting.row[task.tenant], task.running_entry, time)
         task.state, task.node, task.start, task.running_entry = TaskState.PENDING, None, None, None
-        self.pending[task.tenant].add(task)  # before the job stops: it waits, so its usage is kept
+        self._enqueue(task)  # before the job stops: it waits, so its usage is kept
         self._job_stopped(task, time)
         self._touched.add(task.tenant)
         self._fresh.add(task.shape)
@@ -1053,7 +1115,7 @@ class Engine:
         if ((self._used[row] + task.demand) > self._capacity[row] + EPSILON).any():
             raise PolicyViolation(f"{decision.policy} over-commits node {node.id} with {task.id}")
         self._used[row] += task.demand
-        self._tasks_changed_on(row)
+        self._tasks_changed_on(row, task, started=True)
         task.state, task.node, task.start = TaskState.RUNNING, node.id, decision.time
         jobs = self.running_jobs.setdefault(task.tenant, {})
         jobs[task.job] = jobs.get(task.job, 0) + 1
@@ -1061,12 +1123,12 @@ class Engine:
             self._job_started(task, decision.time)
         if request is None:
             self._unschedulable.discard(task.id)
-            self.pending[task.tenant].removed(task)
+            self._dequeue(task)
         else:
             self.tasks[task.id] = task
             self._advance_request(request)
             self._retire_request(request)
-            self.pending[task.tenant].removed(request)
+            self._dequeue(request)
         # Formula 9: accounted usage is the demand times the node's resource weights.
         weighted = task.demand if node.weights is None else task.demand * node.weights
         task.running_entry = self.accounting.on_start(self.accounting.row[task.tenant], task.demand, decision.time,

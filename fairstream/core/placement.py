@@ -72,6 +72,16 @@ class Cycle:
         self._cursor: dict[tuple[str, int], tuple[int, int]] = {}
         self._taken: dict[tuple[str, int], int] = {}
         self._eligible: dict[Constraints, np.ndarray] = {}
+        # In a pass over candidate tenants (``Snapshot.grown_demands``), the grown rows watched:
+        # once none has room for a shape queued before the pass, only new shapes could still fit
+        # (``out_of_room``). Not with backfill onto a reserved node (its room is outside them),
+        # nor with new shapes in the queues, nor when placing by alignment over all nodes.
+        self._room_rows: frozenset[int] | None = None
+        self._room_open = True
+        if (snapshot.grown_demands is not None and not snapshot.fresh_shapes and not affinity
+                and (snapshot.reservation is None or snapshot.backfill_until is None)):
+            self._room_rows = frozenset(snapshot.grown_rows.tolist())
+            self._check_room()
         tree = snapshot.tree
         self._job_queues: dict[str, _JobQueue | None] = {}
         self.capped = tree.has_limits  # min or max shares: keys and caps read the queue allocations
@@ -254,6 +264,21 @@ class Cycle:
                 jobs.block(task.job)
                 return
         self._failed_for.setdefault(tenant, set()).add(task.shape)
+
+    def _check_room(self) -> None:
+        rows = self.snapshot.grown_rows
+        demands = self.snapshot.grown_demands
+        self._room_open = bool(len(rows)) and bool(len(demands)) and bool(
+            (demands[:, None, :] <= self.free[rows][None, :, :] + EPSILON).all(axis=2).any())
+
+    def out_of_room(self) -> bool:
+        """True when the rest of a pass over candidate tenants can place nothing and find
+        nothing new: no grown row has room for any shape queued before the pass (none fits any
+        other node: ``Snapshot.grown_rows``), no new shape waits, and the pass's first blocked
+        task is known (or the policy does not reserve). Trying the remaining tenants would only
+        fail; the decisions are those of trying them."""
+        return (self._room_rows is not None and not self._room_open
+                and (self.decisions.blocked is not None or not self.snapshot.reserving))
 
     # ------------------------------------------------------------------- nodes
 
@@ -455,6 +480,8 @@ class Cycle:
     def commit(self, tenant: str, task: Task, node: int, reason: str, code: ReasonCode) -> None:
         self.free[node] -= task.demand
         self._free_rows[node] = self.free[node].tolist()
+        if self._room_open and self._room_rows is not None and node in self._room_rows:
+            self._check_room()
         row = self.snapshot.rows[tenant]
         self.allocation[row] += task.demand
         if self.capped:
@@ -518,7 +545,7 @@ class Cycle:
         self._candidates.clear()
         self._failed_shapes.clear()
         self._too_large.clear()
-
+        self._room_rows = None  # room came back outside what was watched
 
     def evict(self, task, reason: str, code: ReasonCode) -> None:
         """Preempt running ``task`` (a ``preemption.RunningTask``): its room and its tenant's
@@ -533,6 +560,7 @@ class Cycle:
         self._candidates.clear()  # first-fit lists were made before this room came free
         self._failed_shapes.clear()
         self._too_large.clear()
+        self._room_rows = None  # room came back outside what was watched
         self.decisions.append(Decision(self.snapshot.time, task.id, task.job, task.tenant, self.snapshot.node_ids[node],
                                        task.demand_map, self.policy, reason, code, DecisionKind.PREEMPT))
 
@@ -744,13 +772,13 @@ def serve_in_order(
             heap.append((key(cycle, tenant), tenant))
     heapq.heapify(heap)
     blocked_key = None  # the key its tenant had when the pass's first blocked task fitted nowhere
-    while heap:
+    while heap and not cycle.out_of_room():
         tenant_key, tenant = heapq.heappop(heap)
         # Until the tenant is served its key stays what it was (keys read allocations and
         # charges, which only a placement changes), so it stays the smallest: its next task is
         # tried at once, without a trip through the heap. Not so if the key reads the queue's
         # head (``key_reads_queue``): then it goes back with its new key.
-        while (task := cycle.next_task(tenant)) is not None:  # None: nothing of it fits any more
+        while not cycle.out_of_room() and (task := cycle.next_task(tenant)) is not None:  # None: nothing fits
             if admit is not None and not admit(cycle, tenant, task):
                 cycle.skip_for(tenant, task)
             elif cycle.try_place(tenant, task, lambda: reason(cycle, tenant, tenant_key), order_code(tenant_key, code)):
@@ -775,6 +803,9 @@ def _first_blocked_of_all(cycle: Cycle, only: list[str], key: KeyFn, initial_sha
     over all would have found its next task blocked when its key came up, if before
     ``blocked_key``. Its key cannot have moved: nothing of it was placed."""
     snapshot = cycle.snapshot
+    if (blocked_key is not None and initial_shares is not None and not cycle.capped
+            and float(initial_shares.min()) > blocked_key.share):
+        return  # the usual case, in one step: every tenant, left out or not, comes after it
     chosen = set(only)
     rest = [tenant for tenant in snapshot.pending if tenant not in chosen]
     if not rest:

@@ -113,6 +113,52 @@ class PendingQueue:
 EMPTY_MAPPING: Mapping[str, float] = MappingProxyType({})
 
 
+class Later:
+    """A snapshot array made on first read (``make()``), for what most policies never read
+    (usage, PAR, quanta, waiting times, running counts): a pass of ``drf`` or ``fair`` then
+    pays nothing for them. The engine ``expire``s a snapshot before it changes the state these
+    are made from, so a late read raises rather than sees the state after the pass."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make) -> None:
+        self.make = make
+
+
+class SnapshotExpired(RuntimeError):
+    """A field made on first read was read after the engine moved on from the snapshot."""
+
+
+class NodeAllocation:
+    """What each tenant's running tasks use on a node (``Snapshot.node_allocation``), made for
+    a node when first asked (``tasks_on(row)``: the tasks running there): a pass that looks
+    at a few nodes pays for those, not for every running task."""
+
+    __slots__ = ("_tasks_on", "_rows", "_expired")
+
+    def __init__(self, tasks_on) -> None:
+        self._tasks_on = tasks_on
+        self._rows: dict[int, Mapping[str, np.ndarray]] = {}
+        self._expired = False
+
+    def of(self, row: int) -> Mapping[str, np.ndarray]:
+        """Tenant -> summed demand of its tasks running on node ``row`` (read-only arrays)."""
+        got = self._rows.get(row)
+        if got is None:
+            if self._expired:
+                raise SnapshotExpired("node_allocation read after the engine moved on from the snapshot")
+            sums: dict[str, np.ndarray] = {}
+            for task in self._tasks_on(row):
+                sums[task.tenant] = sums[task.tenant] + task.demand if task.tenant in sums else task.demand.copy()
+            for value in sums.values():
+                value.flags.writeable = False
+            got = self._rows[row] = MappingProxyType(sums)
+        return got
+
+    def expire(self) -> None:
+        self._expired = True
+
+
 @dataclass(frozen=True)
 class Reservation:
     """A node whose freed room is kept for one waiting task: ``tenant``'s next task of ``shape``
@@ -136,8 +182,9 @@ class Snapshot:
     - ``waiting_since``: when a demanding tenant last got a task (NaN if not demanding).
     - ``running``: how many tasks each tenant has running.
     - ``node_capacity``: node x resource total capacity (lost nodes included; see ``free``).
-    - ``node_allocation``: (node row, tenant) -> what the tenant's running tasks use there; only
-      for policies that ask for it (``PolicySpec.needs_node_allocation``), else None.
+    - ``node_allocation``: per node row, what each tenant's running tasks use there
+      (``NodeAllocation.of``); only for policies that ask for it
+      (``PolicySpec.needs_node_allocation``), else None.
     """
 
     time: float
@@ -161,7 +208,7 @@ class Snapshot:
     accounting: AccountingConfig
     running: np.ndarray | None = None
     node_capacity: np.ndarray | None = None
-    node_allocation: dict | None = None
+    node_allocation: NodeAllocation | None = None
     # For ``PolicySpec.tenant_local`` policies: the demanding tenants that may place anything
     # in this pass (None: all of them). The others placed nothing in the last pass, had no
     # event since, and none of their task shapes fits a node that gained room since.
@@ -171,6 +218,10 @@ class Snapshot:
     # node when the last pass ended, so it can only fit on ``grown_rows`` now.
     grown_rows: np.ndarray | None = None
     fresh_shapes: frozenset[int] = frozenset()
+    # With ``candidates``: the demands (shape x resource) of the queued shapes that fit the free
+    # room of some grown row when the pass starts. Room only shrinks in a pass, so once no grown
+    # row fits any of them, no shape queued before the pass fits anywhere (``Cycle.out_of_room``).
+    grown_demands: np.ndarray | None = None
     # Preemption (``fairstream.core.preemption``): since when each starved tenant has been
     # starved (event time), and the running tasks, given only when one is starved past the
     # policy's timeout (a pass without preemption pays nothing for them).
@@ -199,10 +250,41 @@ class Snapshot:
         # at once (it works on a ``Cycle``'s copies instead). The snapshot owns what it is given,
         # so the engine hands it copies, or fresh views of its own storage (``node_capacity``):
         # locking a view leaves the array under it writable for the engine.
+        later = None
         for name in _ARRAYS:
-            value = getattr(self, name)
-            if value is not None:
+            value = self.__dict__[name]
+            if type(value) is Later:
+                later = later or {}
+                later[name] = value.make
+                object.__delattr__(self, name)  # ``__getattr__`` makes it when first read
+            elif value is not None:
                 value.flags.writeable = False
+        object.__setattr__(self, "_later", later)
+
+    def __getattr__(self, name: str):
+        # Called only for attributes not set: the fields given as ``Later``.
+        later = self.__dict__.get("_later")
+        if later is None or name not in later:
+            raise AttributeError(name)
+        make = later[name]
+        if make is None:
+            raise SnapshotExpired(f"snapshot field {name!r} read after the engine moved on from the snapshot")
+        value = make()
+        if value is not None:
+            value.flags.writeable = False
+        object.__setattr__(self, name, value)
+        del later[name]
+        return value
+
+    def expire(self) -> None:
+        """The engine is about to change the state behind the fields not read yet: reading one
+        from now on raises ``SnapshotExpired``."""
+        later = self.__dict__.get("_later")
+        if later:
+            for name in later:
+                later[name] = None
+        if self.node_allocation is not None:
+            self.node_allocation.expire()
 
     def demanding(self) -> list[str]:
         """Tenants with pending tasks, in row order."""
@@ -210,4 +292,10 @@ class Snapshot:
 
 
 _ARRAYS = ("free", "capacity", "share_fraction", "allocation", "share", "accumulated", "pseudo_accumulated",
-           "quantum", "arrival", "waiting_since", "running", "node_capacity", "grown_rows", "pending_demand")
+           "quantum", "arrival", "waiting_since", "running", "node_capacity", "grown_rows", "grown_demands", "pending_demand")
+# A dataclass keeps each field's default as a class attribute too; the instance's value of a
+# field given as ``Later`` is removed until read, and the class default would then be found
+# instead of ``__getattr__`` making it. ``__init__`` keeps the defaults.
+for _name in _ARRAYS:
+    if _name in Snapshot.__dict__:
+        delattr(Snapshot, _name)

@@ -186,7 +186,9 @@ class MetricsRecorder:
             self._integrals[0] += dt * g
             self._integrals[1] += dt * np.minimum(d, entitled)
             self._integrals[2] += dt * counted
-            self.busy_integral += dt * self.engine.used.sum(axis=0) if len(self.engine.used) else 0.0
+            # What runs, summed over tenants rather than over nodes: the same total, and the
+            # cluster has far more nodes than tenants.
+            self.busy_integral += dt * self.engine.accounting.allocation.sum(axis=0)
             if degree is None:
                 degree = self.soft_fairness()
             self.soft_fairness_integral += dt * degree
