@@ -548,6 +548,8 @@ class Engine:
             holders = self._shape_holders.get(task.shape)
             if holders is not None:
                 holders.discard(task.tenant)
+                if not holders:
+                    del self._shape_holders[task.shape]  # (kept to the shapes that wait: not history)
 
     def _holders(self) -> dict[int, set[str]]:
         """Per task shape, the tenants with tasks of it waiting (made from the queues when
@@ -570,21 +572,17 @@ class Engine:
         held = self.reservation
         if held is not None and held.tenant in self.pending and self.pending[held.tenant].count:
             out.add(held.tenant)  # its room may have grown on the reserved node
-        demands = self._shape_demands[: len(self._shapes)]
-        if not len(rows):
-            return frozenset(out), demands[:0]
-        free = self.capacity[rows] - self.used[rows] + EPSILON  # (live rows only)
-        fits = np.flatnonzero((demands[:, None, :] <= free[None, :, :]).all(axis=2).any(axis=1))
-        if not len(fits):
-            return frozenset(out), demands[:0]
         holders = self._holders()
-        room = []
-        for shape in fits.tolist():
-            tenants = holders.get(shape)
-            if tenants:
-                out |= tenants
-                room.append(shape)
-        return frozenset(out), demands[room]
+        if not len(rows) or not holders:
+            return frozenset(out), self._shape_demands[:0]
+        shapes = np.fromiter(holders, dtype=np.int64, count=len(holders))  # the shapes that wait
+        demands = self._shape_demands[shapes]
+        free = self.capacity[rows] - self.used[rows] + EPSILON  # (live rows only)
+        fits = (demands[:, None, :] <= free[None, :, :]).all(axis=2).any(axis=1)
+        room = shapes[fits]
+        for shape in room.tolist():
+            out |= holders[shape]
+        return frozenset(out), self._shape_demands[room]
 
     def snapshot(self, **pass_fields) -> Snapshot:
         """The state a pass reads (``Snapshot``); ``pass_fields``: what the engine knows of this

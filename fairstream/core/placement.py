@@ -76,12 +76,13 @@ class Cycle:
         # once none has room for a shape queued before the pass, only new shapes could still fit
         # (``out_of_room``). Not with backfill onto a reserved node (its room is outside them),
         # nor with new shapes in the queues, nor when placing by alignment over all nodes.
-        self._room_rows: frozenset[int] | None = None
-        self._room_open = True
+        self._room_rows: set[int] | None = None  # the grown rows that still have room for one of them
         if (snapshot.grown_demands is not None and not snapshot.fresh_shapes and not affinity
                 and (snapshot.reservation is None or snapshot.backfill_until is None)):
-            self._room_rows = frozenset(snapshot.grown_rows.tolist())
-            self._check_room()
+            grown, demands = snapshot.grown_rows, snapshot.grown_demands
+            room = (demands[:, None, :] <= self.free[grown][None, :, :] + EPSILON).all(axis=2).any(axis=0)
+            self._room_rows = set(grown[room].tolist())
+        self._room_lost: set[int] = set()  # watched rows placed on since the last look (``out_of_room``)
         tree = snapshot.tree
         self._job_queues: dict[str, _JobQueue | None] = {}
         self.capped = tree.has_limits  # min or max shares: keys and caps read the queue allocations
@@ -265,20 +266,23 @@ class Cycle:
                 return
         self._failed_for.setdefault(tenant, set()).add(task.shape)
 
-    def _check_room(self) -> None:
-        rows = self.snapshot.grown_rows
-        demands = self.snapshot.grown_demands
-        self._room_open = bool(len(rows)) and bool(len(demands)) and bool(
-            (demands[:, None, :] <= self.free[rows][None, :, :] + EPSILON).all(axis=2).any())
-
     def out_of_room(self) -> bool:
         """True when the rest of a pass over candidate tenants can place nothing and find
         nothing new: no grown row has room for any shape queued before the pass (none fits any
         other node: ``Snapshot.grown_rows``), no new shape waits, and the pass's first blocked
         task is known (or the policy does not reserve). Trying the remaining tenants would only
-        fail; the decisions are those of trying them."""
-        return (self._room_rows is not None and not self._room_open
-                and (self.decisions.blocked is not None or not self.snapshot.reserving))
+        fail; the decisions are those of trying them. Asked after a task failed to place: the
+        rows placed on since the last look are looked at then, together."""
+        rows = self._room_rows
+        if rows is None or (self.decisions.blocked is None and self.snapshot.reserving):
+            return False
+        if self._room_lost:
+            demands = self.snapshot.grown_demands
+            for node in self._room_lost:
+                if not (demands <= self.free[node] + EPSILON).all(axis=1).any():
+                    rows.discard(node)
+            self._room_lost.clear()
+        return not rows
 
     # ------------------------------------------------------------------- nodes
 
@@ -480,8 +484,8 @@ class Cycle:
     def commit(self, tenant: str, task: Task, node: int, reason: str, code: ReasonCode) -> None:
         self.free[node] -= task.demand
         self._free_rows[node] = self.free[node].tolist()
-        if self._room_open and self._room_rows is not None and node in self._room_rows:
-            self._check_room()
+        if self._room_rows and node in self._room_rows:
+            self._room_lost.add(node)
         row = self.snapshot.rows[tenant]
         self.allocation[row] += task.demand
         if self.capped:
@@ -772,13 +776,13 @@ def serve_in_order(
             heap.append((key(cycle, tenant), tenant))
     heapq.heapify(heap)
     blocked_key = None  # the key its tenant had when the pass's first blocked task fitted nowhere
-    while heap and not cycle.out_of_room():
+    while heap:
         tenant_key, tenant = heapq.heappop(heap)
         # Until the tenant is served its key stays what it was (keys read allocations and
         # charges, which only a placement changes), so it stays the smallest: its next task is
         # tried at once, without a trip through the heap. Not so if the key reads the queue's
         # head (``key_reads_queue``): then it goes back with its new key.
-        while not cycle.out_of_room() and (task := cycle.next_task(tenant)) is not None:  # None: nothing fits
+        while (task := cycle.next_task(tenant)) is not None:  # None: nothing of it fits any more
             if admit is not None and not admit(cycle, tenant, task):
                 cycle.skip_for(tenant, task)
             elif cycle.try_place(tenant, task, lambda: reason(cycle, tenant, tenant_key), order_code(tenant_key, code)):
@@ -788,6 +792,9 @@ def serve_in_order(
                 break
             elif blocked_key is None and cycle.decisions.blocked is not None:
                 blocked_key = tenant_key
+            if cycle.out_of_room():  # every try left would fail: the pass is over
+                heap.clear()
+                break
             if key_reads_queue:
                 heapq.heappush(heap, (key(cycle, tenant), tenant))
                 break

@@ -170,7 +170,13 @@ def _day_run(args: tuple) -> dict:
         nonlocal decisions
         decisions += 1
 
-    result = Simulator(scenario, policy, {}, progress=progress, on_decision=count).run()
+    steps = 0
+
+    def step(engine, result) -> None:  # an engine step: one event instant and its pass
+        nonlocal steps
+        steps += 1
+
+    result = Simulator(scenario, policy, {}, progress=progress, on_decision=count, on_step=step).run()
     elapsed = time.perf_counter() - started
     summary = result.summary()
     return {
@@ -183,6 +189,8 @@ def _day_run(args: tuple) -> dict:
         "simulated_s": round(result.end_time, 1),
         "wall_s": round(elapsed, 1),
         "tasks_per_s": round(scenario.task_count / elapsed, 1),
+        "engine_steps": steps,
+        "steps_per_s": round(steps / elapsed, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
 
