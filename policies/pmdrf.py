@@ -18,7 +18,7 @@ import numpy as np
 
 from fairstream.core.fairness import dominant_share, fair_key
 from fairstream.core.model import EPSILON, Decision
-from fairstream.core.placement import Cycle, leaf_arrival, order_code
+from fairstream.core.placement import Cycle, leaf_arrival, order_code, room_for_any
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies.base import PolicySpec
 
@@ -64,11 +64,7 @@ def nodes_with_room(snapshot: Snapshot) -> list[int]:
                 demands.append(head.demand_values)
     if not demands or not len(snapshot.free):
         return []
-    need = np.unique(np.array(demands), axis=0) - EPSILON
-    room = np.zeros(len(snapshot.free), dtype=bool)
-    for demand in need:  # one vectorised test over the nodes per distinct demand
-        room |= (snapshot.free >= demand).all(axis=1)
-    return np.flatnonzero(room).tolist()
+    return np.flatnonzero(room_for_any(snapshot.free, np.unique(np.array(demands), axis=0))).tolist()
 
 
 def fits(cycle: Cycle, task, node: int) -> bool:

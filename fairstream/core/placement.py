@@ -79,9 +79,8 @@ class Cycle:
         self._room_rows: set[int] | None = None  # the grown rows that still have room for one of them
         if (snapshot.grown_demands is not None and not snapshot.fresh_shapes and not affinity
                 and (snapshot.reservation is None or snapshot.backfill_until is None)):
-            grown, demands = snapshot.grown_rows, snapshot.grown_demands
-            room = (demands[:, None, :] <= self.free[grown][None, :, :] + EPSILON).all(axis=2).any(axis=0)
-            self._room_rows = set(grown[room].tolist())
+            grown = snapshot.grown_rows
+            self._room_rows = set(grown[room_for_any(self.free[grown], snapshot.grown_demands)].tolist())
         self._room_lost: set[int] = set()  # watched rows placed on since the last look (``out_of_room``)
         tree = snapshot.tree
         self._job_queues: dict[str, _JobQueue | None] = {}
@@ -277,10 +276,8 @@ class Cycle:
         if rows is None or (self.decisions.blocked is None and self.snapshot.reserving):
             return False
         if self._room_lost:
-            demands = self.snapshot.grown_demands
-            for node in self._room_lost:
-                if not (demands <= self.free[node] + EPSILON).all(axis=1).any():
-                    rows.discard(node)
+            lost = np.fromiter(self._room_lost, dtype=np.int64, count=len(self._room_lost))
+            rows.difference_update(lost[~room_for_any(self.free[lost], self.snapshot.grown_demands)].tolist())
             self._room_lost.clear()
         return not rows
 
@@ -844,6 +841,12 @@ def order_code(key: tuple, code: ReasonCode = ReasonCode.FAIR_ORDER) -> ReasonCo
     return ReasonCode.MIN_SHARE if isinstance(key, FairKey) and key.priority == BELOW_MIN_SHARE else code
 
 
+def room_for_any(free: np.ndarray, demands: np.ndarray) -> np.ndarray:
+    """Per row of ``free`` (node x resource free room): does some row of ``demands`` (demand x
+    resource) fit in it?"""
+    return (demands[:, None, :] <= free[None, :, :] + EPSILON).all(axis=2).any(axis=0)
+
+
 def alignment_scores(free: np.ndarray, demand: np.ndarray, capacity: np.ndarray) -> np.ndarray:
     """Tetris's alignment score of one task against every node: the dot product of the node's
     idle resources and the task's demand, both in units of the cluster's total capacity so that
@@ -858,4 +861,4 @@ def leaf_arrival(snapshot: Snapshot, tenant: str) -> float:
 
 
 __all__ = ["Cycle", "DecisionList", "TenantOrder", "dominant_share_order", "ordering_resource", "serve_in_order", "order_code", "leaf_arrival",
-           "alignment_scores"]
+           "alignment_scores", "room_for_any"]
