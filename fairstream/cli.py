@@ -98,8 +98,10 @@ def cmd_compare_preemption(args) -> int:
     document = study(Path(args.out), workloads, policies, _floats(args.timeouts, "--timeouts"), args.threshold,
                      [int(x) for x in _floats(args.seeds, "--seeds")], str(args.trace or DEFAULT_PHILLY),
                      workers=args.workers, progress=args.progress)
-    print(json.dumps({"settings": len(document["rows"]), "runs": len(document["runs"]), "out": args.out,
-                      "table": str(Path(args.out) / "table.md"), "figures": document["figures"]}))
+    out = Path(args.out)
+    print((out / "table.md").read_text(), end="")
+    print(f"\n{len(document['rows'])} settings, {len(document['runs'])} runs; in {out}: table.md, table.csv, "
+          f"study.json (every run), " + ", ".join(Path(f).name for f in document["figures"]))
     return 0
 
 
@@ -174,7 +176,8 @@ def cmd_simulate(args) -> int:
     summary = result.summary()
     print(json.dumps({
         "policy": summary["policy"], "scenario": scenario.name, "tasks": summary["tasks"],
-        "decisions": summary["decisions"], "placed_tasks": summary["placed_tasks"], "unfinished_tasks": summary["unfinished_tasks"],
+        "decisions": summary["decisions"], "placed_tasks": summary["placed_tasks"],
+        "task_placements": summary["task_placements"], "unfinished_tasks": summary["unfinished_tasks"],
         "makespan": summary["makespan"], "sharing_benefit": summary["sharing_benefit"],
         "sharing_loss": summary["sharing_loss"], "out": str(out),
     }))

@@ -71,6 +71,10 @@ def test_simulate_runs_the_philly_workload_and_plots_preemptions(tmp_path, capsy
                  "--policy", "drf", "--param", "preemption=on", "--no-baseline", "--out", str(out)]) == 0
     summary = json.loads((out / "metrics.json").read_text())["summary"]
     assert summary["unfinished_tasks"] == 0 and summary["preemptions"] > 0
+    # A preempted task is placed again: every task placed once, and a placement more per preemption.
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["placed_tasks"] == summary["placed_tasks"] == summary["tasks"]
+    assert printed["task_placements"] == summary["task_placements"] == summary["tasks"] + summary["preemptions"]
     assert (out / "preemption.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -78,11 +82,11 @@ def test_compare_preemption_writes_the_table_the_runs_and_a_figure_per_workload(
     out = tmp_path / "study"
     assert main(["compare-preemption", "--workloads", "long-tasks", "--policies", "drf", "--timeouts", "60",
                  "--seeds", "1,2", "--workers", "1", "--out", str(out)]) == 0
-    printed = json.loads(capsys.readouterr().out)
-    assert printed["settings"] == 2 and printed["runs"] == 4
+    printed = capsys.readouterr().out
     study = json.loads((out / "study.json").read_text())
     off, on = study["rows"]
     assert (off["label"], on["label"]) == ("drf, off", "drf, on 60 s") and on["seeds"] == 2
+    assert [run["seed"] for run in study["runs"]] == [1, 2, 1, 2] and on["seed_list"] == [1, 2]
     # Long tasks hold the cluster for hours: without preemption the late tenants wait far longer
     # than the timeout; with it, each is starved (below half its share) from its arrival, so it
     # holds its share 60 s after it arrives, at the price of work lost.
@@ -90,6 +94,8 @@ def test_compare_preemption_writes_the_table_the_runs_and_a_figure_per_workload(
     assert off["work_lost"] == 0 and on["work_lost"] > 0 and on["preemptions"] > 0
     table = (out / "table.md").read_text()
     assert "| long-tasks | drf, on 60 s | 60 |" in table
+    # The table is printed, not only pointed to, and the last line says where the rest is.
+    assert printed.startswith(table) and printed.rstrip().splitlines()[-1].startswith("2 settings, 4 runs; in ")
     assert (out / "preemption-long-tasks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -99,7 +99,7 @@ def simulate(setting: Setting) -> dict:
     # A late tenant that never reached its share counts as the whole run (an upper bound).
     ttfs = [t if t is not None else summary["makespan"] for t in ttfs]
     return {
-        "workload": setting.workload, "policy": setting.policy, "label": setting.label,
+        "workload": setting.workload, "policy": setting.policy, "label": setting.label, "seed": setting.seed,
         "preemption": "off" if setting.timeout is None else "on", "timeout": setting.timeout,
         "threshold": setting.threshold if setting.timeout is not None else None,
         "late_ttfs_mean": float(np.mean(ttfs)) if ttfs else None, "late_ttfs_max": max(ttfs) if ttfs else None,
@@ -134,6 +134,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
         first = runs[0]
         row = {k: first[k] for k in ("workload", "policy", "label", "preemption", "timeout", "threshold")}
         row["seeds"] = len(runs)
+        row["seed_list"] = [r["seed"] for r in runs]
         for key in MEASURED:
             values = [r[key] for r in runs if r[key] is not None]
             row[key] = float(np.mean(values)) if values else None

@@ -58,7 +58,8 @@ class SimResult:
     end_time: float
     events: list = field(default_factory=list)  # the ordered engine input, when recorded
     placements: int = 0  # place decisions
-    placed_tasks: int = 0  # tasks they placed
+    placed_tasks: int = 0  # tasks placed at least once
+    task_placements: int = 0  # tasks placed, counting again a task placed again after a preemption or a lost node
 
     def summary(self) -> dict:
         jobs, tenants = job_statistics(self.jobs)
@@ -75,6 +76,7 @@ class SimResult:
             "unfinished_tasks": unfinished,
             "decisions": self.placements,
             "placed_tasks": self.placed_tasks,
+            "task_placements": self.task_placements,
             "makespan": (max(finishes) - min(submits)) if finishes else None,
             "utilisation": self.metrics.utilisation(),
             "sharing_benefit": sum(max(r - 1, 0) for r in degrees.values()),
@@ -195,7 +197,7 @@ class Simulator:
         woken: set[float] = set()  # times a pass was asked for with no event (preemption timeouts)
         decisions: list[Decision] = []
         keep = decisions.append if self.on_decision is None else self.on_decision
-        placements = placed_tasks = 0
+        placements = placed_tasks = task_placements = 0
         recorded: list = []
         now = 0.0
         while True:
@@ -263,10 +265,14 @@ class Simulator:
                 if decision.kind is not DecisionKind.PLACE:
                     continue  # unschedulable: reported, still pending
                 placements += 1
-                placed_tasks += decision.count
+                task_placements += decision.count
                 duration = spec_of(decision.task).duration
                 for task_id in decision.task_ids:
-                    attempts[task_id] = attempts.get(task_id, 0) + 1
+                    attempt = attempts.get(task_id)
+                    if attempt is None:  # its first placement (a preempted or requeued task keeps its number)
+                        placed_tasks += 1
+                        attempt = 0
+                    attempts[task_id] = attempt + 1
                     started[task_id] = now
                     push(now + duration, _COMPLETE, (task_id, attempts[task_id]))
             wake = engine.wake_at()
@@ -278,7 +284,7 @@ class Simulator:
             self.explanation = _explain(engine, gates, self.explain_at)
         self.metrics.advance(now + self.metrics.sample_interval)
         return SimResult(self.engine.policy, dict(self.engine.params), decisions, jobs, self.metrics, now, recorded,
-                         placements, placed_tasks)
+                         placements, placed_tasks, task_placements)
 
 
 class ReleaseGates:
