@@ -69,6 +69,49 @@ def test_bad_events_are_rejected_with_a_reason_and_change_nothing(event, reason)
     assert (len(e.tasks), e.used.sum()) == before
 
 
+@pytest.mark.parametrize("labels, places_on", [
+    pytest.param({"gpu": "V100"}, ["v100"], id="one value: only nodes with that label"),
+    pytest.param({"gpu": ["P100", "V100"]}, ["p100", "v100"], id="a list: nodes with any of its values"),
+    pytest.param({"gpu": ["A100"]}, [], id="a list of one value no node has: none"),
+    pytest.param({"gpu": ["P100", "V100"], "zone": "b"}, ["p100"], id="every label must hold: any of, and zone b"),
+])
+def test_a_label_constraint_allows_any_of_its_values(labels, places_on):
+    e = engine(tree("A"), "drf")
+    e.step(0, [node("k80", mem=1, labels={"gpu": "K80", "zone": "a"}), node("p100", mem=1, labels={"gpu": "P100", "zone": "b"}),
+               node("v100", mem=1, labels={"gpu": "V100", "zone": "a"}), node("plain", mem=1)])
+    result = e.step(1, [submit(f"t{k}", "A", 1, constraints={"labels": labels}) for k in range(3)])
+    assert sorted(d.node for d in result.decisions if d.kind is DecisionKind.PLACE) == places_on
+
+
+@pytest.mark.parametrize("labels", [{"gpu": []}, {"gpu": [1]}, {"gpu": 1}, {"gpu": ["a", None]}])
+def test_a_label_constraint_is_strings_or_non_empty_lists_of_strings(labels):
+    e = engine(tree("A"), "drf")
+    e.step(0, [node("n1", mem=1)])
+    result = e.step(1, [submit("t", "A", 1, constraints={"labels": labels})])
+    assert len(result.rejected) == 1 and "constraints.labels: must be an object of string values" in result.rejected[0][1]
+
+
+@pytest.mark.parametrize("labels, accepted", [
+    pytest.param({"gpu": ["P100", "V100"]}, True, id="a list of values crosses the wire"),
+    pytest.param({"gpu": "V100"}, True, id="one value crosses the wire"),
+    pytest.param({"gpu": []}, False, id="an empty list is refused at the decoder"),
+    pytest.param({"gpu": ["V100", 3]}, False, id="a list with a number is refused at the decoder"),
+])
+def test_label_lists_on_the_wire(labels, accepted):
+    import json
+
+    from fairstream.wire.events import SUBMITTED, BadInput, decode_message, event_from_json, event_to_json
+
+    doc = {"cluster": "c", "task": "t", "tenant": "A", "demand": {"cpu": 1}, "time": 1, "constraints": {"labels": labels}}
+    if not accepted:
+        with pytest.raises(BadInput, match="constraints"):
+            decode_message(SUBMITTED, json.dumps(doc).encode(), 64 * 1024)
+        return
+    (item,) = decode_message(SUBMITTED, json.dumps(doc).encode(), 64 * 1024)
+    assert item.event.constraints == {"labels": labels}
+    assert event_from_json(event_to_json(item.event)) == item.event
+
+
 def test_unknown_tenants_join_under_the_root_with_weight_1():
     e = engine(tree("A"), "drf")
     e.step(0, [node("n1", mem=4)])

@@ -12,7 +12,7 @@ import msgpack
 import pytest
 
 from fairstream.core.engine import Engine
-from fairstream.core.model import TenantSpec
+from fairstream.core.model import DecisionKind, TaskCompleted, TenantSpec
 from fairstream.policies import REGISTRY
 from fairstream.sim.scenario import load_scenario
 from fairstream.sim.simulator import Simulator
@@ -199,3 +199,16 @@ def test_an_engine_read_back_while_a_tenant_is_starved_preempts_as_the_one_writt
     read = decode_engine(encode_engine(written))
     assert read.starved_since == written.starved_since == {"B": 100}
     assert read.step(130, []).decisions == written.step(130, []).decisions
+
+
+def test_a_task_with_any_of_several_label_values_is_read_back_allowing_the_same_nodes():
+    # A label constraint's list of values is a tuple inside a tuple: read back it must still be
+    # one (a list would allow no node and make the shape unhashable).
+    e = engine(tree("A"), "drf")
+    e.step(0, [node("p100", mem=1, labels={"gpu": "P100"}), node("k80", mem=1, labels={"gpu": "K80"})])
+    e.step(1, [submit("busy", "A", 1, constraints={"labels": {"gpu": ["P100", "V100"]}}),
+               submit("waits", "A", 1, constraints={"labels": {"gpu": ["P100", "V100"]}})])
+    restored = decode_engine(encode_engine(e))
+    assert restored.tasks["waits"].constraints == e.tasks["waits"].constraints
+    result = restored.step(2, [TaskCompleted(2, "busy")])
+    assert [(d.task, d.node) for d in result.decisions if d.kind is DecisionKind.PLACE] == [("waits", "p100")]

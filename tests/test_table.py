@@ -169,3 +169,108 @@ def test_a_file_not_in_submit_order_is_given_in_order_window_by_window(monkeypat
     whole = [t.id for t in load_table(str(ALIBABA), "alibaba-2017").tasks]
     monkeypatch.setattr(table, "WINDOW", 7)
     assert [t.id for t in load_table(str(ALIBABA), "alibaba-2017").tasks] == whole
+
+
+# ------------------------------------------------------------------ what an operator's trace has
+# (issue 33: cells left empty, misspelt keys, a copy cut short, constraints "any of")
+
+
+GPU_TRACE = ("job,user,start,end,gpus\n"
+             "a,u1,100,160,1\n"       # both times: submit 100 s, runs 60 s
+             "b,u1,,130,2\n"          # no start: submitted before the trace began
+             "c,u2,120,,1\n"          # no end: still running when the trace ended
+             "d,u2,140,150,\n")       # no GPU count
+
+
+@pytest.mark.parametrize("fields, expected, left_out", [
+    pytest.param({}, [("a", 0.0, 60.0)], {"missing submit": 1, "missing end": 1, "missing demand.gpu": 1},
+                 id="without if_missing a row with an empty cell is left out, per reason"),
+    pytest.param({"submit": {"column": "start", "if_missing": "trace_start"}},
+                 # b starts at the earliest submit read (100): origin 0, runs 130 - 100 = 30 s.
+                 [("a", 0.0, 60.0), ("b", 0.0, 30.0)], {"missing end": 1, "missing demand.gpu": 1},
+                 id="a missing start is the trace's start"),
+    pytest.param({"end": {"column": "end", "if_missing": "trace_end"}},
+                 # c runs to the latest time read (160, a's end): 160 - 120 = 40 s.
+                 [("a", 0.0, 60.0), ("c", 20.0, 40.0)], {"missing submit": 1, "missing demand.gpu": 1},
+                 id="a missing end is the trace's end"),
+    pytest.param({"demand": {"gpu": {"column": "gpus", "if_missing": 1}}},
+                 [("a", 0.0, 60.0), ("d", 40.0, 10.0)], {"missing submit": 1, "missing end": 1},
+                 id="a missing demand takes the value given"),
+    pytest.param({"submit": {"column": "start", "if_missing": "trace_start"},
+                  "end": {"column": "end", "if_missing": "trace_end"}, "demand": {"gpu": {"column": "gpus", "if_missing": 1}}},
+                 [("a", 0.0, 60.0), ("b", 0.0, 30.0), ("c", 20.0, 40.0), ("d", 40.0, 10.0)], {},
+                 id="all three: every row kept"),
+])
+def test_empty_cells_take_what_if_missing_says(tmp_path, fields, expected, left_out):
+    table = write(tmp_path / "gpu.csv", GPU_TRACE)
+    mapping = {"job": "job", "tenant": "user", "submit": "start", "end": "end", "demand": {"gpu": "gpus"},
+               "cluster": {"nodes": 1, "capacity": {"gpu": 8}}, **fields}
+    workload = load_table(table, mapping).tasks
+    assert [(t.job, t.submit, t.duration) for t in workload] == expected
+    assert workload.left_out == left_out
+
+
+@pytest.mark.parametrize("change, message", [
+    pytest.param({"demand": {"gpu": {"column": "gpus", "factr": 2}}},
+                 "mapping.demand.gpu.factr: unknown key (keys: column, columns, divide_by, factor, if_missing, unit, value)",
+                 id="a misspelt factor"),
+    pytest.param({"submit": {"column": "start", "orign": 0}}, "mapping.submit.orign: unknown key",
+                 id="a misspelt origin"),
+    pytest.param({"file": {"delimter": ";"}}, "mapping.file.delimter: unknown key (keys: columns, delimiter, header)",
+                 id="a misspelt delimiter"),
+    pytest.param({"tenant": {"colum": "user"}}, "mapping.tenant.colum: unknown key", id="a misspelt tenant column"),
+    pytest.param({"keep": {"column": "user", "in": ["u1"], "out": ["u2"]}}, "mapping.keep.out: unknown key",
+                 id="a key keep does not have"),
+    pytest.param({"cluster": {"node": 2, "capacity": {"gpu": 8}}}, "mapping.cluster.node: unknown key",
+                 id="a misspelt cluster size"),
+    pytest.param({"end": {"column": "end", "if_missing": "trace_start"}},
+                 "mapping.end.if_missing: a number >= 0 or trace_end, got 'trace_start'", id="the trace's start as an end"),
+    pytest.param({"demand": {"gpu": {"column": "gpus", "if_missing": "trace_end"}}},
+                 "mapping.demand.gpu.if_missing: a number >= 0, got 'trace_end'", id="a time as a demand"),
+])
+def test_a_key_the_mapping_does_not_know_is_refused_at_every_level(tmp_path, change, message):
+    table = write(tmp_path / "gpu.csv", GPU_TRACE)
+    mapping = {"job": "job", "tenant": "user", "submit": "start", "end": "end", "demand": {"gpu": "gpus"},
+               "cluster": {"nodes": 1, "capacity": {"gpu": 8}}, **change}
+    with pytest.raises(ModelError) as error:
+        load_table(table, mapping)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_gzip_cut_short_gives_its_good_rows_and_counts_the_rest(tmp_path):
+    rows = "".join(f"j{k},u{k % 3},{k},{k + 5},1\n" for k in range(20_000))
+    whole = gzip.compress(("job,user,start,end,gpus\n" + rows).encode())
+    path = tmp_path / "cut.csv.gz"
+    path.write_bytes(whole[: len(whole) * 2 // 3])
+    mapping = {"job": "job", "tenant": "user", "submit": "start", "end": "end", "demand": {"gpu": "gpus"},
+               "cluster": {"nodes": 1, "capacity": {"gpu": 8}}}
+    scenario = load_table(str(path), mapping)
+    tasks = list(scenario.tasks)
+    (reason, count), = scenario.tasks.left_out.items()
+    assert reason.startswith("the file ends early (a gzip cut short): nothing after line ") and count == 1
+    last_line = int(reason.rsplit(" ", 2)[-2])
+    assert 1_000 < len(tasks) < 20_000 and len(tasks) in (last_line - 1, last_line - 2)  # the last row may be cut too
+    assert [t.job for t in tasks] == [f"j{k}" for k in range(len(tasks))]
+    assert "ends early" in scenario.name and scenario.name.endswith(" on 1 nodes")
+
+
+def test_the_scenario_line_says_how_many_nodes_were_loaded(tmp_path):
+    table = write(tmp_path / "gpu.csv", GPU_TRACE)
+    mapping = {"job": "job", "tenant": "user", "submit": "start", "end": "end", "demand": {"gpu": "gpus"},
+               "cluster": {"nodes": 3, "capacity": {"gpu": 8}}}
+    assert load_table(table, mapping).name.endswith(" on 3 nodes")
+    assert load_table(str(ALIBABA), "alibaba-2017", nodes_table=str(MACHINES),
+                      nodes_mapping="alibaba-2018-nodes").name.endswith(" on 15 nodes; nodes left out: 45 a node seen before")
+
+
+def test_label_constraints_may_allow_any_of_several_values(tmp_path):
+    table = write(tmp_path / "c.csv", "job,user,start,end,gpus,needs\n"
+                  "a,u1,0,10,1,gpu=V100|P100;zone=a\n"
+                  "b,u1,0,10,1,gpu=K80\n"
+                  "c,u1,0,10,1,gpu=|\n")            # no value: left out
+    mapping = {"job": "job", "tenant": "user", "submit": "start", "end": "end", "demand": {"gpu": "gpus"},
+               "constraints": {"column": "needs", "kind": "labels"}, "cluster": {"nodes": 1, "capacity": {"gpu": 8}}}
+    workload = load_table(table, mapping).tasks
+    assert [t.constraints for t in workload] == [{"labels": {"gpu": ["P100", "V100"], "zone": "a"}},
+                                                 {"labels": {"gpu": "K80"}}]
+    assert workload.left_out == {"constraints not key=value labels": 1}

@@ -84,10 +84,12 @@ class ResourceSpace:
 
 @dataclass(frozen=True)
 class Constraints:
-    """Placement constraints of a task: an allow-list of nodes and/or required node labels."""
+    """Placement constraints of a task: an allow-list of nodes and/or required node labels.
+    A label's value is one string, or a tuple of strings of which the node's must be one
+    (``{"gpu": ["V100", "P100"]}``: any of them, as Kubernetes' node affinity ``In``)."""
 
     nodes: frozenset[str] | None = None
-    labels: tuple[tuple[str, str], ...] = ()
+    labels: tuple[tuple[str, str | tuple[str, ...]], ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -96,7 +98,11 @@ class Constraints:
     def allows(self, node_id: str, node_labels: Mapping[str, str]) -> bool:
         if self.nodes is not None and node_id not in self.nodes:
             return False
-        return all(node_labels.get(key) == value for key, value in self.labels)
+        for key, value in self.labels:
+            have = node_labels.get(key)
+            if have != value and (type(value) is not tuple or have not in value):
+                return False
+        return True
 
     @staticmethod
     def from_json(raw: Mapping | None, where: str = "constraints") -> "Constraints":
@@ -106,11 +112,21 @@ class Constraints:
         labels = raw.get("labels") or {}
         if nodes is not None and (not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes)):
             raise ModelError(f"{where}.nodes: must be a list of node ids")
-        if not isinstance(labels, Mapping) or not all(isinstance(v, str) for v in labels.values()):
-            raise ModelError(f"{where}.labels: must be an object of string values")
+        if not isinstance(labels, Mapping) or not all(
+                isinstance(v, str) or (isinstance(v, list) and v and all(isinstance(x, str) for x in v))
+                for v in labels.values()):
+            raise ModelError(f"{where}.labels: must be an object of string values "
+                             "(or non-empty lists of strings: any of them)")
+
+        def allowed(value):  # one form per meaning: ["a"] is "a"; a list sorted, without repeats
+            if isinstance(value, str):
+                return value
+            values = tuple(sorted(set(value)))
+            return values[0] if len(values) == 1 else values
+
         return Constraints(
             nodes=frozenset(nodes) if nodes is not None else None,
-            labels=tuple(sorted(labels.items())),
+            labels=tuple(sorted((key, allowed(value)) for key, value in labels.items())),
         )
 
     def to_json(self) -> dict:
@@ -118,7 +134,7 @@ class Constraints:
         if self.nodes is not None:
             out["nodes"] = sorted(self.nodes)
         if self.labels:
-            out["labels"] = dict(self.labels)
+            out["labels"] = {key: list(value) if type(value) is tuple else value for key, value in self.labels}
         return out
 
 

@@ -30,7 +30,7 @@ import math
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -73,6 +73,14 @@ def read_mapping(path: str | Path) -> dict:
     return document
 
 
+def _only(spec: dict, allowed: set[str] | frozenset[str], where: str) -> None:
+    """Refuse a key ``spec`` does not know (a misspelt ``factr`` would otherwise be ignored and
+    its default used without a word)."""
+    unknown = sorted(set(spec) - set(allowed))
+    if unknown:
+        raise ModelError(f"{where}.{unknown[0]}: unknown key (keys: {', '.join(sorted(allowed))})")
+
+
 # ------------------------------------------------------------------ reading rows
 
 
@@ -87,6 +95,7 @@ def _file_format(mapping: dict, path: str) -> FileFormat:
     spec = mapping.get("file", {})
     if not isinstance(spec, dict):
         raise ModelError("mapping.file: an object (delimiter, header, columns)")
+    _only(spec, {"delimiter", "header", "columns"}, "mapping.file")
     delimiter = spec.get("delimiter", "\t" if path.endswith((".tsv", ".tsv.gz")) else ",")
     if delimiter in ("tab", "\\t"):
         delimiter = "\t"
@@ -110,8 +119,13 @@ def _open(path: str):
     return raw
 
 
-def _rows(path: str, fmt: FileFormat) -> Iterator[tuple[int, list[str]]]:
-    """``(line number, cells)`` of the data rows; the header (if any) is skipped."""
+def _rows(path: str, fmt: FileFormat, truncated: Callable[[int], None] | None = None
+          ) -> Iterator[tuple[int, list[str]]]:
+    """``(line number, cells)`` of the data rows; the header (if any) is skipped. A gzipped
+    file that ends before its end marker (a copy cut short) gives the rows before the cut; the
+    last of them may be cut too (it is then left out for what it lacks). ``truncated(line)`` is
+    told the last line read."""
+    number = 0
     with _open(path) as handle:
         try:
             reader = csv.reader(handle, delimiter=fmt.delimiter)
@@ -120,7 +134,12 @@ def _rows(path: str, fmt: FileFormat) -> Iterator[tuple[int, list[str]]]:
                     continue
                 if row:
                     yield number, row
-        except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError, csv.Error) as exc:
+        except EOFError as exc:
+            if not path.endswith(".gz") or (number <= 1 and fmt.header):
+                raise ModelError(f"{path}: cannot read ({exc})") from None
+            if truncated is not None:
+                truncated(number)
+        except (OSError, gzip.BadGzipFile, UnicodeDecodeError, csv.Error) as exc:
             raise ModelError(f"{path}: cannot read ({exc})") from None
 
 
@@ -181,20 +200,34 @@ def _number(cells: list[str], index: int, what: str) -> float:
     return value
 
 
+#: ``if_missing`` on ``submit``: a task without a submit time was submitted before the trace
+#: began (it counts from the earliest submission), and on ``end``: one without an end was still
+#: running when the trace ended (it runs to the latest time the trace knows). Stand-ins while
+#: the first pass reads; ``TableWorkload`` replaces them when it knows those times.
+TRACE_START, TRACE_END = -math.inf, math.inf
+_IF_MISSING_WORDS = {"trace_start": TRACE_START, "trace_end": TRACE_END}
+_QUANTITY_KEYS = frozenset({"column", "columns", "value", "factor", "unit", "divide_by", "if_missing"})
+
+
 @dataclass(frozen=True)
 class _Quantity:
     """A number made from a row: a column (or the product of columns) times ``factor`` and
-    divided by ``divide_by``, or a constant ``value``."""
+    divided by ``divide_by``, or a constant ``value``; ``if_missing`` (as used, not scaled)
+    when a cell it reads is empty."""
 
     columns: tuple[int, ...]
     factor: float
     value: float | None
     what: str
     divide_by: float = 1.0
+    if_missing: float | None = None
 
     def of(self, cells: list[str]) -> float:
         if self.value is not None:
             return self.value
+        if self.if_missing is not None and any(index >= len(cells) or not cells[index].strip()
+                                               for index in self.columns):
+            return self.if_missing
         out = self.factor
         for index in self.columns:
             out *= _number(cells, index, self.what)
@@ -203,11 +236,24 @@ class _Quantity:
         return out / self.divide_by if self.divide_by != 1.0 else out
 
 
-def _quantity(spec: Any, cols: _Columns, where: str, factor_key: str = "factor") -> _Quantity:
+def _quantity(spec: Any, cols: _Columns, where: str, factor_key: str = "factor", extra: frozenset[str] = frozenset(),
+              words: tuple[str, ...] = ()) -> _Quantity:
+    """``words``: the names ``if_missing`` may give here besides a number (``trace_start``,
+    ``trace_end``)."""
     if isinstance(spec, (str, int)) and not isinstance(spec, bool):
         spec = {"column": spec}
     if not isinstance(spec, dict):
         raise ModelError(f"mapping.{where}: a column, or an object with column, columns or value")
+    _only(spec, _QUANTITY_KEYS | extra, f"mapping.{where}")
+    missing = spec.get("if_missing")
+    if missing is not None:
+        if isinstance(missing, str) and missing in words:
+            missing = _IF_MISSING_WORDS[missing]
+        elif isinstance(missing, bool) or not isinstance(missing, (int, float)) or not math.isfinite(missing) \
+                or missing < 0:
+            allowed = " or ".join(["a number >= 0", *words])
+            raise ModelError(f"mapping.{where}.if_missing: {allowed}, got {missing!r}")
+        missing = float(missing)
     factor = spec.get(factor_key, spec.get("unit", 1.0))
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor):
         raise ModelError(f"mapping.{where}.{factor_key}: a number, got {factor!r}")
@@ -219,7 +265,7 @@ def _quantity(spec: Any, cols: _Columns, where: str, factor_key: str = "factor")
         value = spec["value"]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ModelError(f"mapping.{where}.value: a number >= 0, got {value!r}")
-        return _Quantity((), 1.0, float(value), where)
+        return _Quantity((), 1.0, float(value), where)  # no cell to miss
     if "columns" in spec:
         refs = spec["columns"]
         if not isinstance(refs, list) or not refs:
@@ -229,7 +275,7 @@ def _quantity(spec: Any, cols: _Columns, where: str, factor_key: str = "factor")
         indices = (cols.index(spec["column"], f"{where}.column"),)
     else:
         raise ModelError(f"mapping.{where}: give column, columns or value")
-    return _Quantity(indices, float(factor), None, where, float(divide_by))
+    return _Quantity(indices, float(factor), None, where, float(divide_by), missing)
 
 
 def _keep_rule(spec: Any, cols: _Columns) -> tuple[int, frozenset[str]] | None:
@@ -238,6 +284,7 @@ def _keep_rule(spec: Any, cols: _Columns) -> tuple[int, frozenset[str]] | None:
         return None
     if not isinstance(spec, dict) or "column" not in spec or not isinstance(spec.get("in"), list):
         raise ModelError("mapping.keep: an object with column and in (the values of rows to use)")
+    _only(spec, {"column", "in"}, "mapping.keep")
     return cols.index(spec["column"], "keep.column"), frozenset(str(v) for v in spec["in"])
 
 
@@ -271,13 +318,20 @@ class TaskMapping:
                 raise ModelError("mapping.duration: give duration or end (one of them), or events")
             field = "duration" if "duration" in mapping else "end"
             self.end_is_time = field == "end"
-            self.duration = _quantity(mapping[field], cols, field, "unit")
+            self.duration = _quantity(mapping[field], cols, field, "unit",
+                                      words=("trace_end",) if self.end_is_time else ())
+        elif self.submit is not None and self.submit.if_missing == TRACE_START:
+            raise ModelError("mapping.submit.if_missing: trace_start is for one row per task, not events "
+                             "(a task's events give its times)")
         demand = mapping.get("demand")
         if not isinstance(demand, dict) or not demand:
             raise ModelError("mapping.demand: an object of resource -> column (at least one)")
         self.resources = tuple(str(name) for name in demand)
         self.demand = [_quantity(spec, cols, f"demand.{name}") for name, spec in demand.items()]
         self.count = _quantity(mapping["count"], cols, "count") if "count" in mapping else None
+        cluster = mapping.get("cluster")
+        if isinstance(cluster, dict):
+            _only(cluster, {"nodes", "capacity"}, "mapping.cluster")
         self.constraints = self._constraints(mapping.get("constraints"), cols)
         self.keep = _keep_rule(mapping.get("keep"), cols)
 
@@ -289,6 +343,7 @@ class TaskMapping:
             spec = {"column": spec}
         if not isinstance(spec, dict):
             raise ModelError("mapping.tenant: a column, {fixed: NAME} or {round_robin: N}")
+        _only(spec, {"column", "fixed", "round_robin", "max_length"}, "mapping.tenant")
         if "fixed" in spec:
             self.tenant_fixed = str(spec["fixed"])
         elif "round_robin" in spec:
@@ -309,13 +364,14 @@ class TaskMapping:
         if spec is None:
             raise ModelError("mapping.submit: required (a column, or {interval: SECONDS} between rows)")
         if isinstance(spec, dict) and "interval" in spec:
+            _only(spec, {"interval"}, "mapping.submit")
             every = spec["interval"]
             if isinstance(every, bool) or not isinstance(every, (int, float)) or not every >= 0:
                 raise ModelError(f"mapping.submit.interval: seconds >= 0, got {every!r}")
             self.submit, self.interval, self.origin = None, float(every), 0.0
             return
         self.interval = None
-        self.submit = _quantity(spec, cols, "submit", "unit")
+        self.submit = _quantity(spec, cols, "submit", "unit", extra=frozenset({"origin"}), words=("trace_start",))
         origin = spec.get("origin", "min") if isinstance(spec, dict) else "min"
         if origin != "min" and (isinstance(origin, bool) or not isinstance(origin, (int, float))):
             raise ModelError(f"mapping.submit.origin: 'min' (the earliest submission is time 0) or seconds, "
@@ -327,6 +383,7 @@ class TaskMapping:
             return None
         if not isinstance(spec, dict) or "column" not in spec:
             raise ModelError("mapping.events: an object with column, submit, start and end (lists of codes)")
+        _only(spec, {"column", "submit", "start", "end"}, "mapping.events")
         out = {"column": cols.index(spec["column"], "events.column")}
         for kind in ("submit", "start", "end"):
             codes = spec.get(kind)
@@ -335,19 +392,23 @@ class TaskMapping:
             out[kind] = frozenset(str(code) for code in codes)
         return out
 
-    def _constraints(self, spec: Any, cols: _Columns) -> tuple[int, str, str] | None:
+    def _constraints(self, spec: Any, cols: _Columns) -> tuple[int, str, str, str] | None:
         if spec is None:
             return None
         if not isinstance(spec, dict) or "column" not in spec:
             raise ModelError("mapping.constraints: an object with column, kind (nodes or labels) and separator")
+        _only(spec, {"column", "kind", "separator", "any_of"}, "mapping.constraints")
         separator = spec.get("separator", ";")
         if not isinstance(separator, str) or not separator:
             raise ModelError("mapping.constraints.separator: a non-empty string")
+        any_of = spec.get("any_of", "|")
+        if not isinstance(any_of, str) or not any_of or any_of == separator:
+            raise ModelError("mapping.constraints.any_of: a non-empty string other than the separator")
         kind = spec.get("kind")
         if kind not in ("nodes", "labels"):
             raise ModelError(f"mapping.constraints.kind: nodes (the cell lists the node ids a task may use) or "
                              f"labels (the cell lists key=value node labels it needs), got {kind!r}")
-        return cols.index(spec["column"], "constraints.column"), separator, kind
+        return cols.index(spec["column"], "constraints.column"), separator, kind, any_of
 
     # ---------------------------------------------------------------- per row
 
@@ -387,19 +448,21 @@ class TaskMapping:
     def constraints_of(self, cells: list[str]) -> dict | None:
         if self.constraints is None:
             return None
-        index, separator, kind = self.constraints
+        index, separator, kind, any_of = self.constraints
         text = cells[index].strip() if index < len(cells) else ""
         values = sorted({v.strip() for v in text.split(separator) if v.strip()})
         if not values:
             return None  # an empty cell: no constraint
-        if kind == "nodes":
-            return {"nodes": values}
-        labels = {}
-        for item in values:
+        if kind == "nodes":  # a list of nodes is already "any of them"
+            return {"nodes": sorted({n.strip() for v in values for n in v.split(any_of) if n.strip()})}
+        labels: dict[str, str | list[str]] = {}
+        for item in values:  # key=value, or key=A|B: any of those values
             key, equals, value = item.partition("=")
-            if not equals or not key.strip() or labels.get(key.strip(), value.strip()) != value.strip():
+            key = key.strip()
+            allowed = sorted({v.strip() for v in value.split(any_of) if v.strip()})
+            if not equals or not key or not allowed or key in labels:
                 raise _Skip("constraints not key=value labels")
-            labels[key.strip()] = value.strip()
+            labels[key] = allowed[0] if len(allowed) == 1 else allowed
         return {"labels": labels}
 
     def job_of(self, cells: list[str], number: int) -> str:
@@ -434,14 +497,19 @@ class TableWorkload:
         else:
             self._scan_events()
 
-    def _skip(self, reason: str) -> None:
-        self.left_out[reason] = self.left_out.get(reason, 0) + 1
+    def _skip(self, reason: str, count: int = 1) -> None:
+        self.left_out[reason] = self.left_out.get(reason, 0) + count
+
+    def _truncated(self, line: int) -> None:
+        self._skip(f"the file ends early (a gzip cut short): nothing after line {line} read")
 
     # One row per task (or request).
     def _scan_rows(self) -> None:
         m = self.map
+        # ``durations`` holds end times while reading when the mapping gives ends: a row may
+        # stand in for the trace's start or end (``if_missing``), known only at the end.
         lines, submits, durations = array("q"), array("d"), array("d")
-        for number, cells in _rows(self.path, self.format):
+        for number, cells in _rows(self.path, self.format, self._truncated):
             if not m.kept(cells):
                 self._skip("not kept (keep)")
                 continue
@@ -452,8 +520,7 @@ class TableWorkload:
                 tenant = m.tenant_of(cells)
                 submit = m.submit.of(cells) if m.submit is not None else len(lines) * m.interval
                 value = m.duration.of(cells)
-                duration = value - submit if m.end_is_time else value
-                if duration < 0:
+                if value < submit if m.end_is_time else value < 0:
                     raise _Skip("ends before it is submitted" if m.end_is_time else "negative duration")
                 demand = m.demand_of(cells)
                 if not any(demand.values()):
@@ -465,11 +532,30 @@ class TableWorkload:
                 continue
             lines.append(number)
             submits.append(submit)
-            durations.append(duration)
+            durations.append(value)
             self._tenant_codes.append(self._names.setdefault(tenant, len(self._names)))
-        self._finish(np.frombuffer(lines, np.int64) if lines else np.zeros(0, np.int64),
-                     np.frombuffer(submits) if submits else np.zeros(0),
-                     np.frombuffer(durations) if durations else np.zeros(0), self._codes())
+        lines_a = np.frombuffer(lines, np.int64) if lines else np.zeros(0, np.int64)
+        submits_a = np.frombuffer(submits).copy() if submits else np.zeros(0)
+        values = np.frombuffer(durations).copy() if durations else np.zeros(0)
+        codes = self._codes()
+        # if_missing: trace_start is the earliest submit time read, trace_end the latest time
+        # read (an end, or a submit plus its run time, or a submit).
+        known_submits = submits_a[np.isfinite(submits_a)]
+        start = float(known_submits.min()) if len(known_submits) else 0.0
+        submits_a[submits_a == TRACE_START] = start
+        if m.end_is_time:
+            known = values[np.isfinite(values)]
+            end = max(float(known.max()) if len(known) else start, float(submits_a.max()) if len(submits_a) else start)
+            values[values == TRACE_END] = end
+            durations_a = values - submits_a
+            late = durations_a < 0  # ended before the trace's start it was given
+            if late.any():
+                self._skip("ends before it is submitted", int(late.sum()))
+                keep = ~late
+                lines_a, submits_a, durations_a, codes = lines_a[keep], submits_a[keep], durations_a[keep], codes[keep]
+        else:
+            durations_a = values
+        self._finish(lines_a, submits_a, durations_a, codes)
 
     # One row per task event (Google's task_events).
     def _scan_events(self) -> None:
@@ -478,7 +564,7 @@ class TableWorkload:
         seen: set[tuple[str, str]] = set()
         running: dict[tuple[str, str], tuple[int, float | None]] = {}  # not ended: (ordinal, start)
         origin = math.inf
-        for number, cells in _rows(self.path, self.format):
+        for number, cells in _rows(self.path, self.format, self._truncated):
             code = cells[ev["column"]].strip() if ev["column"] < len(cells) else ""
             try:
                 key = (m.job_of(cells, number), m.cell(cells, m.task, "task") if m.task is not None else "")
@@ -633,7 +719,11 @@ def read_node_table(path: str, mapping: dict) -> tuple[list[NodeSpec], dict[str,
     keep = _keep_rule(mapping.get("keep"), cols)
     nodes: dict[str, NodeSpec] = {}
     left_out: dict[str, int] = {}
-    for number, cells in _rows(str(path), fmt):
+
+    def truncated(line: int) -> None:
+        left_out[f"the file ends early (a gzip cut short): nothing after line {line} read"] = 1
+
+    for number, cells in _rows(str(path), fmt, truncated):
         try:
             if not _kept(keep, cells):
                 raise _Skip("not kept (keep)")
@@ -675,6 +765,7 @@ def load_table(path: str, mapping: str | dict, limit: int | None = None, nodes: 
             if missing:
                 raise ModelError(f"nodes mapping.capacity: no {missing[0]} (the tasks ask for {', '.join(resources.names)})")
             spec.capacity = {r: spec.capacity[r] for r in resources.names}
+        name += f" on {len(node_specs)} nodes"
         if node_left:
             name += "; nodes left out: " + ", ".join(f"{n} {r}" for r, n in sorted(node_left.items()))
     else:
@@ -685,6 +776,7 @@ def load_table(path: str, mapping: str | dict, limit: int | None = None, nodes: 
         capacity = {r: float(cluster["capacity"].get(r, 0.0)) for r in resources.names}
         count = nodes if nodes is not None else int(cluster.get("nodes", 100))
         node_specs = uniform_nodes(count, capacity)
+        name += f" on {count} nodes"
     tree = TenantTree.from_specs([TenantSpec(t) for t in workload.tenants])
     return Scenario(resources, tree, node_specs, workload, name=name)
 
