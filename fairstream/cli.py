@@ -451,7 +451,8 @@ def cmd_pending(args) -> int:
     from fairstream.wire.visibility import DocumentError
 
     try:
-        document = _visibility(args).pending(args.cluster, args.tenant, args.task, args.page, args.size)
+        document = _visibility(args).pending(args.cluster, args.tenant, args.task, args.page, args.size, args.reason,
+                                             group=not args.no_group)
     except NotFound as exc:
         raise ModelError(str(exc)) from None
     except DocumentError as exc:
@@ -462,16 +463,29 @@ def cmd_pending(args) -> int:
     if args.task:
         entry = document["entry"]
         print(f"{args.task} ({entry['tenant']}, job {entry['job']}): position {document['position']} in "
-              f"{entry['tenant']}'s queue; {entry['reason']}: {entry['message']}")
+              f"{entry['tenant']}'s queue, its tenant {_rank(entry['tenant_rank'])}; {entry['reason']}: "
+              f"{entry['message']}")
         return 0
     shown = len(document["entries"])
     first = (document["page"] - 1) * document["size"]
+    what = "rows (alike entries grouped)" if document["grouped"] else "entries"
     print(f"cluster {document['cluster']} at event time {document['time']:g}, policy {document['policy']}: "
-          f"{document['tasks_total']} pending tasks in {document['entries_total']} entries; entries "
-          f"{first + 1 if shown else 0}-{first + shown} of {document['entries_listed']} listed")
-    rows = [[e["tenant"], e["position"], e["id"], e["tasks"], e["reason"], e["message"]] for e in document["entries"]]
-    print(_table(rows, ["tenant", "position", "task or request", "tasks", "reason", "why"]))
+          f"{document['tasks_total']} pending tasks in {document['entries_total']} entries"
+          + (f" waiting for {document['reason']}" if document["reason"] else "")
+          + f"; {what} {first + 1 if shown else 0}-{first + shown} of {document['entries_listed']} listed")
+
+    def named(e: dict) -> str:
+        return e["id"] if e.get("entries", 1) == 1 else f"{e['id']} ... {e['last']} ({e['entries']} entries)"
+
+    rows = [[e["tenant"], e["tenant_rank"] or "-", e["position"], named(e), e["tasks"], e["reason"], e["message"]]
+            for e in document["entries"]]
+    print(_table(rows, ["tenant", "rank", "position", "task or request", "tasks", "reason", "why"]))
     return 0
+
+
+def _rank(rank: int | None) -> str:
+    return "unranked" if rank is None else \
+        f"ranks {rank} among the waiting tenants"
 
 
 def cmd_export_log(args) -> int:
@@ -874,6 +888,10 @@ def build_parser() -> argparse.ArgumentParser:
     pending.add_argument("--task", help="one task: its position and why it waits")
     pending.add_argument("--page", type=positive_int, default=1)
     pending.add_argument("--size", type=positive_int, default=50, help="entries per page (at most 1000)")
+    pending.add_argument("--reason", help="only tasks waiting for this reason (behind_tenants, reservation, ...)")
+    pending.add_argument("--no-group", action="store_true",
+                         help="one row per entry (default: alike entries of a tenant, e.g. tasks preempted from one "
+                              "request, are one row with a count)")
     pending.add_argument("--redis", default=env_redis)
     pending.add_argument("--app-id", default=worker_defaults.app_id)
     pending.add_argument("--json", action="store_true", help="the API's document instead of the table")

@@ -57,7 +57,7 @@ class Visibility:
         return tenants_document(cluster, self._status(cluster))
 
     def pending(self, cluster: str, tenant: str | None = None, task: str | None = None, page: int = 1,
-                size: int = DEFAULT_PAGE_SIZE) -> dict[str, Any]:
+                size: int = DEFAULT_PAGE_SIZE, reason: str | None = None, group: bool = False) -> dict[str, Any]:
         status = self._status(cluster)
         if tenant is not None:  # one field: a tenant's page costs its own entries, not everyone's
             stored = self.reader.field(cluster, "explain", f"pending:{tenant}")
@@ -66,7 +66,7 @@ class Visibility:
             names = [f for f in self.reader.fields(cluster, "explain") if f.startswith("pending:")]
             pending = pending_by_tenant({name: self.reader.field(cluster, "explain", name) for name in names})
         try:
-            return pending_document(cluster, status, pending, tenant, task, page, size)
+            return pending_document(cluster, status, pending, tenant, task, page, size, reason, group)
         except DocumentError as exc:
             if str(exc).startswith(("tenant ", "task ")):
                 raise NotFound(str(exc)) from None
@@ -95,7 +95,11 @@ def answer(visibility: Visibility, path: str, query: dict[str, list[str]]) -> tu
                     page, size = int(one.get("page", 1)), int(one.get("size", DEFAULT_PAGE_SIZE))
                 except ValueError:
                     raise DocumentError("page and size must be whole numbers") from None
-                return 200, visibility.pending(cluster, one.get("tenant"), one.get("task"), page, size)
+                group = one.get("group", "false")
+                if group not in ("true", "false", "1", "0"):
+                    raise DocumentError(f"group {group}: true or false")
+                return 200, visibility.pending(cluster, one.get("tenant"), one.get("task"), page, size,
+                                               one.get("reason"), group in ("true", "1"))
         return 404, {"error": f"{path}: no such resource (see /v1/clusters)"}
     except NotFound as exc:
         return 404, {"error": str(exc)}

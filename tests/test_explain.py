@@ -18,7 +18,7 @@ from fairstream.streams.api import Visibility, answer
 from fairstream.streams.config import WorkerConfig
 from fairstream.streams.processor import Incoming, Processor
 from fairstream.wire.topics import Topics
-from fairstream.wire.visibility import DocumentError, pending_document
+from fairstream.wire.visibility import WAIT_REASONS, DocumentError, grouped_entries, pending_document, tenant_pending
 
 # Two nodes of 4 cpu in zones a and b; five tenants of weight 1 (each entitled to 1/5); C may
 # hold at most a quarter of the cluster. At t = 0 A starts 3 unit tasks, B 2 and C 2 (its cap:
@@ -300,3 +300,80 @@ def test_a_tenant_of_100000_single_tasks_is_listed_up_to_the_cap_and_explained_w
         "message"]
     with pytest.raises(DocumentError, match="beyond the entries kept per tenant"):
         visibility.pending("c1", task="t50000")
+
+
+# ------------------------------------------------------------------ the pending listing an operator reads
+# (issue 33: after a preemption, 25 alike entries of one tenant hid the starved tenant's)
+
+
+def preempted_listing() -> tuple[dict, dict]:
+    """One node of 50 cpu. A runs a request of 50 unit tasks from t = 0; B asks for 50 at t = 1
+    and is starved (fair share 25, holding 0); after the 1-s timeout, at t = 2, preemption takes
+    25 of A's tasks back for B. At t = 5 A's 25 wait again as 25 single tasks (a-25 ... a-49),
+    B's last 25 as one request. Both hold 25/50: dominant share / weight 1 each, A first by name."""
+    document = {"resources": ["cpu"], "nodes": [{"id": "n1", "capacity": {"cpu": 50}}],
+                "tenants": [{"id": "A"}, {"id": "B"}],
+                "tasks": [{"id": "a", "job": "ja", "tenant": "A", "submit": 0, "duration": 100, "demand": {"cpu": 1},
+                           "count": 50},
+                          {"id": "b", "job": "jb", "tenant": "B", "submit": 1, "duration": 100, "demand": {"cpu": 1},
+                           "count": 50}]}
+    explanation = explained(document, "drf", {"preemption": "on", "preemption_timeout": "1"}, at=5)
+    pending = explanation.pending_json()
+    return explanation.status_json(), {t: tenant_pending(e, pending["groups"].get(t, []))
+                                       for t, e in pending["pending"].items()}
+
+
+def test_alike_entries_are_one_row_with_a_count_so_the_waiting_tenant_is_on_the_first_page():
+    status, stored = preempted_listing()
+    flat = pending_document("c", status, stored, size=10)
+    assert (flat["entries_total"], flat["tasks_total"]) == (26, 50)
+    assert {e["tenant"] for e in flat["entries"]} == {"A"}  # page 1: ten of A's 25 alike entries, no B
+    grouped = pending_document("c", status, stored, size=10, group=True)
+    rows = [(e["tenant"], e["tenant_rank"], e["id"], e["last"], e["entries"], e["tasks"], e["position"], e["reason"])
+            for e in grouped["entries"]]
+    assert rows == [("A", 1, "a-25", "a-49", 25, 25, 0, "reservation"),
+                    ("B", 2, "b", "b", 1, 25, 0, "behind_tenants")]
+    assert (grouped["entries_total"], grouped["entries_listed"], grouped["tasks_total"]) == (26, 2, 50)
+
+
+def test_entries_alike_but_not_adjacent_in_their_line_stay_apart():
+    # Two runs of one shape with another between them: grouping never reorders a tenant's line.
+    entry = {"tenant": "A", "job": "j", "demand": {"cpu": 1}, "reason": "no_room", "message": "m", "waits_for": None,
+             "gap": None, "tasks": 1}
+    entries = [{**entry, "id": "t0", "position": 0}, {**entry, "id": "t1", "position": 1},
+               {**entry, "id": "big", "position": 2, "demand": {"cpu": 2}}, {**entry, "id": "t3", "position": 3}]
+    assert [(r["id"], r["last"], r["entries"]) for r in grouped_entries(entries)] == [
+        ("t0", "t1", 2), ("big", "big", 1), ("t3", "t3", 1)]
+
+
+@pytest.mark.parametrize("reason, listed", [
+    pytest.param("behind_tenants", [("B", "b")], id="the tenant behind another"),
+    pytest.param("reservation", [("A", "a-25")], id="the tenant a node is reserved for"),
+    pytest.param("no_room", [], id="a reason nothing waits for: an empty page"),
+])
+def test_pending_filtered_by_reason(reason, listed):
+    status, stored = preempted_listing()
+    document = pending_document("c", status, stored, reason=reason, group=True)
+    assert [(e["tenant"], e["id"]) for e in document["entries"]] == listed
+    assert {g["reason"] for g in document["groups"]} <= {reason}
+    assert document["tasks_total"] == 25 * len(listed)
+
+
+def test_an_unknown_reason_is_one_line_naming_the_reasons():
+    status, stored = preempted_listing()
+    with pytest.raises(DocumentError, match="reason full: not a wait reason .reasons: unschedulable, "):
+        pending_document("c", status, stored, reason="full")
+
+
+def test_the_documents_know_every_wait_reason_the_engine_gives():
+    assert WAIT_REASONS == tuple(reason.value for reason in WaitReason)
+
+
+def test_the_api_groups_and_filters_on_request():
+    store = MemoryStore()
+    big_request_cluster(store, explain_interval=0.0)
+    visibility = Visibility(store.view_reader())
+    code, document = answer(visibility, "/v1/clusters/c1/pending", {"reason": ["behind_tenants"], "group": ["true"]})
+    assert code == 200 and document["grouped"] and [e["id"] for e in document["entries"]] == ["maps"]
+    code, document = answer(visibility, "/v1/clusters/c1/pending", {"group": ["maybe"]})
+    assert code == 400 and "group maybe: true or false" in document["error"]

@@ -105,6 +105,11 @@ def test_status_pending_and_the_http_api_of_a_running_worker(tmp_path):
         assert "position 77773" in printed and "behind_tenants" in printed and "freed room goes first to B" in printed
         printed = fairstream("pending", "--cluster", "c1", "--redis", REDIS, "--app-id", app_id, "--json")
         assert json.loads(printed)["entries_total"] == 2
+        printed = fairstream("pending", "--cluster", "c1", "--redis", REDIS, "--app-id", app_id, "--reason",
+                             "behind_tenants").splitlines()
+        assert "99996 pending tasks in 1 entries waiting for behind_tenants" in printed[0]
+        assert printed[1].split()[:5] == ["tenant", "rank", "position", "task", "or"]
+        assert printed[2].split()[:5] == ["A", "2", "0", "maps", "99996"] and len(printed) == 3
         missing = subprocess.run([sys.executable, "-m", "fairstream.cli", "pending", "--cluster", "c1", "--redis", REDIS,
                                   "--app-id", app_id, "--tenant", "Z"], capture_output=True, text=True, cwd=ROOT)
         assert missing.returncode == 2 and "tenant Z: not a tenant of cluster c1" in missing.stderr

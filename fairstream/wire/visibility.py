@@ -76,16 +76,50 @@ def tenants_document(cluster: str, status: dict) -> dict[str, Any]:
             "order": status["order"], "tenants": tenants}
 
 
+#: The wait reasons (``fairstream.core.explain.WaitReason``'s values; a test keeps them equal):
+#: here so that reading documents loads no engine.
+WAIT_REASONS = ("unschedulable", "stage_not_released", "max_share", "max_resources", "max_running", "partition",
+                "constraints", "next_pass", "preemption_pending", "efficiency", "reservation", "reserved_for_other",
+                "no_room", "behind_tenants")
+#: Entries alike in all of these are one row of a grouped listing.
+_GROUPED_BY = ("tenant", "job", "demand", "reason", "message", "waits_for", "gap")
+
+
+def grouped_entries(entries: list[dict]) -> list[dict]:
+    """Runs of consecutive entries of one tenant that are alike (same job, demand, reason and
+    message: 50 tasks preempted from one request come back as 50 single tasks) as one row each:
+    the first entry with ``entries`` (how many were merged), ``tasks`` (their tasks) and
+    ``last`` (the last one's id); ``position`` stays the first's (tasks ahead of it in its
+    tenant's line)."""
+    rows: list[dict] = []
+    for entry in entries:
+        last = rows[-1] if rows else None
+        if last is not None and all(last[k] == entry.get(k) for k in _GROUPED_BY) \
+                and entry["position"] == last["position"] + last["tasks"]:
+            last["entries"] += 1
+            last["tasks"] += entry["tasks"]
+            last["last"] = entry["id"]
+        else:
+            rows.append({**entry, "entries": 1, "last": entry["id"]})
+    return rows
+
+
 def pending_document(cluster: str, status: dict, pending: Mapping[str, dict], tenant: str | None = None,
-                     task: str | None = None, page: int = 1, size: int = DEFAULT_PAGE_SIZE) -> dict[str, Any]:
+                     task: str | None = None, page: int = 1, size: int = DEFAULT_PAGE_SIZE,
+                     reason: str | None = None, group: bool = False) -> dict[str, Any]:
     """``/v1/clusters/{c}/pending``: pending entries with the reason each waits, ``size`` per
-    page (page 1 first), of one tenant or of all in the policy's order; with ``task``, the entry
-    that holds that task (a single task by id, a task ``<request>-<k>`` of a request) and its
-    position in its tenant's queue. ``pending``: per tenant, as ``stored_views`` keeps it."""
+    page (page 1 first), of one tenant or of all in the policy's order (tenants by rank, each
+    tenant's in its line); with ``task``, the entry that holds that task (a single task by id, a
+    task ``<request>-<k>`` of a request) and its position in its tenant's queue. ``reason``:
+    only entries (and groups) waiting for that reason; ``group``: alike entries as one row
+    (``grouped_entries``). Each entry carries ``tenant_rank``, its tenant's rank among the
+    waiting tenants. ``pending``: per tenant, as ``stored_views`` keeps it."""
     if not 1 <= size <= MAX_PAGE_SIZE:
         raise DocumentError(f"size {size}: must be 1 to {MAX_PAGE_SIZE}")
     if page < 1:
         raise DocumentError(f"page {page}: must be 1 or more")
+    if reason is not None and reason not in WAIT_REASONS:
+        raise DocumentError(f"reason {reason}: not a wait reason (reasons: {', '.join(WAIT_REASONS)})")
     head = {"api": API_VERSION, "cluster": cluster, "time": status["time"], "policy": status["policy"],
             "order": status["order"]}
     if tenant is not None and tenant not in pending:
@@ -95,26 +129,36 @@ def pending_document(cluster: str, status: dict, pending: Mapping[str, dict], te
         pending = {}
     elif tenant is not None:
         pending = {tenant: pending[tenant]}
+    ranks = {t["tenant"]: t["rank"] for t in status["tenants"]}
     ranked = [t["tenant"] for t in tenants_document(cluster, status)["tenants"] if t["tenant"] in pending]
     if task is not None:
         for name in ranked:
             for entry in pending[name]["entries"]:
                 offset = _offset_in(entry, task)
                 if offset is not None:
-                    return {**head, "task": task, "position": entry["position"] + offset, "entry": entry}
+                    return {**head, "task": task, "position": entry["position"] + offset,
+                            "entry": {**entry, "tenant_rank": ranks.get(name)}}
         raise DocumentError(f"task {task}: not pending in cluster {cluster}"
                             + (f" for tenant {tenant}" if tenant else "")
                             + " (or beyond the entries kept per tenant)")
-    entries = [entry for name in ranked for entry in pending[name]["entries"]]
+    entries = [{**entry, "tenant_rank": ranks.get(name)} for name in ranked for entry in pending[name]["entries"]
+               if reason is None or entry["reason"] == reason]
+    groups = [g for name in ranked for g in pending[name]["groups"] if reason is None or g["reason"] == reason]
+    if group:
+        entries = grouped_entries(entries)
     start = (page - 1) * size
     # entries_total: every pending entry; entries_listed: those kept and paged (the first
-    # max_entries of each tenant); tasks_total: the tasks of every entry. ``groups``: every
-    # pending task by tenant and shape with its reason, listed or not.
-    return {**head, "tenant": tenant, "page": page, "size": size,
-            "entries_total": sum(pending[name]["entries_total"] for name in ranked), "entries_listed": len(entries),
-            "tasks_total": sum(pending[name]["tasks_total"] for name in ranked),
-            "groups": [g for name in ranked for g in pending[name]["groups"]],
-            "entries": entries[start:start + size]}
+    # max_entries of each tenant; rows when grouped); tasks_total: the tasks of every entry.
+    # ``groups``: every pending task by tenant and shape with its reason, listed or not. With
+    # ``reason``, the totals count that reason's groups.
+    if reason is None:
+        entries_total = sum(pending[name]["entries_total"] for name in ranked)
+        tasks_total = sum(pending[name]["tasks_total"] for name in ranked)
+    else:
+        entries_total, tasks_total = sum(g["entries"] for g in groups), sum(g["tasks"] for g in groups)
+    return {**head, "tenant": tenant, "reason": reason, "grouped": group, "page": page, "size": size,
+            "entries_total": entries_total, "entries_listed": len(entries), "tasks_total": tasks_total,
+            "groups": groups, "entries": entries[start:start + size]}
 
 
 def _offset_in(entry: dict, task: str) -> int | None:
