@@ -49,6 +49,19 @@ class WorkerMetrics:
             registry=self.registry,
         )
 
+        # Preemption's cost per tenant, counted as its decisions are published (the simulator's
+        # metrics.json has the same figures per run).
+        self.preemptions = Counter("fairstream_preemptions_total",
+                                   "Tasks of the tenant preempted (killed to give a starved tenant its fair share)",
+                                   ["cluster", "tenant"], registry=self.registry)
+        self.work_lost = Counter("fairstream_work_lost_task_seconds_total",
+                                 "Work of the tenant's preempted tasks lost: for each, how long it had run, in "
+                                 "task-seconds of event time", ["cluster", "tenant"], registry=self.registry)
+        self.config_changes = Counter("fairstream_config_changes_total",
+                                      "Tenant configurations (tenants.config) applied (outcome accepted) or "
+                                      "dead-lettered with the reason (outcome rejected)", ["outcome"],
+                                      registry=self.registry)
+
         # Per tenant, as of the cluster's last explanation (``--explain-interval``): what an
         # operator's dashboard plots per queue (deploy/grafana/fairstream.json).
         labels = ["cluster", "tenant"]

@@ -44,7 +44,7 @@ from fairstream.streams.session import ClusterSession
 from fairstream.streams.snapshots import SnapshotRules, Snapshotting
 from fairstream.streams.stepper import StepRules, run_steps
 from fairstream.streams.views import touched_nodes, views
-from fairstream.wire.events import BadElement, BadInput, DeadLetter, decision_message, decode_message, element_bytes
+from fairstream.wire.events import CONFIG, BadElement, BadInput, DeadLetter, decision_message, decode_message, element_bytes
 from fairstream.wire.log import events_in
 from fairstream.wire.log import replay as replay_log
 from fairstream.wire.topics import Topics
@@ -95,6 +95,7 @@ class BatchOutcome:
     skipped: int = 0
     steps: int = 0
     reasons: list[str] = field(default_factory=list)
+    config_accepted: int = 0  # tenants.config events applied
 
 
 class Processor:
@@ -361,12 +362,24 @@ class Processor:
                 if not acknowledged:
                     acks = None
         kinds: Counter = Counter()
+        metrics = self.metrics
+        rejected_configs = 0
         for topic, message in outbox:
             if topic == self.topics.decisions:
                 kinds[message["kind"]] += message.get("count", 1)  # a decision of a request's tasks
+                if message["kind"] == "preempt":
+                    tenant = (message["cluster"], message["tenant"])
+                    metrics.preemptions.labels(*tenant).inc()
+                    metrics.work_lost.labels(*tenant).inc(max(message["time"] - message["started"], 0.0))
+            elif topic == self.topics.deadletter and message["topic"] == self.topics.config:
+                rejected_configs += 1
         for kind, count in kinds.items():
-            self.metrics.decisions.labels(kind).inc(count)
-        self.metrics.steps.inc(outcome.steps)
+            metrics.decisions.labels(kind).inc(count)
+        metrics.steps.inc(outcome.steps)
+        if outcome.config_accepted:
+            metrics.config_changes.labels("accepted").inc(outcome.config_accepted)
+        if rejected_configs:
+            metrics.config_changes.labels("rejected").inc(rejected_configs)
 
     def _count(self, messages: list[Incoming], received: float, published: asyncio.Future) -> None:
         if published.cancelled() or published.exception() is not None:
@@ -463,6 +476,7 @@ class Processor:
             commit.expected_steps[cluster] = session.steps_taken  # fencing: the log as this worker left it
             outcome.steps += len(run.steps)
             outcome.decisions += len(run.decisions)
+            outcome.config_accepted += sum(1 for step in run.steps for event in step["events"] if event["type"] == CONFIG)
             commit.outbox.extend((self.topics.decisions, decision_message(cluster, d)) for d in run.decisions)
             commit.views[cluster] = views(engine, run.touched, touched_nodes(run.steps), session.written_quanta)
             commit.views[cluster]["clock"] = {"time": dumps_text(engine.time), "produced": dumps_text(session.produced)}

@@ -36,7 +36,9 @@ def test_every_query_of_the_dashboard_names_a_metric_the_worker_serves():
 def test_the_dashboard_shows_every_tenant_gauge_and_the_workers_health():
     asked = " ".join(queries())
     for metric in ("fairstream_tenant_share", "fairstream_tenant_pending_tasks", "fairstream_consumer_lag",
-                   "fairstream_decision_latency_seconds_bucket", "fairstream_dead_letters_total"):
+                   "fairstream_decision_latency_seconds_bucket", "fairstream_dead_letters_total",
+                   "fairstream_preemptions_total", "fairstream_work_lost_task_seconds_total",
+                   "fairstream_config_changes_total"):
         assert metric in asked
 
 

@@ -240,6 +240,8 @@ def messages(draw):
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(message=messages())
+# Found by this test: a key with a newline made the reason two lines ("capacity.\n: None is ...").
+@example(message=("heartbeat", b'{"cluster": "c1", "node": "n1", "time": 0, "capacity": {"\\n": null}}'))
 def test_no_input_escapes_the_decoder_and_what_it_accepts_can_be_written_back(message):
     import math
 

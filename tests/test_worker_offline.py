@@ -1440,3 +1440,41 @@ def test_a_send_the_broker_had_no_leader_for_is_sent_again_and_other_errors_are_
     # The outage lasts longer than outage_s: the error is raised.
     with pytest.raises(LeaderNotAvailableError):
         run(send([LeaderNotAvailableError()] * 5, outage_s=0.0))
+
+
+def metric(processor, name: str, **labels) -> float:
+    value = processor.metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def test_the_worker_counts_preemptions_work_lost_and_config_changes_for_its_metrics():
+    # One node of 4 cpu under drf with preemption (timeout 1 s, threshold 0.5). A starts two
+    # unit tasks at t = 0 and two at t = 1, filling it; B asks for 4 at t = 2: its fair share
+    # is 2 and it holds 0, starved from 2. A heartbeat at t = 5, past the timeout, brings a
+    # pass that takes 2 tasks back from A, the youngest first (started at 1): 2 x (5 - 1) = 8
+    # task-seconds lost.
+    wire = Wire()
+    config = WorkerConfig(policy="drf", params={"preemption": "on", "preemption_timeout": "1"})
+    p = Processor(MemoryStore(), config.make_engine, wire.publish, Topics())
+    config_topic = Topics().config
+
+    def config_message(offset, body):
+        return Incoming("config", json.dumps(body).encode(), config_topic, 0, offset, 0.0, None)
+
+    async def scenario():
+        await p.handle([wire.msg("heartbeat", heartbeat())] + [wire.msg("submitted", task(f"a{k}", "A", k // 2))
+                                                               for k in range(4)])
+        await p.handle([wire.msg("submitted", task(f"b{k}", "B", 2)) for k in range(4)])
+        await p.handle([wire.msg("heartbeat", heartbeat(time=5))])
+        # Then one configuration the worker applies and one it refuses (an ordering it lacks).
+        await p.handle([config_message(0, {"cluster": "c1", "time": 6, "tenants": [{"id": "A"}, {"id": "B"}]}),
+                        config_message(1, {"cluster": "c1", "tenants": [{"id": "A", "ordering": "lifo"}]})])
+        await until(lambda: metric(p, "fairstream_config_changes_total", outcome="rejected") == 1)
+
+    run(scenario())
+    preempted = [d for d in wire.decisions() if d["kind"] == "preempt"]
+    assert sorted((d["task"], d["started"]) for d in preempted) == [("a2", 1), ("a3", 1)]
+    assert metric(p, "fairstream_preemptions_total", cluster="c1", tenant="A") == 2
+    assert metric(p, "fairstream_work_lost_task_seconds_total", cluster="c1", tenant="A") == 8.0
+    assert metric(p, "fairstream_preemptions_total", cluster="c1", tenant="B") == 0
+    assert metric(p, "fairstream_config_changes_total", outcome="accepted") == 1

@@ -366,6 +366,9 @@ class Decision(NamedTuple):
     ``count``: how many tasks the decision is about. A placement of several tasks of one
     request on one node lists them in ``tasks`` (``task`` is the first); an unschedulable
     request names the request as submitted in ``task`` and its pending tasks in ``count``.
+
+    ``started``: on a ``PREEMPT``, when the killed task started (its work lost is ``time -
+    started`` task-seconds); None on other kinds.
     """
 
     time: float
@@ -380,6 +383,7 @@ class Decision(NamedTuple):
     kind: DecisionKind = DecisionKind.PLACE
     count: int = 1
     tasks: tuple[str, ...] = ()
+    started: float | None = None
 
     @property
     def id(self) -> str:
@@ -413,4 +417,6 @@ class Decision(NamedTuple):
             out["count"] = self.count
         if self.tasks:
             out["tasks"] = list(self.tasks)
+        if self.started is not None:
+            out["started"] = self.started
         return out

@@ -563,7 +563,8 @@ class Cycle:
         self._too_large.clear()
         self._room_rows = None  # room came back outside what was watched
         self.decisions.append(Decision(self.snapshot.time, task.id, task.job, task.tenant, self.snapshot.node_ids[node],
-                                       task.demand_map, self.policy, reason, code, DecisionKind.PREEMPT))
+                                       task.demand_map, self.policy, reason, code, DecisionKind.PREEMPT,
+                                       started=task.start))
 
 
 class _JobQueue:

@@ -193,7 +193,6 @@ class Simulator:
 
         jobs: dict[str, JobRecord] = {}
         attempts: dict[str, int] = {}  # running tasks' attempt numbers (a requeue makes another)
-        started: dict[str, float] = {}  # running tasks' start times (work lost to preemption)
         woken: set[float] = set()  # times a pass was asked for with no event (preemption timeouts)
         decisions: list[Decision] = []
         keep = decisions.append if self.on_decision is None else self.on_decision
@@ -217,7 +216,7 @@ class Simulator:
                     task_id, attempt = payload
                     if attempts.get(task_id) != attempt:
                         continue  # the attempt was requeued by a node loss
-                    del attempts[task_id], started[task_id]
+                    del attempts[task_id]
                     batch.append(TaskCompleted(now, task_id))
                 elif kind == _SUBMIT:
                     spec: TaskSpec = payload
@@ -258,9 +257,8 @@ class Simulator:
                 keep(decision)
                 if decision.kind is DecisionKind.REQUEUE or decision.kind is DecisionKind.PREEMPT:
                     attempts[decision.task] += 1
-                    started_at = started.pop(decision.task)
-                    if decision.kind is DecisionKind.PREEMPT:
-                        self.metrics.record_preemption(decision.tenant, now - started_at)
+                    if decision.kind is DecisionKind.PREEMPT:  # the decision says when the task started
+                        self.metrics.record_preemption(decision.tenant, now - decision.started)
                     continue
                 if decision.kind is not DecisionKind.PLACE:
                     continue  # unschedulable: reported, still pending
@@ -273,7 +271,6 @@ class Simulator:
                         placed_tasks += 1
                         attempt = 0
                     attempts[task_id] = attempt + 1
-                    started[task_id] = now
                     push(now + duration, _COMPLETE, (task_id, attempts[task_id]))
             wake = engine.wake_at()
             if wake is not None and wake not in woken:

@@ -69,7 +69,9 @@ def _validator(kind: str) -> jsonschema.Draft202012Validator:
 
 
 def _where(path) -> str:
-    return ".".join(str(p) for p in path) or "(message)"
+    """A field's path for an error line; a key that is not printable (a newline in a tenant's
+    name) is quoted with JSON escapes, so the reason stays one line."""
+    return ".".join(str(p) if str(p).isprintable() else json.dumps(str(p)) for p in path) or "(message)"
 
 
 _REQUIRED = {
