@@ -117,9 +117,13 @@ class BatchCommit:
     # Views written whole: the old hash goes, this one stands (a tenant that left is not kept).
     replaced_views: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # cluster -> view -> fields
     history: dict[str, str] = field(default_factory=dict)  # cluster -> one sample appended to its history
+    # cluster -> what an operator wants to see happened (preemptions, configuration changes
+    # accepted or rejected), appended to its recent events, oldest first
+    recent: dict[str, list[str]] = field(default_factory=dict)
 
 
 HISTORY_SAMPLES = 720  # a cluster's history keeps its last so many samples (an hour at 5 s)
+RECENT_EVENTS = 200  # a cluster's recent events keep the last so many
 
 
 class StateStore(Protocol):
@@ -146,6 +150,7 @@ class MemoryStore:
         self._log_base: dict[str, int] = {}
         self._checkpoints: dict[str, dict[int, tuple[float, bytes]]] = {}
         self._history: dict[str, list[str]] = {}
+        self._recent: dict[str, list[str]] = {}
 
     async def clusters(self) -> list[str]:
         return sorted(self._log)
@@ -179,6 +184,9 @@ class MemoryStore:
         for cluster, sample in batch.history.items():
             self._history.setdefault(cluster, []).append(sample)
             del self._history[cluster][:-HISTORY_SAMPLES]
+        for cluster, events in batch.recent.items():
+            self._recent.setdefault(cluster, []).extend(events)
+            del self._recent[cluster][:-RECENT_EVENTS]
         for cluster, (steps, time, blob) in batch.checkpoints.items():
             self._checkpoints.setdefault(cluster, {})[steps] = (time, blob)
         for cluster, trim in batch.trims.items():
@@ -229,6 +237,9 @@ class MemoryViewReader:
     def history(self, cluster: str) -> list[Any]:
         return [loads(v) for v in self.store._history.get(cluster, [])]
 
+    def recent(self, cluster: str) -> list[Any]:
+        return [loads(v) for v in self.store._recent.get(cluster, [])]
+
 
 # One batch's commit, atomically: first the fencing checks (ARGV[1] of them, each a log key, its
 # log_base key, the expected step count and the cluster's name), then the commands (each its
@@ -268,7 +279,8 @@ class RedisStore:
 
     ``{p}:clusters`` set; per cluster ``{p}:c:{cluster}:log`` list of JSON steps,
     ``:log_base`` int (steps trimmed from its head), ``:snapshot`` bytes, ``:snapshot_steps`` int,
-    ``:checkpoints`` hash steps -> event time, ``:checkpoint:{steps}`` bytes, ``:view:{name}`` hashes;
+    ``:checkpoints`` hash steps -> event time, ``:checkpoint:{steps}`` bytes, ``:view:{name}`` hashes,
+    ``:history`` and ``:recent`` lists (the last ``HISTORY_SAMPLES`` and ``RECENT_EVENTS``, JSON);
     ``{p}:offsets`` hash; ``{p}:outbox`` hash, one field per batch (``outbox_field``) holding the
     JSON list of its ``[topic, message]`` entries (one HDEL clears what a batch published,
     whoever else shares the hash).
@@ -332,6 +344,10 @@ class RedisStore:
         for cluster, sample in batch.history.items():
             add(("RPUSH", self._key("c", cluster, "history"), sample))
             add(("LTRIM", self._key("c", cluster, "history"), -HISTORY_SAMPLES, -1))
+        for cluster, events in batch.recent.items():
+            if events:
+                _chunked(add, "RPUSH", self._key("c", cluster, "recent"), events[-RECENT_EVENTS:], 1)
+                add(("LTRIM", self._key("c", cluster, "recent"), -RECENT_EVENTS, -1))
         for cluster, (steps, time, blob) in batch.checkpoints.items():
             add(("SET", self._key("c", cluster, "checkpoint", str(steps)), blob))
             add(("HSET", self._key("c", cluster, "checkpoints"), str(steps), repr(time)))
@@ -416,6 +432,9 @@ class ViewReader:
 
     def history(self, cluster: str) -> list[Any]:
         return [loads(v) for v in self.redis.lrange(self._key("c", cluster, "history"), 0, -1)]
+
+    def recent(self, cluster: str) -> list[Any]:
+        return [loads(v) for v in self.redis.lrange(self._key("c", cluster, "recent"), 0, -1)]
 
 
 def redis_client(url: str, sync: bool = False, **options):

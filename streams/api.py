@@ -9,6 +9,8 @@ documents through ``Visibility``.
     GET /v1/clusters/{c}/pending?tenant=T&page=N&size=M  pending entries and why they wait
     GET /v1/clusters/{c}/pending?task=ID               the entry holding one task, its position
     GET /v1/clusters/{c}/history                       per tenant share and usage, last hour
+    GET /v1/clusters/{c}/queues                        the tenant tree: weights, limits, shares, what holds each
+    GET /v1/clusters/{c}/events                        recent preemptions and configuration changes, newest first
 
 Answers are JSON; an unknown cluster, tenant or task is 404, a bad query 400, Redis down 503,
 each with ``{"error": "..."}`` in one line.
@@ -24,8 +26,9 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 from fairstream.state.store import ViewReader
-from fairstream.wire.visibility import (DEFAULT_PAGE_SIZE, DocumentError, cluster_summary, clusters_document,
-                                        pending_by_tenant, pending_document, tenants_document)
+from fairstream.wire.visibility import (API_VERSION, DEFAULT_PAGE_SIZE, DocumentError, cluster_summary,
+                                        clusters_document, pending_by_tenant, pending_document, queues_document,
+                                        tenants_document)
 
 WEB_FILES = {"/": ("index.html", "text/html; charset=utf-8"), "/lines.js": ("lines.js", "text/javascript")}
 
@@ -56,6 +59,35 @@ class Visibility:
     def tenants(self, cluster: str) -> dict[str, Any]:
         return tenants_document(cluster, self._status(cluster))
 
+    def _all_pending(self, cluster: str) -> dict[str, dict]:
+        names = [f for f in self.reader.fields(cluster, "explain") if f.startswith("pending:")]
+        return pending_by_tenant({name: self.reader.field(cluster, "explain", name) for name in names})
+
+    def queues(self, cluster: str) -> dict[str, Any]:
+        return queues_document(cluster, self._status(cluster), self._all_pending(cluster))
+
+    def events(self, cluster: str) -> dict[str, Any]:
+        status = self._status(cluster)
+        return {"api": API_VERSION, "cluster": cluster, "time": status["time"],
+                "events": list(reversed(self.reader.recent(cluster)))}
+
+    def page_data(self, cluster: str | None) -> dict[str, Any]:
+        """What the web page shows, for its first paint (``index.html``'s ``initial``): the
+        clusters, and for ``cluster`` (else the first) its tenants, queues, pending (grouped,
+        first page), history and events. Errors are left to the page's own fetches."""
+        clusters = self.clusters()
+        names = [c["cluster"] for c in clusters["clusters"]]
+        chosen = cluster if cluster in names else (names[0] if names else None)
+        data: dict[str, Any] = {"clusters": clusters, "cluster": chosen}
+        if chosen is not None:
+            try:
+                data.update(tenants=self.tenants(chosen), queues=self.queues(chosen),
+                            pending=self.pending(chosen, group=True), history=self.history(chosen),
+                            events=self.events(chosen))
+            except DocumentError:
+                pass
+        return data
+
     def pending(self, cluster: str, tenant: str | None = None, task: str | None = None, page: int = 1,
                 size: int = DEFAULT_PAGE_SIZE, reason: str | None = None, group: bool = False) -> dict[str, Any]:
         status = self._status(cluster)
@@ -63,8 +95,7 @@ class Visibility:
             stored = self.reader.field(cluster, "explain", f"pending:{tenant}")
             pending = {} if stored is None else {tenant: stored}
         else:
-            names = [f for f in self.reader.fields(cluster, "explain") if f.startswith("pending:")]
-            pending = pending_by_tenant({name: self.reader.field(cluster, "explain", name) for name in names})
+            pending = self._all_pending(cluster)
         try:
             return pending_document(cluster, status, pending, tenant, task, page, size, reason, group)
         except DocumentError as exc:
@@ -90,6 +121,10 @@ def answer(visibility: Visibility, path: str, query: dict[str, list[str]]) -> tu
                 return 200, visibility.tenants(cluster)
             if what == "history":
                 return 200, visibility.history(cluster)
+            if what == "queues":
+                return 200, visibility.queues(cluster)
+            if what == "events":
+                return 200, visibility.events(cluster)
             if what == "pending":
                 try:
                     page, size = int(one.get("page", 1)), int(one.get("size", DEFAULT_PAGE_SIZE))
@@ -109,6 +144,19 @@ def answer(visibility: Visibility, path: str, query: dict[str, list[str]]) -> tu
         return 503, {"error": f"the state store cannot be read: {exc}"}
 
 
+INITIAL = b'<script id="initial" type="application/json">null</script>'
+
+
+def with_initial_data(page: bytes, visibility: Visibility, cluster: str | None) -> bytes:
+    """``page`` with ``Visibility.page_data`` in its ``initial`` script element (JSON with
+    ``<`` escaped, so no value can end the element); unchanged if the store cannot be read."""
+    try:
+        data = json.dumps(visibility.page_data(cluster)).replace("<", "\\u003c")
+    except Exception:  # noqa: BLE001 - Redis down: the page loads and its fetches say why
+        return page
+    return page.replace(INITIAL, b'<script id="initial" type="application/json">' + data.encode() + b"</script>")
+
+
 def serve_http(registry, redis_url: str, prefix: str, port: int, address: str = "127.0.0.1") -> ThreadingHTTPServer:
     """Start the endpoint on ``address:port`` in a daemon thread (``OSError`` if the port is
     taken); returns the server (``shutdown()`` stops it)."""
@@ -125,7 +173,10 @@ def serve_http(registry, redis_url: str, prefix: str, port: int, address: str = 
                 self._send(200, CONTENT_TYPE_LATEST, generate_latest(registry))
             elif url.path in WEB_FILES:
                 name, kind = WEB_FILES[url.path]
-                self._send(200, kind, package_files.files("fairstream.streams").joinpath("web", name).read_bytes())
+                body = package_files.files("fairstream.streams").joinpath("web", name).read_bytes()
+                if name == "index.html":  # the first paint has data: the documents ride in the page
+                    body = with_initial_data(body, visibility, parse_qs(url.query).get("cluster", [None])[-1])
+                self._send(200, kind, body)
             else:
                 status, document = answer(visibility, url.path, parse_qs(url.query))
                 self._send(status, "application/json", json.dumps(document).encode())

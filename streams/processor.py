@@ -36,7 +36,7 @@ import structlog
 from fairstream.core.engine import Engine
 from fairstream.core.explain import explain
 from fairstream.wire.jsoncodec import dumps_text, loads
-from fairstream.core.model import Event
+from fairstream.core.model import DecisionKind, Event
 from fairstream.state.engine_snapshot import SnapshotError, decode_engine
 from fairstream.state.store import BatchCommit, ClusterRecord, StaleLog, StateStore, republishing_order
 from fairstream.streams import snapshots
@@ -423,6 +423,10 @@ class Processor:
             for letter in dead:
                 log.warning("worker.dead_letter", topic=letter.topic, partition=letter.partition,
                             offset=letter.offset, reason=letter.reason)
+                if letter.topic == self.topics.config:
+                    rejected = recent_config_rejected(letter)
+                    if rejected is not None:
+                        commit.recent.setdefault(rejected[0], []).append(rejected[1])
                 self.metrics.dead_letters.labels(letter.topic).inc()
                 commit.outbox.append((self.topics.deadletter, letter.to_json()))
                 outcome.reasons.append(letter.reason)
@@ -476,7 +480,14 @@ class Processor:
             commit.expected_steps[cluster] = session.steps_taken  # fencing: the log as this worker left it
             outcome.steps += len(run.steps)
             outcome.decisions += len(run.decisions)
-            outcome.config_accepted += sum(1 for step in run.steps for event in step["events"] if event["type"] == CONFIG)
+            recent = [recent_preemption(d) for d in run.decisions if d.kind is DecisionKind.PREEMPT]
+            for step in run.steps:
+                for event in step["events"]:
+                    if event["type"] == CONFIG:
+                        outcome.config_accepted += 1
+                        recent.append(recent_config(event))
+            if recent:
+                commit.recent.setdefault(cluster, []).extend(recent)
             commit.outbox.extend((self.topics.decisions, decision_message(cluster, d)) for d in run.decisions)
             commit.views[cluster] = views(engine, run.touched, touched_nodes(run.steps), session.written_quanta)
             commit.views[cluster]["clock"] = {"time": dumps_text(engine.time), "produced": dumps_text(session.produced)}
@@ -612,6 +623,34 @@ async def waiting_for(action, log_event: str, retry_on: type | tuple = Exception
 async def _acknowledged(acks: list) -> None:
     if acks:
         await asyncio.gather(*acks)
+
+
+def recent_preemption(decision) -> str:
+    """A preempt decision as one of its cluster's recent events (the page's list)."""
+    return dumps_text({"kind": "preempt", "time": decision.time, "tenant": decision.tenant, "task": decision.task,
+                       "node": decision.node, "started": decision.started, "message": decision.reason})
+
+
+def recent_config(event: dict) -> str:
+    """An applied tenants.config (as the log records it) as a recent event."""
+    tenants = event["tenants"]
+    shown = ", ".join(f"{t['id']} (weight {t.get('weight', 1):g})" for t in tenants[:8])
+    return dumps_text({"kind": "config_accepted", "time": event["time"],
+                       "message": f"tenant tree of {len(tenants)} applied: {shown}" + (" ..." if len(tenants) > 8 else "")})
+
+
+def recent_config_rejected(letter: DeadLetter) -> tuple[str, str] | None:
+    """A dead-lettered tenants.config as (cluster, recent event), if its cluster can be read."""
+    try:
+        body = loads(letter.raw)
+    except Exception:  # noqa: BLE001 - not JSON: no cluster to show it under
+        return None
+    cluster = body.get("cluster") if isinstance(body, dict) else None
+    if not isinstance(cluster, str):
+        return None
+    at = body.get("time")
+    return cluster, dumps_text({"kind": "config_rejected", "time": at if isinstance(at, (int, float)) else None,
+                                "message": letter.reason})
 
 
 def _dead_letter(message: Incoming, index: int | None, reason: str) -> DeadLetter:

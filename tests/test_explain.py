@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,8 @@ from fairstream.streams.api import Visibility, answer
 from fairstream.streams.config import WorkerConfig
 from fairstream.streams.processor import Incoming, Processor
 from fairstream.wire.topics import Topics
-from fairstream.wire.visibility import WAIT_REASONS, DocumentError, grouped_entries, pending_document, tenant_pending
+from fairstream.wire.visibility import (WAIT_REASONS, DocumentError, grouped_entries, pending_document, queues_document,
+                                        tenant_pending)
 
 # Two nodes of 4 cpu in zones a and b; five tenants of weight 1 (each entitled to 1/5); C may
 # hold at most a quarter of the cluster. At t = 0 A starts 3 unit tasks, B 2 and C 2 (its cap:
@@ -377,3 +379,84 @@ def test_the_api_groups_and_filters_on_request():
     assert code == 200 and document["grouped"] and [e["id"] for e in document["entries"]] == ["maps"]
     code, document = answer(visibility, "/v1/clusters/c1/pending", {"group": ["maybe"]})
     assert code == 400 and "group maybe: true or false" in document["error"]
+
+
+# ------------------------------------------------------------------ the queue tree and recent events
+
+
+def test_the_queue_tree_shows_weights_limits_shares_and_what_holds_each_queue():
+    # 8 cpu. Queue g (weight 2) holds A and B; C (weight 1, max_share 0.25) at the root. Each
+    # asks for 4 unit tasks. The fair share divides the root 2:1, g 2/3 and C 1/3, but C is
+    # capped at 0.25, so g gets 0.75: A and B 0.375 each, 3 cpu. C runs 2 and 2 wait at its cap.
+    document = {"resources": ["cpu"], "nodes": [{"id": "n1", "capacity": {"cpu": 8}}],
+                "tenants": [{"id": "g", "weight": 2}, {"id": "A", "parent": "g"}, {"id": "B", "parent": "g"},
+                            {"id": "C", "max_share": 0.25}],
+                "tasks": [{"id": t.lower(), "job": f"j{t}", "tenant": t, "submit": 0, "duration": 100,
+                           "demand": {"cpu": 1}, "count": 4} for t in "ABC"]}
+    explanation = explained(document, "drf", at=5)
+    pending = explanation.pending_json()
+    stored = {t: tenant_pending(e, pending["groups"].get(t, [])) for t, e in pending["pending"].items()}
+    rows = {q["queue"]: q for q in queues_document("c", explanation.status_json(), stored)["queues"]}
+    assert list(rows) == ["C", "g", "A", "B"]  # parents first, children by name
+    assert [(q["depth"], q["leaf"], q["weight"]) for q in rows.values()] == [(0, True, 1.0), (0, False, 2.0),
+                                                                             (1, True, 1.0), (1, True, 1.0)]
+    assert rows["C"]["limits"] == {"max_share": 0.25} and rows["g"]["limits"] == {}
+    assert [(q["fair_share"], q["share"], q["running"], q["pending"]) for q in rows.values()] == [
+        (0.25, 0.25, 2, 2), (0.75, 0.75, 6, 2), (0.375, 0.375, 3, 1), (0.375, 0.375, 3, 1)]
+    # What holds them: C its max_share; g's two waiting tasks, one per leaf, each its reason.
+    assert (rows["C"]["waiting"], rows["C"]["held_by"]) == ({"max_share": 2}, "max_share")
+    assert rows["g"]["waiting"] == {"behind_tenants": 1, "reservation": 1}
+    assert rows["A"]["waiting"] == {"reservation": 1} and rows["B"]["waiting"] == {"behind_tenants": 1}
+
+
+def test_the_worker_keeps_recent_preemptions_and_configuration_changes_for_the_page():
+    # The preemption of test_worker_offline's metrics test, seen as the page lists it: newest
+    # first, a rejected configuration with its reason.
+    store = MemoryStore()
+    config = WorkerConfig(policy="drf", params={"preemption": "on", "preemption_timeout": "1"}, resources=("cpu",))
+    processor = Processor(store, config.make_engine, published, Topics(), explain_interval=0.0)
+
+    def config_message(offset, body):
+        return Incoming("config", json.dumps(body).encode(), Topics().config, 0, offset, 0.0, None)
+
+    async def scenario():
+        await processor.handle([message("heartbeat", 0, {"cluster": "c1", "node": "n1", "time": 0, "capacity": {"cpu": 4}})]
+                               + [message("submitted", k, {"cluster": "c1", "task": f"a{k}", "job": "j", "tenant": "A",
+                                                           "time": k // 2, "demand": {"cpu": 1}}) for k in range(4)])
+        await processor.handle([message("submitted", 4 + k, {"cluster": "c1", "task": f"b{k}", "job": "k", "tenant": "B",
+                                                             "time": 2, "demand": {"cpu": 1}}) for k in range(4)])
+        await processor.handle([message("heartbeat", 1, {"cluster": "c1", "node": "n1", "time": 5, "capacity": {"cpu": 4}})])
+        await processor.handle([config_message(0, {"cluster": "c1", "time": 6, "tenants": [{"id": "A"}, {"id": "B", "weight": 2}]}),
+                                config_message(1, {"cluster": "c1", "time": 7, "tenants": [{"id": "A", "ordering": "lifo"}]})])
+
+    asyncio.run(scenario())
+    events = Visibility(store.view_reader()).events("c1")["events"]
+    assert [(e["kind"], e["time"]) for e in events] == [("config_rejected", 7), ("config_accepted", 6),
+                                                         ("preempt", 5.0), ("preempt", 5.0)]
+    assert "tenants.0.ordering" in events[0]["message"] and "B (weight 2)" in events[1]["message"]
+    assert sorted((e["task"], e["tenant"], e["started"]) for e in events[2:]) == [("a2", "A", 1.0), ("a3", "A", 1.0)]
+
+
+def test_the_page_comes_with_its_data_so_the_first_paint_shows_it():
+    from fairstream.streams.api import INITIAL, with_initial_data
+
+    store = MemoryStore()
+    big_request_cluster(store, explain_interval=0.0)
+    page = (Path(__file__).resolve().parents[1] / "streams" / "web" / "index.html").read_bytes()
+    assert INITIAL in page
+    served = with_initial_data(page, Visibility(store.view_reader()), None)
+    data = json.loads(served.split(b'<script id="initial" type="application/json">')[1].split(b"</script>")[0])
+    assert data["cluster"] == "c1" and [t["tenant"] for t in data["tenants"]["tenants"]] == ["B", "A"]
+    assert [q["queue"] for q in data["queues"]["queues"]] == ["A", "B"] and data["pending"]["grouped"]
+    assert {r["reason"]: r["tasks"] for r in data["pending"]["by_reason"]} == {"behind_tenants": 99_996, "reservation": 1}
+
+
+def test_nothing_in_the_data_can_end_the_pages_script_element():
+    from fairstream.streams.api import INITIAL, with_initial_data
+
+    class Named:  # a tenant named to close the element and run a script of its own
+        def page_data(self, cluster):
+            return {"clusters": {"clusters": []}, "cluster": None, "name": "</script><script>alert(1)</script>"}
+
+    served = with_initial_data(INITIAL, Named(), None)
+    assert served.count(b"</script>") == 1 and b"\\u003c/script>" in served

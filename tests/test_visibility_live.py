@@ -218,3 +218,63 @@ def test_a_weight_changed_on_a_running_worker_moves_the_shares(tmp_path):
         assert wait_for(lambda: running() == {"A": 6, "B": 2})
     finally:
         worker.stop()
+
+
+def page_tables(driver) -> dict[str, list[list[str]]]:
+    """Every table of the page as its cells' text, read in one script call."""
+    return driver.execute_script(
+        "const out = {}; for (const t of document.querySelectorAll('table')) out[t.id] = "
+        "Array.from(t.querySelectorAll('tbody tr')).map(r => Array.from(r.cells).map(c => c.textContent));"
+        "return out;")
+
+
+def test_the_page_an_operator_opens_first_has_its_data_at_the_first_paint(tmp_path):
+    # drf with preemption after 1 s on one node of 4 cpu: A runs 4 unit tasks (two from t = 0,
+    # two from 1); B asks for 4 at t = 2 and is starved (fair share 2, holds 0); the heartbeat
+    # at t = 5 brings a pass that preempts A's two youngest for B. Then a tenants.config that
+    # weighs B 2 is applied, and one with an ordering the worker lacks is rejected.
+    app_id = f"t{uuid.uuid4().hex[:8]}"
+    topics = Topics().with_prefix(app_id)
+    worker = Worker(app_id, tmp_path, "--explain-interval", "0.2", "--param", "preemption=on",
+                    "--param", "preemption_timeout=1").start()
+    driver = None
+    try:
+        publish(topics, [("node", "n1", 0, {"cpu": 4, "mem": 8})]
+                + [("task", f"a{k}", "A", {"cpu": 1, "mem": 1}, k // 2, None) for k in range(4)]
+                + [("task", f"b{k}", "B", {"cpu": 1, "mem": 1}, 2, None) for k in range(4)])
+        port = worker.metrics_port
+        # Each next message only after the last is applied: on another topic it could overtake.
+        wait_for(lambda: sum(t["pending"] for t in get(port, "/v1/clusters/c1/tenants")[1].get("tenants", [])) == 4)
+        publish(topics, [("node", "n1", 5, {"cpu": 4, "mem": 8})])
+        wait_for(lambda: len(get(port, "/v1/clusters/c1/events")[1].get("events", [])) == 2)
+
+        async def configure():
+            async with Publisher(BROKER, topics) as pub:
+                await pub.configure("c1", [{"id": "A"}, {"id": "B", "weight": 2}], time=6)
+                await pub.send(topics.config, {"cluster": "c1", "time": 7, "tenants": [{"id": "A", "ordering": "lifo"}]})
+
+        asyncio.run(configure())
+        wait_for(lambda: len(get(port, "/v1/clusters/c1/events")[1].get("events", [])) == 4)
+        wait_for(lambda: get(port, "/v1/clusters/c1/tenants")[1].get("time") == 6)
+        driver = browser(tmp_path)
+        # refresh=0: the page fetches nothing, so whatever it shows came with it.
+        driver.get(f"http://127.0.0.1:{port}/?refresh=0")
+        assert driver.execute_script("return document.body.dataset.source") == "page"
+        assert driver.find_element("id", "updated").text != "never" and not driver.find_element("id", "error").text
+        tables = page_tables(driver)
+        # B weighs 2 now: its fair share is 2/3, A's 1/3; each runs 2 of the 4 cpu.
+        queues = {row[0].strip(): row for row in tables["queues"]}
+        assert set(queues) == {"A", "B"}
+        assert queues["B"][1:7] == ["2.00", "-", "0.6667", "0.5000", "2", "2"]
+        assert queues["A"][1:7] == ["1.00", "-", "0.3333", "0.5000", "2", "2"]
+        assert sum(int(row[1]) for row in tables["reasons"]) == 4
+        kinds = [row[1] for row in tables["events"]]
+        assert kinds == ["config rejected", "config accepted", "preempt", "preempt"]
+        assert "tenants.0.ordering" in tables["events"][0][3] and "ran 4 s" in tables["events"][2][3]
+        assert {row[0] for row in tables["pending"]} == {"A", "B"}
+        driver.save_screenshot(str(tmp_path / "page.png"))
+        assert (tmp_path / "page.png").stat().st_size > 10_000
+    finally:
+        if driver is not None:
+            driver.quit()
+        worker.stop()

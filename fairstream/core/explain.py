@@ -47,9 +47,10 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
 
-from fairstream.core.model import EPSILON, TaskState
+from fairstream.core.model import EPSILON, ROOT, TaskState
 from fairstream.core.placement import Cycle, dominant_share_order
 from fairstream.core.preemption import share_ratios
+from fairstream.core.tenants import spec_to_json
 
 if TYPE_CHECKING:
     from fairstream.core.engine import Engine
@@ -166,10 +167,12 @@ class Explanation:
     # pending task by shape (``groups``), so nothing goes unexplained when entries are capped.
     pending: dict[str, list[PendingEntry]] = field(default_factory=dict)
     groups: dict[str, list[PendingGroup]] = field(default_factory=dict)
+    # The tenant tree as configured: every queue and leaf (``tenants.spec_to_json``), parents first.
+    tree: list[dict[str, Any]] = field(default_factory=list)
 
     def status_json(self) -> dict[str, Any]:
         return {"time": self.time, "policy": self.policy, "order": self.order_label,
-                "tenants": [t.to_json() for t in self.tenants]}
+                "tenants": [t.to_json() for t in self.tenants], "tree": self.tree}
 
     def pending_json(self) -> dict[str, Any]:
         return {"time": self.time, "policy": self.policy, "order": self.order_label,
@@ -408,7 +411,21 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
             float(fair[row]), share, order.value(key) if key is not None else None, rank.get(name),
             float(acc.quantum(row)), int(ledger.running), int(waiting), float(accumulated[row]),
             engine.starved_since.get(name)))
-    return Explanation(snap.time, engine.policy, label, tenants, pending, groups)
+    tree = [spec_to_json(engine.tree.specs[name]) for name in _parents_first(engine.tree)]
+    return Explanation(snap.time, engine.policy, label, tenants, pending, groups, tree)
+
+
+def _parents_first(tree) -> list[str]:
+    """The tree's tenants depth first, children by name (a queue before what is below it)."""
+    out: list[str] = []
+
+    def walk(node: str) -> None:
+        for child in sorted(tree.children.get(node, ())):
+            out.append(child)
+            walk(child)
+
+    walk(ROOT)
+    return out
 
 
 def _jobs_over_max_running(cycle: Cycle, tenant: str, jobs) -> dict[str, tuple[WaitReason, str]]:

@@ -104,6 +104,74 @@ def grouped_entries(entries: list[dict]) -> list[dict]:
     return rows
 
 
+_LIMITS = ("min_share", "max_share", "max_resources", "max_running")
+
+
+def queues_document(cluster: str, status: dict, pending: Mapping[str, dict]) -> dict[str, Any]:
+    """``/v1/clusters/{c}/queues``: the tenant tree as an operator reads it, a row per queue
+    and leaf, parents first: its weight, limits and ordering as configured; ``entitled``,
+    ``fair_share``, ``running`` and ``pending`` summed over the leaves below it (a queue's fair
+    share is what the tree's division gives its leaves, docs/policies.md "The fair share");
+    ``share`` its dominant share of the cluster (the per-resource shares of its leaves summed,
+    the largest); ``waiting``: its pending tasks by the reason they wait (every one, from the
+    groups), largest first, and ``held_by`` the reason most of them wait for."""
+    tree = status.get("tree") or [{"id": t["tenant"]} for t in status["tenants"]]
+    parent = {spec["id"]: spec.get("parent") for spec in tree}
+    rows: dict[str, dict] = {}
+    for spec in tree:
+        up, depth = spec.get("parent"), 0
+        while up is not None and depth <= len(tree):
+            depth, up = depth + 1, parent.get(up)
+        rows[spec["id"]] = {"queue": spec["id"], "parent": spec.get("parent"), "depth": depth, "leaf": True,
+                            "weight": spec.get("weight", 1.0), "ordering": spec.get("ordering"),
+                            "limits": {k: spec[k] for k in _LIMITS if k in spec}, "entitled": 0.0, "fair_share": 0.0,
+                            "resources": {}, "running": 0, "pending": 0, "waiting": {}}
+    for row in rows.values():
+        if row["parent"] in rows:
+            rows[row["parent"]]["leaf"] = False
+
+    def up_from(name: str):
+        seen = 0
+        while name in rows and seen <= len(rows):
+            yield rows[name]
+            name, seen = rows[name]["parent"], seen + 1
+
+    for t in status["tenants"]:
+        for row in up_from(t["tenant"]):
+            row["entitled"] += t.get("entitled") or 0.0
+            row["fair_share"] += t.get("fair_share") or 0.0
+            row["running"] += t["running"]
+            row["pending"] += t["pending"]
+            for resource, value in t["share"].items():
+                row["resources"][resource] = row["resources"].get(resource, 0.0) + value
+    for name, kept in pending.items():
+        for group in kept.get("groups", []):
+            for row in up_from(name):
+                row["waiting"][group["reason"]] = row["waiting"].get(group["reason"], 0) + group["tasks"]
+    out = []
+    for row in rows.values():
+        resources = row.pop("resources")
+        row["share"] = max(resources.values(), default=0.0)
+        row["waiting"] = dict(sorted(row["waiting"].items(), key=lambda item: (-item[1], item[0])))
+        row["held_by"] = next(iter(row["waiting"]), None)
+        out.append(row)
+    return {"api": API_VERSION, "cluster": cluster, "time": status["time"], "policy": status["policy"],
+            "queues": out}
+
+
+def pending_by_reason(pending: Mapping[str, dict]) -> list[dict]:
+    """Every pending task by the reason it waits: ``{"reason", "tasks", "tenants"}``, most
+    tasks first (from the groups: nothing capped away)."""
+    tasks: dict[str, int] = {}
+    tenants: dict[str, set] = {}
+    for name, kept in pending.items():
+        for group in kept.get("groups", []):
+            tasks[group["reason"]] = tasks.get(group["reason"], 0) + group["tasks"]
+            tenants.setdefault(group["reason"], set()).add(name)
+    return [{"reason": reason, "tasks": count, "tenants": sorted(tenants[reason])}
+            for reason, count in sorted(tasks.items(), key=lambda item: (-item[1], item[0]))]
+
+
 def pending_document(cluster: str, status: dict, pending: Mapping[str, dict], tenant: str | None = None,
                      task: str | None = None, page: int = 1, size: int = DEFAULT_PAGE_SIZE,
                      reason: str | None = None, group: bool = False) -> dict[str, Any]:
@@ -158,6 +226,9 @@ def pending_document(cluster: str, status: dict, pending: Mapping[str, dict], te
         entries_total, tasks_total = sum(g["entries"] for g in groups), sum(g["tasks"] for g in groups)
     return {**head, "tenant": tenant, "reason": reason, "grouped": group, "page": page, "size": size,
             "entries_total": entries_total, "entries_listed": len(entries), "tasks_total": tasks_total,
+            "by_reason": pending_by_reason({name: pending[name] for name in ranked}) if reason is None else
+            pending_by_reason({name: {"groups": [g for g in pending[name]["groups"] if g["reason"] == reason]}
+                               for name in ranked}),
             "groups": groups, "entries": entries[start:start + size]}
 
 
@@ -192,5 +263,5 @@ def explanation_documents(cluster: str, status: dict, pending: dict) -> dict[str
     return {"tenants.json": tenants_document(cluster, status), "pending.json": all_pending}
 
 
-__all__ = ["API_VERSION", "DocumentError", "tenant_pending", "stored_views", "history_sample", "cluster_summary", "clusters_document",
+__all__ = ["API_VERSION", "DocumentError", "queues_document", "pending_by_reason", "grouped_entries", "tenant_pending", "stored_views", "history_sample", "cluster_summary", "clusters_document",
            "tenants_document", "pending_document", "pending_by_tenant", "explanation_documents"]
