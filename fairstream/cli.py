@@ -463,8 +463,8 @@ def cmd_pending(args) -> int:
     if args.task:
         entry = document["entry"]
         print(f"{args.task} ({entry['tenant']}, job {entry['job']}): position {document['position']} in "
-              f"{entry['tenant']}'s queue, its tenant {_rank(entry['tenant_rank'])}; {entry['reason']}: "
-              f"{entry['message']}")
+              f"{entry['tenant']}'s queue, its tenant {_rank(entry['tenant_rank'])}; its entry starts at "
+              f"{_expected(entry)} (expected); {entry['reason']}: {entry['message']}")
         return 0
     shown = len(document["entries"])
     first = (document["page"] - 1) * document["size"]
@@ -477,10 +477,15 @@ def cmd_pending(args) -> int:
     def named(e: dict) -> str:
         return e["id"] if e.get("entries", 1) == 1 else f"{e['id']} ... {e['last']} ({e['entries']} entries)"
 
-    rows = [[e["tenant"], e["tenant_rank"] or "-", e["position"], named(e), e["tasks"], e["reason"], e["message"]]
-            for e in document["entries"]]
-    print(_table(rows, ["tenant", "rank", "position", "task or request", "tasks", "reason", "why"]))
+    rows = [[e["tenant"], e["tenant_rank"] or "-", e["position"], named(e), e["tasks"], _expected(e), e["reason"],
+             e["message"]] for e in document["entries"]]
+    print(_table(rows, ["tenant", "rank", "position", "task or request", "tasks", "starts (expected)", "reason", "why"]))
     return 0
+
+
+def _expected(entry: dict) -> str:
+    start = entry.get("expected_start")
+    return "unknown" if start is None else f"{start:g}"
 
 
 def _rank(rank: int | None) -> str:

@@ -515,7 +515,7 @@ class Processor:
         now = time.monotonic()
         if not session.explain_due or (not force and now - session.explained_at < self.explain_interval):
             return
-        explanation = explain(session.engine, max_entries=self.explain_max_entries)
+        explanation = explain(session.engine, max_entries=self.explain_max_entries, forecast=True)
         status = explanation.status_json()
         commit.replaced_views.setdefault(cluster, {})["explain"] = stored_views(status, explanation.pending_json())
         commit.history[cluster] = history_sample(status)

@@ -460,3 +460,70 @@ def test_nothing_in_the_data_can_end_the_pages_script_element():
 
     served = with_initial_data(INITIAL, Named(), None)
     assert served.count(b"</script>") == 1 and b"\\u003c/script>" in served
+
+
+# ------------------------------------------------------------------ expected starts (squeue --start)
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from test_properties import scenarios  # noqa: E402
+
+
+def first_starts(document: dict, policy: str, params: dict | None = None) -> tuple[dict, dict[str, float]]:
+    """The explanation at t = 0 and when each task first started in the run."""
+    decisions = []
+    simulator = Simulator(parse_scenario(document).with_exact_estimates(), policy, params or {}, explain_at=0,
+                          on_decision=decisions.append)
+    simulator.run()
+    started: dict[str, float] = {}
+    for d in decisions:
+        if d.kind.value == "place":
+            for task in d.task_ids:
+                started.setdefault(task, d.time)
+    return simulator.explanation, started
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(document=scenarios(), policy=st.sampled_from(["drf", "fair", "ltrf", "fifo", "hltrf", "tsf"]))
+def test_with_exact_estimates_and_nothing_more_arriving_the_expected_start_is_the_start(document, policy):
+    # Everything is submitted at t = 0: the forecast's one assumption left (tasks end at their
+    # estimates) holds, so it must name the instant each waiting task really starts.
+    document = {**document, "tasks": [{**t, "submit": 0} for t in document["tasks"]]}
+    explanation, started = first_starts(document, policy)
+    for entries in explanation.pending.values():
+        for entry in entries:
+            if entry.reason.value != "unschedulable":
+                assert entry.expected_start == started.get(entry.first), (entry.first, entry.reason)
+
+
+def test_expected_start_is_unknown_without_estimates_and_says_so_in_the_listing():
+    # One node of 2 cpu, A's two 2-cpu tasks of 10 s: the second waits. Without an estimate
+    # for the first, when it ends is unknown; with one (10 s), the second starts at 10.
+    document = {"resources": ["cpu"], "nodes": [{"id": "n1", "capacity": {"cpu": 2}}], "tenants": [{"id": "A"}],
+                "tasks": [{"id": f"t{k}", "job": "j", "tenant": "A", "submit": 0, "duration": 10, "demand": {"cpu": 2}}
+                          for k in range(2)]}
+    (entry,) = explained(document, "drf", at=0).pending["A"]
+    assert entry.expected_start is None
+    explanation, _ = first_starts(document, "drf")
+    (entry,) = explanation.pending["A"]
+    assert (entry.first, entry.expected_start) == ("t1", 10.0)
+
+
+def test_the_worker_lists_expected_starts_from_the_estimates_it_was_sent():
+    # One node of 2 cpu: t0 (2 cpu, expected to run 30 s) starts at 0; t1 and t2 wait. t1
+    # starts when t0 ends, at 30; t2, expected to run 5 s... after t1, which has no estimate:
+    # unknown.
+    store = MemoryStore()
+    processor = worker_with(store, explain_interval=0.0)
+
+    def task(name, estimate=None):
+        body = {"cluster": "c1", "task": name, "job": "j", "tenant": "A", "time": 0, "demand": {"cpu": 2}}
+        return body if estimate is None else {**body, "estimate": estimate}
+
+    asyncio.run(processor.handle([message("heartbeat", 0, {"cluster": "c1", "node": "n1", "time": 0, "capacity": {"cpu": 2}}),
+                                  message("submitted", 0, task("t0", 30)), message("submitted", 1, task("t1")),
+                                  message("submitted", 2, task("t2", 5))]))
+    entries = Visibility(store.view_reader()).pending("c1")["entries"]
+    assert [(e["id"], e["expected_start"]) for e in entries] == [("t1", 30.0), ("t2", None)]

@@ -41,12 +41,13 @@ from __future__ import annotations
 import heapq
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
 
+from fairstream.core.forecast import expected_starts
 from fairstream.core.model import EPSILON, ROOT, TaskState
 from fairstream.core.placement import Cycle, dominant_share_order
 from fairstream.core.preemption import share_ratios
@@ -90,11 +91,14 @@ class PendingEntry:
     message: str
     waits_for: str | None = None  # behind_tenants, reservation: the tenant that gets the next room (elsewhere)
     gap: float | None = None  # behind_tenants: its key less that tenant's, in the policy's key
+    # When its first task is expected to start (``fairstream.core.forecast``), None: unknown.
+    expected_start: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"tenant": self.tenant, "id": self.id, "job": self.job, "tasks": self.tasks, "first": self.first,
                 "position": self.position, "demand": self.demand, "submitted": self.submitted,
-                "reason": self.reason.value, "message": self.message, "waits_for": self.waits_for, "gap": self.gap}
+                "reason": self.reason.value, "message": self.message, "waits_for": self.waits_for, "gap": self.gap,
+                "expected_start": self.expected_start}
 
 
 @dataclass(frozen=True)
@@ -189,11 +193,14 @@ def _finite(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else value
 
 
-def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int | None = None) -> Explanation:
+def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int | None = None,
+            forecast: bool = False) -> Explanation:
     """The engine's state now: every tenant's status and every pending request's reason
     (module docstring). ``held``: work its driver has not submitted yet (later stages).
     ``max_entries``: list at most so many entries per tenant (its first), the rest only in its
-    groups: the cost is then the tenants and shapes, not the pending tasks."""
+    groups: the cost is then the tenants and shapes, not the pending tasks. ``forecast``: each
+    listed entry's ``expected_start`` from ``forecast.expected_starts`` (tasks end at their
+    estimates, nothing new arrives)."""
     spec, params = engine.spec, engine.params
     snap = engine.snapshot()
     cycle = Cycle(snap, engine.policy)
@@ -380,6 +387,11 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
                                     dict(task.demand_map), task.submit, *reason))
             position += task.count
         pending[tenant] = out
+    if forecast:
+        starts = expected_starts(engine, (e.first for entries in pending.values() for e in entries))
+        if starts:
+            pending = {tenant: [replace(e, expected_start=starts.get(e.first)) for e in entries]
+                       for tenant, entries in pending.items()}
     for entry in held:  # after everything submitted: it arrives when its stage is released
         listed = pending.setdefault(entry.tenant, [])
         queued = sum(g.tasks for g in groups.get(entry.tenant, ())) + sum(

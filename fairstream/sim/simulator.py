@@ -369,7 +369,7 @@ def _explain(engine: Engine, gates: "ReleaseGates", at: float):
     entries = [HeldEntry(spec.tenant, spec.id, spec.job, spec.tasks, dict(spec.demand), spec.submit, spec.stage,
                          spec.after_job)
                for spec in sorted(held, key=lambda s: (s.submit, s.id)) if spec.submit <= at]
-    return explain(engine, entries)
+    return explain(engine, entries, forecast=True)
 
 
 def _fresh_tree(scenario: Scenario):
