@@ -8,7 +8,11 @@
 # Usage: scripts/services.sh start|stop|status
 # `start` is idempotent: it installs what is missing (Kafka's jars from Maven Central with mvn,
 # redis-server, kcat, chromium and chromium-driver from Debian's packages), then starts whatever
-# is not already answering.
+# this checkout has not started yet. A port that answers but that this checkout did not start
+# (another checkout's broker, another program) is refused in one line, and so is restarting it:
+# pick other ports (FAIRSTREAM_KAFKA_PORT, FAIRSTREAM_KAFKA_CONTROLLER_PORT,
+# FAIRSTREAM_KAFKA_SASL_PORT, FAIRSTREAM_KAFKA_SSL_PORT, FAIRSTREAM_KAFKA_SASL_SSL_PORT,
+# FAIRSTREAM_REDIS_PORT), stop it where it runs, or set FAIRSTREAM_SERVICES_REUSE=1 to use it.
 # State, logs and pids live in .services/ (git-ignored). Where Docker is available,
 # docker-compose.yml is the documented alternative.
 set -euo pipefail
@@ -28,6 +32,22 @@ TLS_PASS="fairstream-test-keystore"  # protects a throw-away test keystore, noth
 log() { echo "services: $*" >&2; }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# Whether the service whose pid file is $1 (in this checkout's .services/) was started here on
+# port $2 and is alive: the pid is alive and the port it was started on (in $1.port) is $2.
+started_here() {
+  local pid; pid="$(cat "$1" 2>/dev/null || true)"
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ "$(cat "$1.port" 2>/dev/null || true)" = "$2" ]
+}
+
+# $1 answers on port $2 but was not started here: use it only if told to.
+not_ours() {
+  if [ "${FAIRSTREAM_SERVICES_REUSE:-0}" = 1 ]; then
+    log "$1 on 127.0.0.1:$2 was not started by this checkout; using it (FAIRSTREAM_SERVICES_REUSE=1)"; return 0
+  fi
+  log "$1: 127.0.0.1:$2 answers but this checkout did not start it (another checkout's or program's): stop it there, pick other ports (FAIRSTREAM_KAFKA_PORT, FAIRSTREAM_REDIS_PORT, ...: README, \"Services\") or set FAIRSTREAM_SERVICES_REUSE=1 to use it"
+  exit 1
+}
 
 apt_install() {
   if [ "$(id -u)" != 0 ]; then
@@ -61,8 +81,12 @@ ensure_tools() {
 }
 
 start_redis() {
-  if port_open "$REDIS_PORT"; then log "redis already answering on $REDIS_PORT"; return; fi
+  if port_open "$REDIS_PORT"; then
+    if started_here "$redis_dir/redis.pid" "$REDIS_PORT"; then log "redis already up on $REDIS_PORT"; return; fi
+    not_ours redis "$REDIS_PORT"; return
+  fi
   mkdir -p "$redis_dir"
+  echo "$REDIS_PORT" >"$redis_dir/redis.pid.port"
   redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --daemonize yes --dir "$redis_dir" \
     --pidfile "$redis_dir/redis.pid" --logfile "$redis_dir/redis.log" --save "" --appendonly no
   for _ in $(seq 1 50); do port_open "$REDIS_PORT" && { log "redis up on $REDIS_PORT"; return; }; sleep 0.1; done
@@ -92,6 +116,7 @@ make_tls() {
 
 start_kafka() {
   if port_open "$KAFKA_PORT"; then
+    started_here "$kafka_dir/kafka.pid" "$KAFKA_PORT" || not_ours kafka "$KAFKA_PORT"
     for port in "$SASL_PORT" "$SSL_PORT" "$SASL_SSL_PORT"; do
       port_open "$port" || log "warning: kafka on $KAFKA_PORT has no listener on $port (started elsewhere? restart it with: $0 stop && $0 start)"
     done
@@ -145,6 +170,7 @@ EOF
   fi
   nohup java "${java_opts[@]}" kafka.Kafka "$kafka_dir/server.properties" >"$kafka_dir/stdout.log" 2>&1 &
   echo $! >"$kafka_dir/kafka.pid"
+  echo "$KAFKA_PORT" >"$kafka_dir/kafka.pid.port"
   for _ in $(seq 1 600); do
     if port_open "$KAFKA_PORT" && port_open "$SASL_PORT" && port_open "$SSL_PORT" && port_open "$SASL_SSL_PORT"; then
       log "kafka up on $KAFKA_PORT (SASL/PLAIN on $SASL_PORT, mutual TLS on $SSL_PORT, SASL over TLS on $SASL_SSL_PORT)"; return
@@ -165,7 +191,7 @@ stop_one() {
     kill -9 "$pid" 2>/dev/null || true
     log "$name stopped"
   fi
-  rm -f "$pidfile"
+  rm -f "$pidfile" "$pidfile.port"
 }
 
 case "${1:-}" in
@@ -179,12 +205,16 @@ case "${1:-}" in
     stop_one redis "$redis_dir/redis.pid"
     ;;
   restart-kafka)  # the chaos drill's "Kafka restart" (fairstream drill kafka-restart); its data is kept
-    if kill -0 "$(cat "$kafka_dir/kafka.pid" 2>/dev/null || echo none)" 2>/dev/null; then
+    if started_here "$kafka_dir/kafka.pid" "$KAFKA_PORT"; then
       stop_one kafka "$kafka_dir/kafka.pid"
       start_kafka
       exit 0
     fi
-    # Another checkout's services.sh started the broker on this port: restart it through that one.
+    # Not started here: restarted only if told to, through the checkout whose services.sh did.
+    if [ "${FAIRSTREAM_SERVICES_REUSE:-0}" != 1 ]; then
+      log "kafka on 127.0.0.1:$KAFKA_PORT was not started by this checkout: not restarting it (FAIRSTREAM_SERVICES_REUSE=1 restarts another checkout's)"
+      exit 1
+    fi
     owner=""
     for pid in $(pgrep -f 'kafka\.Kafka ' || true); do
       props="$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | tail -n 1)"
