@@ -911,7 +911,18 @@ def build_parser() -> argparse.ArgumentParser:
                                                "--log-retention trimmed its head (for simulate --events --snapshot)")
     export.set_defaults(func=cmd_export_log)
 
-    bench = sub.add_parser("bench", parents=[progress], help="benchmarks (JSON on stdout)")
+    bench = sub.add_parser(
+        "bench", parents=[progress], help="benchmarks (JSON on stdout)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Benchmarks, JSON on stdout (docs/benchmarks.md has the figures and how they were taken):\n"
+                    "  engine  the engine alone, microseconds per decision (percentiles): --tenants, --nodes, --pending\n"
+                    "          tasks waiting, per policy (--policies, --knob-policies), and a trace (--trace)\n"
+                    "  e2e     the busy workload (100 queues, 1,000 nodes, 50,000 tasks) through simulate:\n"
+                    "          placed tasks per second, and the same placements with times divided by 10\n"
+                    "  day     both SWIM samples as one day times --scale on --day-nodes nodes: wall time,\n"
+                    "          engine steps per second, peak memory, per policy in a fresh process\n"
+                    "  stream  the worker on a real Kafka and Redis (scripts/services.sh): events per second\n"
+                    "          and decision latency at --rate for --duration")
     bench.add_argument("target", choices=["engine", "stream", "day", "e2e"])
     bench.add_argument("--durations", choices=["per-task", "per-job"], default="per-task",
                        help="e2e: one run time per task (jobs submitted task by task) or per job (one request each)")

@@ -418,3 +418,26 @@ def test_a_bad_task_among_plain_ones_is_named_by_its_index_in_the_whole_file():
     doc["tasks"] = [dict(good, id=f"t{k}") for k in range(5)] + [dict(good, id="bad", duration=-1)]
     with pytest.raises(ModelError, match=r"^tasks\[5\]\.duration: -1 is less than the minimum of 0"):
         parse_scenario(doc)
+
+
+def test_python_m_fairstream_outside_its_environment_says_what_to_run_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    base = getattr(sys, "_base_executable", sys.executable)
+    if subprocess.run([base, "-c", "import numpy"], capture_output=True).returncode == 0:
+        pytest.skip(f"{base} has numpy: no interpreter without the dependencies to try")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([base, "-m", "fairstream", "policies"], capture_output=True, text=True, cwd=tmp_path,
+                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and done.stderr.count("\n") == 1
+    assert done.stderr.startswith("fairstream: error: numpy is not installed for ") and "./scripts/demo.sh" in done.stderr
+
+
+def test_bench_help_says_what_each_of_its_benches_measures(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = capsys.readouterr().out
+    for bench, says in [("engine", "microseconds per decision"), ("e2e", "placed tasks per second"),
+                        ("day", "peak memory"), ("stream", "decision latency")]:
+        assert any(line.startswith(f"  {bench} ") and says in line + text for line in text.splitlines()), bench
