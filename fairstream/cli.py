@@ -971,6 +971,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # parameter conversions outside the model
         print(f"fairstream: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (``| head``): what it wanted it has; say nothing
+        # Python would complain again flushing stdout at exit: point it at nothing first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as exc:  # output directory not writable, disk full, ...
         where = f" ({exc.filename})" if exc.filename else ""
         print(f"fairstream: error: {exc.strerror or exc}{where}", file=sys.stderr)

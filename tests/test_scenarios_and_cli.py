@@ -441,3 +441,19 @@ def test_bench_help_says_what_each_of_its_benches_measures(capsys):
     for bench, says in [("engine", "microseconds per decision"), ("e2e", "placed tasks per second"),
                         ("day", "peak memory"), ("stream", "decision latency")]:
         assert any(line.startswith(f"  {bench} ") and says in line + text for line in text.splitlines()), bench
+
+
+def test_a_reader_that_went_away_ends_the_command_quietly():
+    # `fairstream policies | head -1`: the reader has what it wanted; no error line, exit 0.
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # gone before the first line is written: every write fails
+    try:
+        done = subprocess.run([sys.executable, "-m", "fairstream", "policies"], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (0, "")
