@@ -88,6 +88,10 @@ def run_demo(out: Path, seed: int = 1, scale: float = 1.0, progress: bool | None
             f" (mean over time {mean_loss:.3f})  makespan {summary['makespan']:.0f}s"
             f"  memory used {summary['utilisation']['mem']:.0%}"
         )
+        if p == "static" and summary["sharing_loss"] < 0:
+            lines.append("        (static's loss below 0: a queue's quota is its share of the pooled memory, and whole "
+                         "tasks,\n         each on one node, seldom add up to it exactly, so a queue with work waiting "
+                         "holds a little under its share)")
     lines.append("")
     contention_lines, contention, side_by_side = come_and_go_part(out, progress)
     log.info("demo.come_and_go_done", **contention)
