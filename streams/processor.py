@@ -35,6 +35,7 @@ import structlog
 
 from fairstream.core.engine import Engine
 from fairstream.core.explain import explain
+from fairstream.core.forecast import WORKER_STEPS, WORKER_TASKS
 from fairstream.wire.jsoncodec import dumps_text, loads
 from fairstream.core.model import DecisionKind, Event
 from fairstream.state.engine_snapshot import SnapshotError, decode_engine
@@ -515,7 +516,8 @@ class Processor:
         now = time.monotonic()
         if not session.explain_due or (not force and now - session.explained_at < self.explain_interval):
             return
-        explanation = explain(session.engine, max_entries=self.explain_max_entries, forecast=True)
+        explanation = explain(session.engine, max_entries=self.explain_max_entries,
+                              forecast=(WORKER_STEPS, WORKER_TASKS))
         status = explanation.status_json()
         commit.replaced_views.setdefault(cluster, {})["explain"] = stored_views(status, explanation.pending_json())
         commit.history[cluster] = history_sample(status)

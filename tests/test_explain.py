@@ -527,3 +527,20 @@ def test_the_worker_lists_expected_starts_from_the_estimates_it_was_sent():
                                   message("submitted", 2, task("t2", 5))]))
     entries = Visibility(store.view_reader()).pending("c1")["entries"]
     assert [(e["id"], e["expected_start"]) for e in entries] == [("t1", 30.0), ("t2", None)]
+
+
+@pytest.mark.parametrize("steps, tasks, expected", [
+    pytest.param(2_000, 100, {"t1": 10.0, "t2": 20.0}, id="far enough: both starts"),
+    pytest.param(1, 100, {"t1": 10.0}, id="one step ahead: the second start is unknown"),
+    pytest.param(2_000, 2, {}, id="more tasks than it copies: every start unknown"),
+])
+def test_how_far_the_forecast_looks(steps, tasks, expected):
+    from builders import engine, node, tree
+
+    from fairstream.core.forecast import expected_starts
+    from fairstream.core.model import TaskSubmitted
+
+    # Three 2-cpu tasks expected to run 10 s each on 2 cpu: t1 starts at 10, t2 at 20.
+    e = engine(tree("A"), "drf", resources=("cpu",))
+    e.step(0, [node("n1", cpu=2)] + [TaskSubmitted(0, f"t{k}", "j", "A", {"cpu": 2}, None, None, 10.0) for k in range(3)])
+    assert expected_starts(e, ["t1", "t2"], steps, tasks) == expected

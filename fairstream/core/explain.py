@@ -194,13 +194,14 @@ def _finite(value: float | None) -> float | None:
 
 
 def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int | None = None,
-            forecast: bool = False) -> Explanation:
+            forecast: tuple[int, int] | None = None) -> Explanation:
     """The engine's state now: every tenant's status and every pending request's reason
     (module docstring). ``held``: work its driver has not submitted yet (later stages).
     ``max_entries``: list at most so many entries per tenant (its first), the rest only in its
-    groups: the cost is then the tenants and shapes, not the pending tasks. ``forecast``: each
-    listed entry's ``expected_start`` from ``forecast.expected_starts`` (tasks end at their
-    estimates, nothing new arrives)."""
+    groups: the cost is then the tenants and shapes, not the pending tasks. ``forecast``: (steps,
+    tasks), each listed entry's ``expected_start`` from ``forecast.expected_starts`` looking so
+    many steps ahead, on an engine of at most so many tasks (tasks end at their estimates,
+    nothing new arrives)."""
     spec, params = engine.spec, engine.params
     snap = engine.snapshot()
     cycle = Cycle(snap, engine.policy)
@@ -387,8 +388,8 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
                                     dict(task.demand_map), task.submit, *reason))
             position += task.count
         pending[tenant] = out
-    if forecast:
-        starts = expected_starts(engine, (e.first for entries in pending.values() for e in entries))
+    if forecast is not None:
+        starts = expected_starts(engine, (e.first for entries in pending.values() for e in entries), *forecast)
         if starts:
             pending = {tenant: [replace(e, expected_start=starts.get(e.first)) for e in entries]
                        for tenant, entries in pending.items()}

@@ -21,10 +21,12 @@ from fairstream.core.model import DecisionKind, TaskCompleted, TaskState, event_
 if TYPE_CHECKING:
     from fairstream.core.engine import Engine
 
-#: Steps of the copy (each an instant when tasks end) before the forecast gives up.
-MAX_STEPS = 2_000
-#: Engines holding more tasks than this are not copied (the copy costs their size).
-MAX_TASKS = 20_000
+#: Steps of the copy (each an instant when tasks end) before the forecast gives up, and engines
+#: holding more tasks than ``MAX_TASKS`` are not copied (the copy costs their size): for a run's
+#: explanation, taken once. The worker explains every few seconds while it decides, so it looks
+#: less far (``WORKER_STEPS``, ``WORKER_TASKS``: docs/visibility.md has the cost).
+MAX_STEPS, MAX_TASKS = 2_000, 20_000
+WORKER_STEPS, WORKER_TASKS = 100, 2_000
 
 
 def has_estimates(engine: "Engine") -> bool:
@@ -33,12 +35,13 @@ def has_estimates(engine: "Engine") -> bool:
         request.estimate is not None for request in engine.requests.values())
 
 
-def expected_starts(engine: "Engine", wanted: Iterable[str], max_steps: int = MAX_STEPS) -> dict[str, float]:
-    """For each task id of ``wanted`` (pending now) that starts within the forecast, the event
-    time it starts (module docstring). Empty if the engine holds more than ``MAX_TASKS`` tasks
-    or no task has an estimate."""
+def expected_starts(engine: "Engine", wanted: Iterable[str], max_steps: int = MAX_STEPS,
+                    max_tasks: int = MAX_TASKS) -> dict[str, float]:
+    """For each task id of ``wanted`` (pending now) that starts within ``max_steps`` steps of
+    the forecast, the event time it starts (module docstring). Empty if the engine holds more
+    than ``max_tasks`` tasks or no task has an estimate."""
     wanted = set(wanted)
-    if not wanted or engine.time is None or len(engine.tasks) > MAX_TASKS or not has_estimates(engine):
+    if not wanted or engine.time is None or len(engine.tasks) > max_tasks or not has_estimates(engine):
         return {}
     # The node view is a cache of read-only label views (which cannot be copied): the copy
     # makes its own on its first pass.
@@ -77,4 +80,4 @@ def expected_starts(engine: "Engine", wanted: Iterable[str], max_steps: int = MA
     return found
 
 
-__all__ = ["expected_starts", "has_estimates", "MAX_STEPS", "MAX_TASKS"]
+__all__ = ["expected_starts", "has_estimates", "MAX_STEPS", "MAX_TASKS", "WORKER_STEPS", "WORKER_TASKS"]

@@ -369,7 +369,9 @@ def _explain(engine: Engine, gates: "ReleaseGates", at: float):
     entries = [HeldEntry(spec.tenant, spec.id, spec.job, spec.tasks, dict(spec.demand), spec.submit, spec.stage,
                          spec.after_job)
                for spec in sorted(held, key=lambda s: (s.submit, s.id)) if spec.submit <= at]
-    return explain(engine, entries, forecast=True)
+    from fairstream.core.forecast import MAX_STEPS, MAX_TASKS
+
+    return explain(engine, entries, forecast=(MAX_STEPS, MAX_TASKS))
 
 
 def _fresh_tree(scenario: Scenario):
