@@ -26,9 +26,9 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 from fairstream.state.store import ViewReader
-from fairstream.wire.visibility import (API_VERSION, DEFAULT_PAGE_SIZE, DocumentError, cluster_summary,
-                                        clusters_document, pending_by_tenant, pending_document, queues_document,
-                                        tenants_document)
+from fairstream.wire.visibility import (DEFAULT_PAGE_SIZE, DocumentError, cluster_summary, clusters_document,
+                                        events_document, history_document, pending_by_tenant, pending_document,
+                                        queues_document, tenants_document)
 
 WEB_FILES = {"/": ("index.html", "text/html; charset=utf-8"), "/lines.js": ("lines.js", "text/javascript")}
 
@@ -67,25 +67,28 @@ class Visibility:
         return queues_document(cluster, self._status(cluster), self._all_pending(cluster))
 
     def events(self, cluster: str) -> dict[str, Any]:
-        status = self._status(cluster)
-        return {"api": API_VERSION, "cluster": cluster, "time": status["time"],
-                "events": list(reversed(self.reader.recent(cluster)))}
+        return events_document(cluster, self._status(cluster), self.reader.recent(cluster))
 
     def page_data(self, cluster: str | None) -> dict[str, Any]:
         """What the web page shows, for its first paint (``index.html``'s ``initial``): the
         clusters, and for ``cluster`` (else the first) its tenants, queues, pending (grouped,
-        first page), history and events. Errors are left to the page's own fetches."""
+        first page), history and events, from one read of its status and pending views.
+        Errors are left to the page's own fetches."""
         clusters = self.clusters()
         names = [c["cluster"] for c in clusters["clusters"]]
         chosen = cluster if cluster in names else (names[0] if names else None)
         data: dict[str, Any] = {"clusters": clusters, "cluster": chosen}
-        if chosen is not None:
-            try:
-                data.update(tenants=self.tenants(chosen), queues=self.queues(chosen),
-                            pending=self.pending(chosen, group=True), history=self.history(chosen),
-                            events=self.events(chosen))
-            except DocumentError:
-                pass
+        if chosen is None:
+            return data
+        try:
+            status = self._status(chosen)
+        except NotFound:  # no explanation written yet
+            return data
+        pending = self._all_pending(chosen)
+        data.update(tenants=tenants_document(chosen, status), queues=queues_document(chosen, status, pending),
+                    pending=pending_document(chosen, status, pending, group=True),
+                    history=history_document(chosen, status, self.reader.history(chosen)),
+                    events=events_document(chosen, status, self.reader.recent(chosen)))
         return data
 
     def pending(self, cluster: str, tenant: str | None = None, task: str | None = None, page: int = 1,
@@ -104,8 +107,7 @@ class Visibility:
             raise
 
     def history(self, cluster: str) -> dict[str, Any]:
-        status = self._status(cluster)
-        return {"api": "v1", "cluster": cluster, "policy": status["policy"], "samples": self.reader.history(cluster)}
+        return history_document(cluster, self._status(cluster), self.reader.history(cluster))
 
 
 def answer(visibility: Visibility, path: str, query: dict[str, list[str]]) -> tuple[int, dict]:

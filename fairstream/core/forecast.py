@@ -58,10 +58,10 @@ def expected_starts(engine: "Engine", wanted: Iterable[str], max_steps: int = MA
             expect_end(task)
     found: dict[str, float] = {}
     for _ in range(max_steps):
-        wake = future.wake_at()
-        if not ends and wake is None or len(found) == len(wanted):
+        due = [t for t in (ends[0][0] if ends else None, future.wake_at()) if t is not None]  # next end, next wake
+        if not due or len(found) == len(wanted):
             break
-        at = min(ends[0][0] if ends else wake, wake if wake is not None else ends[0][0])
+        at = min(due)
         done = []
         while ends and ends[0][0] == at:
             _, _, task_id, start = heapq.heappop(ends)

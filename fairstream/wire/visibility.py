@@ -159,15 +159,14 @@ def queues_document(cluster: str, status: dict, pending: Mapping[str, dict]) -> 
             "queues": out}
 
 
-def pending_by_reason(pending: Mapping[str, dict]) -> list[dict]:
-    """Every pending task by the reason it waits: ``{"reason", "tasks", "tenants"}``, most
-    tasks first (from the groups: nothing capped away)."""
+def pending_by_reason(groups: list[dict]) -> list[dict]:
+    """The pending tasks of ``groups`` (``PendingGroup.to_json``: every pending task, nothing
+    capped away) by the reason they wait: ``{"reason", "tasks", "tenants"}``, most tasks first."""
     tasks: dict[str, int] = {}
     tenants: dict[str, set] = {}
-    for name, kept in pending.items():
-        for group in kept.get("groups", []):
-            tasks[group["reason"]] = tasks.get(group["reason"], 0) + group["tasks"]
-            tenants.setdefault(group["reason"], set()).add(name)
+    for group in groups:
+        tasks[group["reason"]] = tasks.get(group["reason"], 0) + group["tasks"]
+        tenants.setdefault(group["reason"], set()).add(group["tenant"])
     return [{"reason": reason, "tasks": count, "tenants": sorted(tenants[reason])}
             for reason, count in sorted(tasks.items(), key=lambda item: (-item[1], item[0]))]
 
@@ -226,10 +225,17 @@ def pending_document(cluster: str, status: dict, pending: Mapping[str, dict], te
         entries_total, tasks_total = sum(g["entries"] for g in groups), sum(g["tasks"] for g in groups)
     return {**head, "tenant": tenant, "reason": reason, "grouped": group, "page": page, "size": size,
             "entries_total": entries_total, "entries_listed": len(entries), "tasks_total": tasks_total,
-            "by_reason": pending_by_reason({name: pending[name] for name in ranked}) if reason is None else
-            pending_by_reason({name: {"groups": [g for g in pending[name]["groups"] if g["reason"] == reason]}
-                               for name in ranked}),
-            "groups": groups, "entries": entries[start:start + size]}
+            "by_reason": pending_by_reason(groups), "groups": groups, "entries": entries[start:start + size]}
+
+
+def history_document(cluster: str, status: dict, samples: list[dict]) -> dict[str, Any]:
+    """``/v1/clusters/{c}/history``: the cluster's kept ``history_sample``s, oldest first."""
+    return {"api": API_VERSION, "cluster": cluster, "policy": status["policy"], "samples": samples}
+
+
+def events_document(cluster: str, status: dict, recent: list[dict]) -> dict[str, Any]:
+    """``/v1/clusters/{c}/events``: the cluster's recent events (kept oldest first), newest first."""
+    return {"api": API_VERSION, "cluster": cluster, "time": status["time"], "events": list(reversed(recent))}
 
 
 def _offset_in(entry: dict, task: str) -> int | None:
@@ -263,5 +269,5 @@ def explanation_documents(cluster: str, status: dict, pending: dict) -> dict[str
     return {"tenants.json": tenants_document(cluster, status), "pending.json": all_pending}
 
 
-__all__ = ["API_VERSION", "DocumentError", "queues_document", "pending_by_reason", "grouped_entries", "tenant_pending", "stored_views", "history_sample", "cluster_summary", "clusters_document",
+__all__ = ["API_VERSION", "DocumentError", "queues_document", "pending_by_reason", "history_document", "events_document", "grouped_entries", "tenant_pending", "stored_views", "history_sample", "cluster_summary", "clusters_document",
            "tenants_document", "pending_document", "pending_by_tenant", "explanation_documents"]

@@ -119,6 +119,11 @@ def _open(path: str):
     return raw
 
 
+def _cut_short(line: int) -> str:
+    """The reason a gzip cut short is counted under: one, for however many rows it lost."""
+    return f"the file ends early (a gzip cut short): nothing after line {line} read"
+
+
 def _rows(path: str, fmt: FileFormat, truncated: Callable[[int], None] | None = None
           ) -> Iterator[tuple[int, list[str]]]:
     """``(line number, cells)`` of the data rows; the header (if any) is skipped. A gzipped
@@ -501,7 +506,7 @@ class TableWorkload:
         self.left_out[reason] = self.left_out.get(reason, 0) + count
 
     def _truncated(self, line: int) -> None:
-        self._skip(f"the file ends early (a gzip cut short): nothing after line {line} read")
+        self._skip(_cut_short(line))
 
     # One row per task (or request).
     def _scan_rows(self) -> None:
@@ -720,10 +725,7 @@ def read_node_table(path: str, mapping: dict) -> tuple[list[NodeSpec], dict[str,
     nodes: dict[str, NodeSpec] = {}
     left_out: dict[str, int] = {}
 
-    def truncated(line: int) -> None:
-        left_out[f"the file ends early (a gzip cut short): nothing after line {line} read"] = 1
-
-    for number, cells in _rows(str(path), fmt, truncated):
+    for number, cells in _rows(str(path), fmt, lambda line: left_out.update({_cut_short(line): 1})):
         try:
             if not _kept(keep, cells):
                 raise _Skip("not kept (keep)")
