@@ -70,10 +70,11 @@ from fairstream.core.snapshot import PendingQueue, Reservation, TaskList
 from fairstream.core.tenants import TenantTree
 
 MAGIC = b"FSENGINE"
-VERSION = 10  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
+VERSION = 11  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
 # 6: nodes' resource weights (LTRF formula 9); 7: queues' max_resources and max_running; 8: queues' ordering;
 # 9: whether a starved tenant has victims left (the preemption re-check, ``Engine.wake_at``) and the
-# node reservation (``Engine.reservation``); 10: tasks' run-time estimates (``Task.estimate``, backfill)
+# node reservation (``Engine.reservation``); 10: tasks' run-time estimates (``Task.estimate``, backfill);
+# 11: constraints' max_per_node (``Constraints.max_per_node``; such a task's shape is its job's)
 
 REF, LIST, TUPLE, DICT, SET, FROZENSET, OBJECT, ARRAY, ENUM, ORDERED, POLICY, NUMBER = range(12)
 
@@ -93,6 +94,7 @@ def _rebuild_engine(obj: Engine) -> None:
     obj._tenant_view = None
     obj._shape_holders = None
     obj._running_on = None
+    obj._job_rows = None
     obj._backfill = None
 
 
@@ -123,7 +125,7 @@ CLASSES: tuple[_Class, ...] = (
                    "_node_ids _node_labels _shares_stale tasks requests finished_ids finished_retention pending _seq _shapes "
                    "_unschedulable _to_check _nodes_changed _verdicts _grown _touched _passed _fresh _shape_demands "
                    "preemption starved_since _victims_exist reservation running_jobs job_usage _maybe_idle",
-           derived="_node_view _tenant_view _shape_holders _running_on _backfill", rebuild=_rebuild_engine),  # the snapshot's node and tenant views and the reserved task's start, made again on use
+           derived="_node_view _tenant_view _shape_holders _running_on _job_rows _backfill", rebuild=_rebuild_engine),  # the snapshot's node and tenant views, the indexes of what runs where and the reserved task's start, made again on use
     _Class(ResourceSpace, "names _position"),
     _Class(TenantTree, "specs children effective_share has_limits orders_jobs _paths", derived="queue_orderings",
            rebuild=_rebuild_tree),  # from the specs
@@ -142,7 +144,7 @@ CLASSES: tuple[_Class, ...] = (
     _Class(Node, "id capacity labels alive last_heartbeat weights"),
     _Class(Task, "id job tenant submit constraints duration estimate seq demand_map state node start running_entry shape "
                  "demand_values count index cancelled", derived="demand", rebuild=_rebuild_demand),
-    _Class(Constraints, "nodes labels"),
+    _Class(Constraints, "nodes labels max_per_node"),
     _Class(PendingQueue, "groups count jobs"),
     _Class(JobUsage, "allocation offset"),
     _Class(TaskList, "tasks head count"),

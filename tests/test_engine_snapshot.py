@@ -12,7 +12,7 @@ import msgpack
 import pytest
 
 from fairstream.core.engine import Engine
-from fairstream.core.model import DecisionKind, TaskCompleted, TenantSpec
+from fairstream.core.model import DecisionKind, TaskCompleted, TaskSubmitted, TenantSpec
 from fairstream.policies import REGISTRY
 from fairstream.sim.scenario import load_scenario
 from fairstream.sim.simulator import Simulator
@@ -49,6 +49,17 @@ def test_an_engine_read_back_mid_run_decides_the_rest_of_the_run_exactly_as_the_
     for time, events in steps[middle:]:
         assert restored.step(time, events).decisions == original.step(time, events).decisions
     assert encode_engine(restored) == encode_engine(original)
+
+
+def test_an_engine_read_back_keeps_each_jobs_tasks_per_node():
+    # max_per_node's index of where each job runs is made again from the tasks on reading:
+    # the engine read back keeps web's fourth task off the three nodes that run one each.
+    e = engine(tree("A"), "fifo")
+    e.step(0.0, [node(f"n{i}", 0.0, mem=8) for i in range(3)]
+           + [TaskSubmitted(0.0, "web", "web", "A", {"mem": 1}, {"max_per_node": 1}, 4)])
+    restored = decode_engine(encode_engine(e))
+    assert restored.tasks["web-0"].constraints.max_per_node == 1 and restored.pending["A"].count == 1
+    assert restored.step(1.0, [node("n3", 1.0, mem=8)]).decisions[0].node == "n3"
 
 
 READ_BACK_IN_ANOTHER_PROCESS = """

@@ -4,7 +4,7 @@ constraints, preemption, half-life, a live tenants config and a lost node, for e
 that accepts them. After every pass:
 
 - the fair share the engine uses is the reference's;
-- no node is over-committed and no placement breaks its constraints;
+- no node is over-committed and no placement breaks its constraints (max_per_node included);
 - nothing preempted takes its tenant below its fair share (so never below its min_share);
 - (fair, drf) no tenant stays starved past its timeout while some node could be freed for one
   of its tasks by tenants that would stay at or above their fair share;
@@ -35,7 +35,8 @@ from fairstream.sim.simulator import Simulator
 from fairstream.wire.log import log_step, replay
 
 import oracle
-from test_properties import every_pending_task_has_one_reason_and_none_fits_now, no_overcommit_and_constraints_hold
+from test_properties import (every_pending_task_has_one_reason_and_none_fits_now, no_overcommit_and_constraints_hold,
+                             placements_keep_max_per_node, runs_its_most)
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # Policies that preempt toward the fair share; the others still compose every other feature.
@@ -121,6 +122,8 @@ def everything(draw):
                                                           unique=True))}
         elif kind == "labels":
             task["constraints"] = {"labels": {"zone": draw(st.sampled_from("ab"))}}
+        if draw(st.integers(0, 3)) == 0:  # at most 1 or 2 of its job's tasks on one node
+            task["constraints"] = {**task.get("constraints", {}), "max_per_node": draw(st.integers(1, 2))}
         tasks.append(task)
     events = []
     if draw(st.booleans()):  # a live config: the same tree with new weights
@@ -151,6 +154,7 @@ def checking_every_pass(simulator: Simulator) -> Simulator:
     def checked(snapshot, params):
         decisions = decide(snapshot, params)
         reserved_room_goes_to_the_reserved_shape_only(engine, snapshot, decisions)
+        placements_keep_max_per_node(engine, decisions)
         return decisions
 
     engine.spec = dataclasses.replace(engine.spec, decide=checked)
@@ -231,7 +235,7 @@ def no_starved_tenant_left_while_a_node_could_be_freed_for_it(engine: Engine, re
                 continue
             usable = cycle.eligible(head.constraints) & cycle.usable(head)
             for row, by_tenant in on_node.items():
-                if not engine.nodes[row].alive or not usable[row]:
+                if not engine.nodes[row].alive or not usable[row] or runs_its_most(engine, head, engine.nodes[row].id):
                     continue
                 room = engine.capacity[row] - engine.used[row]
                 for victim, tasks in by_tenant.items():
@@ -299,6 +303,7 @@ def first_in_line_is_true(engine: Engine) -> None:
         head = engine.tasks.get(entry.id) or engine.requests[entry.id]
         for row, node in enumerate(engine.nodes):
             if (not node.alive or not head.constraints.allows(node.id, node.labels)
+                    or runs_its_most(engine, head, node.id)  # (its job's own tasks there hold it, not room)
                     or not (node.capacity >= head.demand - 1e-9).all()
                     or (held is not None and held.node == row and held.shape != head.shape)):
                 continue

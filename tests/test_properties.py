@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from fairstream.core.engine import Engine
 from fairstream.policies import get as get_policy
-from fairstream.core.model import EPSILON, NodeHeartbeat, NodeLost, TaskCompleted, TaskState, TaskSubmitted
+from fairstream.core.model import EPSILON, DecisionKind, NodeHeartbeat, NodeLost, TaskCompleted, TaskState, TaskSubmitted
 from fairstream.sim.scenario import parse_scenario
 from fairstream.sim.simulator import Simulator
 
@@ -47,6 +47,10 @@ def scenarios(draw):
         elif kind == "labels":
             # A zone, or any of several (["a", "c"]: a node in zone a or c).
             task["constraints"] = {"labels": {"zone": draw(st.sampled_from(["a", "b", ["a", "c"], ["b", "c"]]))}}
+        if draw(st.integers(0, 3)) == 0:  # at most 1 or 2 of its job's tasks on one node (others of the job may have none)
+            task["constraints"] = {**task.get("constraints", {}), "max_per_node": draw(st.integers(1, 2))}
+        if draw(st.integers(0, 4)) == 0:
+            task["count"] = draw(st.integers(2, 5))
         tasks.append(task)
     return {"resources": ["cpu", "mem"], "nodes": nodes, "tenants": tenants, "tasks": tasks}
 
@@ -91,14 +95,65 @@ def no_overcommit_and_constraints_hold(engine):
         assert (used[node.id] <= node.capacity + EPSILON).all(), f"{node.id} over-committed: {used[node.id]} > {node.capacity}"
 
 
+def running_of_job(engine, tenant: str, job: str, node_id: str) -> int:
+    """How many tasks of ``tenant``'s ``job`` run on ``node_id``, counted one by one."""
+    return sum(1 for t in engine.tasks.values()
+               if t.state is TaskState.RUNNING and (t.tenant, t.job, t.node) == (tenant, job, node_id))
+
+
+def runs_its_most(engine, task, node_id: str) -> bool:
+    """``task``'s max_per_node read plainly: its job already runs that many tasks on ``node_id``."""
+    most = task.constraints.to_json().get("max_per_node")
+    return most is not None and running_of_job(engine, task.tenant, task.job, node_id) >= most
+
+
+def placements_keep_max_per_node(engine, decisions) -> None:
+    """Taken in the pass's order, no placement of a task with a max_per_node goes to a node where
+    its job already runs that many tasks: those running before the pass and those the pass
+    placed before it, less those it preempted (``engine``: as the pass found it)."""
+    since: dict[tuple, int] = {}  # (tenant, job, node): placed less preempted in this pass
+    for decision in decisions:
+        key = (decision.tenant, decision.job, decision.node)
+        if decision.kind is DecisionKind.PREEMPT:
+            since[key] = since.get(key, 0) - 1
+        elif decision.kind is DecisionKind.PLACE:
+            task = engine.tasks.get(decision.task) or engine._in_request(decision.task)[0]
+            most = task.constraints.to_json().get("max_per_node")
+            if most is not None:
+                on_node = running_of_job(engine, *key) + since.get(key, 0)
+                assert on_node < most, (f"{decision.task} placed on {decision.node}, where job {task.job} runs "
+                                        f"{on_node} tasks, its max_per_node {most}")
+            since[key] = since.get(key, 0) + 1
+
+
+def checking_passes(check):
+    """A ``drive`` configure hook: ``check(engine, decisions)`` on every pass's decisions, with
+    the engine as the pass found it."""
+    import dataclasses
+
+    def configure(engine):
+        decide = engine.spec.decide
+
+        def checked(snapshot, params):
+            decisions = decide(snapshot, params)
+            check(engine, decisions)
+            return decisions
+
+        engine.spec = dataclasses.replace(engine.spec, decide=checked)
+    return configure
+
+
 def nothing_pending_fits(engine):
-    """No pending task fits a live node's free room, but on a node reserved for another shape."""
+    """No pending task fits a live node's free room, but on a node reserved for another shape,
+    or one where its job runs its max_per_node."""
     free = {n.id: n.capacity - engine.used[engine.node_row[n.id]] for n in engine.nodes if n.alive}
     held = engine.reservation
     for task in engine.tasks.values():
         if task.state is TaskState.PENDING:
             for node in engine.nodes:
                 if held is not None and engine.node_row[node.id] == held.node and task.shape != held.shape:
+                    continue
+                if runs_its_most(engine, task, node.id):
                     continue
                 if node.alive and allowed(task.constraints.to_json(), node):
                     assert not (task.demand <= free[node.id] + EPSILON).all(), f"{task.id} fits idle {node.id} but waits"
@@ -111,6 +166,12 @@ SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[Heal
 @given(document=scenarios(), policy=st.sampled_from(ALL))
 def test_no_node_is_over_committed_and_every_placement_respects_its_constraints(document, policy):
     drive(document, policy, no_overcommit_and_constraints_hold)
+
+
+@SETTINGS
+@given(document=scenarios(), policy=st.sampled_from(ALL))
+def test_no_placement_puts_more_of_a_job_on_a_node_than_its_max_per_node(document, policy):
+    drive(document, policy, lambda engine: None, configure=checking_passes(placements_keep_max_per_node))
 
 
 @SETTINGS

@@ -13,7 +13,7 @@ import pytest
 from fairstream.cli import main
 from fairstream.core.model import ModelError
 from fairstream.sim.traces.google import load_google
-from fairstream.sim.traces.table import TableWorkload, load_table, read_node_table
+from fairstream.sim.traces.table import TableWorkload, load_table, read_mapping, read_node_table
 
 DATA = Path(__file__).resolve().parent / "data"
 GOOGLE = DATA / "google-task_events-part-00001.head3000.csv.gz"
@@ -274,3 +274,37 @@ def test_label_constraints_may_allow_any_of_several_values(tmp_path):
     assert [t.constraints for t in workload] == [{"labels": {"gpu": ["P100", "V100"], "zone": "a"}},
                                                  {"labels": {"gpu": "K80"}}]
     assert workload.left_out == {"constraints not key=value labels": 1}
+
+
+def test_the_google_different_machine_flag_becomes_max_per_node_1(tmp_path):
+    # Column 13 of task_events: "if true, the task must run on a different machine than any other
+    # currently running task in the job". The shipped mapping leaves it out (as --format google
+    # and QKnobler's simulation do); one line adds it. 0: no limit. (In the excerpt in tests/data
+    # every flagged task never ran, so two tasks of one job in the trace's own columns here:
+    # time, missing, job, task, machine, event, user, class, priority, cpu, mem, disk, flag.)
+    part = write(tmp_path / "task_events.csv", "0,,7,0,,0,userA,0,0,0.1,0.1,0,1\n"
+                                                "0,,7,1,,0,userA,0,0,0.1,0.1,0,0\n"
+                                                "1000000,,7,0,m1,1,userA,0,0,0.1,0.1,0,1\n"
+                                                "1000000,,7,1,m1,1,userA,0,0,0.1,0.1,0,0\n"
+                                                "5000000,,7,0,m1,4,userA,0,0,0.1,0.1,0,1\n"
+                                                "5000000,,7,1,m1,4,userA,0,0,0.1,0.1,0,0\n")
+    mapping = {**read_mapping("google-2011"), "max_per_node": "different_machine"}
+    assert [(t.id, t.constraints) for t in load_table(part, mapping).tasks] == [("7-0", {"max_per_node": 1}),
+                                                                               ("7-1", None)]
+    assert [t.constraints for t in load_table(part, "google-2011").tasks] == [None, None]
+
+
+def test_max_per_node_from_a_column_or_one_value_for_every_task(tmp_path):
+    table = write(tmp_path / "m.csv", "job,user,start,end,gpus,spread,needs\n"
+                  "a,u1,0,10,1,2,zone=a\n"
+                  "b,u1,0,10,1,0,\n"       # 0: no limit
+                  "c,u1,0,10,1,1.5,\n")    # not whole: left out
+    mapping = {"job": "job", "tenant": "user", "submit": "start", "end": "end", "demand": {"gpu": "gpus"},
+               "constraints": {"column": "needs", "kind": "labels"}, "max_per_node": "spread",
+               "cluster": {"nodes": 1, "capacity": {"gpu": 8}}}
+    workload = load_table(table, mapping).tasks
+    assert [t.constraints for t in workload] == [{"labels": {"zone": "a"}, "max_per_node": 2}, None]
+    assert workload.left_out == {"max_per_node not a whole number": 1}
+    every = load_table(table, {**mapping, "max_per_node": {"value": 1}}).tasks
+    assert [t.constraints for t in every] == [{"labels": {"zone": "a"}, "max_per_node": 1}, {"max_per_node": 1},
+                                              {"max_per_node": 1}]

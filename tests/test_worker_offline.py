@@ -116,6 +116,10 @@ BAD_INPUTS = [
                  id="a request of a fractional count"),
     pytest.param("submitted", {**task("r", time=2), "count": 10**8}, None, "count: 100000000 is greater than the maximum",
                  id="a request beyond the largest count"),
+    pytest.param("submitted", {**task("m", time=2), "constraints": {"max_per_node": 0}}, None,
+                 "constraints.max_per_node: 0 is less than the minimum of 1", id="a max_per_node of no tasks"),
+    pytest.param("submitted", {**task("m", time=2), "constraints": {"max_per_node": "1"}}, None,
+                 "constraints.max_per_node: '1' is not of type 'integer'", id="a max_per_node that is not a number"),
 ]
 
 

@@ -51,7 +51,7 @@ from fairstream.core.model import (
 from fairstream.core.fairness import fair_shares, resource_shares
 from fairstream.core.placement import Cycle
 from fairstream.core.preemption import PreemptionRule, RunningTask, share_ratios, starved_past_timeout
-from fairstream.core.snapshot import EMPTY_MAPPING, Later, NodeAllocation, PendingQueue, Reservation, Snapshot
+from fairstream.core.snapshot import EMPTY_MAPPING, JobRows, Later, NodeAllocation, PendingQueue, Reservation, Snapshot
 from fairstream.core.tenants import TenantTree
 
 if TYPE_CHECKING:  # the core never imports the policies: the engine is handed one
@@ -206,6 +206,7 @@ class Engine:
         self._fresh: set[int] = set()  # shapes queued since the last pass
         self._shape_holders: dict[int, set[str]] | None = None  # (``_holders``)
         self._running_on: dict[int, dict[str, Task]] | None = None  # (``_tasks_on_nodes``)
+        self._job_rows: dict[tuple[str, str], dict[int, int]] | None = None  # (``_jobs_on_nodes``)
         # Row k: the demand of shape k (spare rows beyond ``len(self._shapes)``; grows by doubling).
         self._shape_demands = np.zeros((0, len(resources)))
         for leaf in tree.leaves:
@@ -269,6 +270,15 @@ class Engine:
                 self._running_on.setdefault(row, {})[task.id] = task
             else:
                 self._running_on.get(row, {}).pop(task.id, None)
+        if self._job_rows is not None:
+            rows = self._job_rows.setdefault((task.tenant, task.job), {})
+            left = rows.get(row, 0) + (1 if started else -1)
+            if left:
+                rows[row] = left
+            else:
+                del rows[row]
+                if not rows:
+                    del self._job_rows[(task.tenant, task.job)]  # (kept to the jobs that run: not history)
 
     def _tasks_on_nodes(self) -> dict[int, dict[str, Task]]:
         """Per node row, its running tasks by id (made from the tasks when first needed, then
@@ -280,6 +290,20 @@ class Engine:
                     index.setdefault(self.node_row[task.node], {})[task.id] = task
             self._running_on = index
         return self._running_on
+
+    def _jobs_on_nodes(self) -> dict[tuple[str, str], dict[int, int]]:
+        """Per (tenant, job), how many of its tasks run on each node row, for ``max_per_node``
+        (made from the tasks when a pass first needs it, then kept by ``_tasks_changed_on``: a
+        workload without that constraint never pays for it)."""
+        if self._job_rows is None:
+            index: dict[tuple[str, str], dict[int, int]] = {}
+            for task in self.tasks.values():
+                if task.state is TaskState.RUNNING:
+                    rows = index.setdefault((task.tenant, task.job), {})
+                    row = self.node_row[task.node]
+                    rows[row] = rows.get(row, 0) + 1
+            self._job_rows = index
+        return self._job_rows
 
     def step(self, time: float, events: Iterable[Event]) -> StepResult:
         """Apply the events of instant ``time``, then run one scheduling pass."""
@@ -514,9 +538,13 @@ class Engine:
         if entry.state is not TaskState.PENDING or self._verdicts.get(entry.shape) is not None:
             self.reservation = None  # placed after all (a later stage), or no node could ever hold it
             return
+        most = entry.constraints.max_per_node
+        # Nodes where its job runs its most: room kept there could not take it.
+        full = () if most is None else [row for row, running in
+                                        self._jobs_on_nodes().get((tenant, entry.job), {}).items() if running >= most]
         held = self.reservation
         if (held is not None and held.tenant == tenant and held.shape == entry.shape and self.alive[held.node]
-                and (self.capacity[held.node] >= entry.demand - EPSILON).all()):
+                and (self.capacity[held.node] >= entry.demand - EPSILON).all() and held.node not in full):
             task_id = entry.task_ids(0, 1)[0]
             if task_id != held.task:
                 self.reservation = Reservation(held.node, tenant, entry.shape, task_id)
@@ -524,6 +552,8 @@ class Engine:
         live = self.alive & (self.capacity >= entry.demand - EPSILON).all(axis=1)
         if not entry.constraints.empty:
             live &= self._allowed(entry.constraints, range(len(self.nodes)))
+        for row in full:
+            live[row] = False
         rows = np.flatnonzero(live)
         if not len(rows):
             self.reservation = None
@@ -634,6 +664,7 @@ class Engine:
             node_capacity=self.capacity,
             node_allocation=(NodeAllocation(lambda row: self._tasks_on_nodes().get(row, {}).values())
                              if self.spec.needs_node_allocation else None),
+            job_rows=JobRows(self._jobs_on_nodes),
             starved_since=starved_since,
             running_tasks=running_tasks,
             running_jobs=self.running_jobs if self.tree.has_limits else EMPTY_MAPPING,
@@ -881,7 +912,7 @@ class Engine:
             estimate=None if event.estimate is None else float(event.estimate),
             seq=self._seq,
             demand_map=self.resources.as_dict(demand),
-            shape=self._shape_of(demand, constraints),
+            shape=self._shape_of(demand, constraints, event.tenant, event.job),
             demand_values=tuple(demand.tolist()),
             count=count,
             index=-1 if event.count is None else 0,
@@ -898,8 +929,12 @@ class Engine:
         self.accounting.on_submit(self.accounting.row[task.tenant], demand, event.time, count)
         return task
 
-    def _shape_of(self, demand: np.ndarray, constraints: Constraints) -> int:
-        key = (demand.tobytes(), constraints)
+    def _shape_of(self, demand: np.ndarray, constraints: Constraints, tenant: str, job: str) -> int:
+        """The shape id of tasks of this demand and constraints: tasks of one shape fit exactly
+        the same nodes. With ``max_per_node`` that depends on where the job runs, so the shape
+        is the job's own."""
+        key = (demand.tobytes(), constraints) if constraints.max_per_node is None else \
+            (demand.tobytes(), constraints, tenant, job)
         shape = self._shapes.get(key)
         if shape is None:
             shape = self._shapes[key] = len(self._shapes)
@@ -1110,6 +1145,10 @@ class Engine:
             raise PolicyViolation(f"{decision.policy} placed {task.id} on lost node {node.id}")
         if not task.constraints.allows(node.id, node.labels):
             raise PolicyViolation(f"{decision.policy} placed {task.id} on {node.id} against its constraints")
+        most = task.constraints.max_per_node
+        if most is not None and self._jobs_on_nodes().get((task.tenant, task.job), {}).get(row, 0) >= most:
+            raise PolicyViolation(f"{decision.policy} placed {task.id} on {node.id}, where job {task.job} already runs "
+                                  f"its max_per_node {most}")
         if ((self._used[row] + task.demand) > self._capacity[row] + EPSILON).any():
             raise PolicyViolation(f"{decision.policy} over-commits node {node.id} with {task.id}")
         self._used[row] += task.demand

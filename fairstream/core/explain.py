@@ -20,6 +20,9 @@ Reasons (``WaitReason``), the first that holds:
   queue above it over that limit (``max_running``: it would start one job too many);
 - ``partition``: it does not fit in its tenant's quota (``static``'s partition);
 - ``constraints``: nodes have room for it, but none its constraints allow;
+- ``max_per_node``: nodes its constraints allow have room for it, but its job runs its
+  ``max_per_node`` tasks on each of them: it waits for room on another node, or for one of
+  those tasks to end;
 - ``next_pass``: a node has room for it now; the next pass places it;
 - ``preemption_pending``: no node has room; its tenant is starved and preemption takes room
   back when the timeout runs out (``fairstream.core.preemption``);
@@ -66,6 +69,7 @@ class WaitReason(str, Enum):
     MAX_RUNNING = "max_running"
     PARTITION = "partition"
     CONSTRAINTS = "constraints"
+    MAX_PER_NODE = "max_per_node"
     NEXT_PASS = "next_pass"
     PREEMPTION_PENDING = "preemption_pending"
     EFFICIENCY = "efficiency"
@@ -227,7 +231,8 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
     def may_use(task: "Task", now: bool = True) -> np.ndarray:
         """The live nodes that could hold ``task`` and that its constraints allow, and (``now``)
         the reservation: the reserved node serves its reserved task first, others after it."""
-        mask = live & cycle.eligible(task.constraints) & (snap.node_capacity >= task.demand - EPSILON).all(axis=1)
+        mask = (live & cycle.eligible(task.constraints) & (snap.node_capacity >= task.demand - EPSILON).all(axis=1)
+                & cycle.below_job_limit(task.tenant, task))
         if now and reserved_for is not None and reserved_for.shape != task.shape:
             mask = mask.copy()
             mask[reserved_for.node] = False
@@ -465,7 +470,7 @@ def _head(group, held_jobs) -> "Task | None":
 
 #: Verdicts of a task that waits for room all the same: its tenant is in line for room that
 #: frees on a node it may use.
-_WAITS_FOR_ROOM = frozenset({WaitReason.RESERVED_FOR_OTHER, WaitReason.CONSTRAINTS})
+_WAITS_FOR_ROOM = frozenset({WaitReason.RESERVED_FOR_OTHER, WaitReason.CONSTRAINTS, WaitReason.MAX_PER_NODE})
 
 
 def _no_backfill(engine: "Engine", snap, head: "Task") -> str:
@@ -510,6 +515,15 @@ def _shape_verdict(engine: "Engine", cycle: Cycle, quota, tenant: str, head: "Ta
         return (WaitReason.RESERVED_FOR_OTHER, f"node {cycle.snapshot.node_ids[held.node]} has room for it, but that "
                                                f"room is kept for {held.tenant}'s task {held.task}, reserved there"
                                                f"{_no_backfill(engine, cycle.snapshot, head)}")
+    if cycle.held_by_job_limit(head):
+        most = head.constraints.max_per_node
+        fits = (cycle.free >= head.demand - EPSILON).all(axis=1) & cycle.eligible(head.constraints)
+        full = int((fits & ~cycle.below_job_limit(tenant, head)).sum())
+        return (WaitReason.MAX_PER_NODE, f"{full} node{'s' if full != 1 else ''} its constraints allow "
+                                         f"{'have' if full != 1 else 'has'} room for it, but job {head.job} runs its "
+                                         f"max_per_node {most} task{'s' if most != 1 else ''} on "
+                                         f"{'each' if full != 1 else 'it'}: it waits for room on another node or for "
+                                         f"one of those tasks to end")
     if not head.constraints.empty:
         free = cycle.free[live]
         with_room = int((free >= head.demand - EPSILON).all(axis=1).sum()) if len(free) else 0

@@ -86,14 +86,20 @@ class ResourceSpace:
 class Constraints:
     """Placement constraints of a task: an allow-list of nodes and/or required node labels.
     A label's value is one string, or a tuple of strings of which the node's must be one
-    (``{"gpu": ["V100", "P100"]}``: any of them, as Kubernetes' node affinity ``In``)."""
+    (``{"gpu": ["V100", "P100"]}``: any of them, as Kubernetes' node affinity ``In``).
+
+    ``max_per_node``: at most so many tasks of its job on one node, counting every running
+    task of the job there (1: each on a different node, the Google trace's "different machine"
+    restriction; YARN's anti-affinity cardinality). Unlike nodes and labels it depends on what
+    runs: ``allows`` checks the rest, placement counts (``placement.Cycle.below_job_limit``)."""
 
     nodes: frozenset[str] | None = None
     labels: tuple[tuple[str, str | tuple[str, ...]], ...] = ()
+    max_per_node: int | None = None
 
     @property
     def empty(self) -> bool:
-        return self.nodes is None and not self.labels
+        return self.nodes is None and not self.labels and self.max_per_node is None
 
     def allows(self, node_id: str, node_labels: Mapping[str, str]) -> bool:
         if self.nodes is not None and node_id not in self.nodes:
@@ -124,9 +130,16 @@ class Constraints:
             values = tuple(sorted(set(value)))
             return values[0] if len(values) == 1 else values
 
+        per_node = raw.get("max_per_node")
+        if per_node is not None:
+            if isinstance(per_node, float) and per_node.is_integer():
+                per_node = int(per_node)  # (JSON's 2.0 is a whole number too)
+            if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1:
+                raise ModelError(f"{where}.max_per_node: must be a whole number >= 1 (tasks of its job on one node)")
         return Constraints(
             nodes=frozenset(nodes) if nodes is not None else None,
             labels=tuple(sorted((key, allowed(value)) for key, value in labels.items())),
+            max_per_node=per_node,
         )
 
     def to_json(self) -> dict:
@@ -135,6 +148,8 @@ class Constraints:
             out["nodes"] = sorted(self.nodes)
         if self.labels:
             out["labels"] = {key: list(value) if type(value) is tuple else value for key, value in self.labels}
+        if self.max_per_node is not None:
+            out["max_per_node"] = self.max_per_node
         return out
 
 

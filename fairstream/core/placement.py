@@ -72,6 +72,9 @@ class Cycle:
         self._cursor: dict[tuple[str, int], tuple[int, int]] = {}
         self._taken: dict[tuple[str, int], int] = {}
         self._eligible: dict[Constraints, np.ndarray] = {}
+        # Per (tenant, job) of a task with a ``max_per_node``: its running tasks per node row,
+        # this pass's placements included (``job_rows``).
+        self._job_rows: dict[tuple[str, str], dict[int, int]] = {}
         # In a pass over candidate tenants (``Snapshot.grown_demands``), the grown rows watched:
         # once none has room for a shape queued before the pass, only new shapes could still fit
         # (``out_of_room``). Not with backfill onto a reserved node (its room is outside them),
@@ -295,6 +298,36 @@ class Cycle:
             self._eligible[constraints] = mask
         return mask
 
+    def job_rows(self, tenant: str, job: str) -> dict[int, int]:
+        """Node row -> how many tasks of ``tenant``'s ``job`` run there, this pass's placements
+        included (made on first ask; counts only grow in a pass, but for a withdrawal)."""
+        key = (tenant, job)
+        rows = self._job_rows.get(key)
+        if rows is None:
+            known = self.snapshot.job_rows
+            rows = self._job_rows[key] = dict(known.of(tenant, job)) if known is not None else {}
+            for _, placed_tenant, entry, node in self.placed:
+                if placed_tenant == tenant and entry.job == job:
+                    rows[node] = rows.get(node, 0) + 1
+        return rows
+
+    def below_job_limit(self, tenant: str, task: Task) -> np.ndarray | bool:
+        """The nodes where ``task``'s job runs fewer tasks than its ``max_per_node`` (True: it
+        has none)."""
+        most = task.constraints.max_per_node
+        if most is None:
+            return True
+        mask = np.ones(len(self.free), dtype=bool)
+        for row, running in self.job_rows(tenant, task.job).items():
+            if running >= most:
+                mask[row] = False
+        return mask
+
+    def _count_on(self, tenant: str, job: str, node: int, change: int) -> None:
+        rows = self._job_rows.get((tenant, job))
+        if rows is not None:  # (not asked yet: made with this pass's placements when asked)
+            rows[node] = rows.get(node, 0) + change
+
     def usable(self, task: Task) -> np.ndarray | bool:
         """The nodes ``task`` may take room on as far as a reservation goes: all but a node
         reserved for another shape (True: no reservation stands in its way)."""
@@ -338,12 +371,16 @@ class Cycle:
             entry = self._candidates[task.shape] = [nodes.tolist(), 0, need.tolist()]
         candidates, i, need = entry
         rows = self._free_rows
+        most = task.constraints.max_per_node
+        # With a max_per_node, its job's tasks on a node only grow in a pass: a node where the job
+        # runs its most is passed over for good, as one without room.
+        running = self.job_rows(task.tenant, task.job) if most is not None else None
         while i < len(candidates):
             node = candidates[i]
             row = rows.get(node)
             if row is None:
                 row = rows[node] = self.free[node].tolist()
-            if all(have >= want for have, want in zip(row, need)):
+            if all(have >= want for have, want in zip(row, need)) and (running is None or running.get(node, 0) < most):
                 entry[1] = i
                 return node
             i += 1
@@ -355,7 +392,7 @@ class Cycle:
             return None
         fits = (self.free >= task.demand - EPSILON).all(axis=1) & self.usable(task)
         if not task.constraints.empty:
-            fits &= self.eligible(task.constraints)
+            fits &= self.eligible(task.constraints) & self.below_job_limit(task.tenant, task)
         if not fits.any():
             return None
         scores = alignment_scores(self.free, task.demand, self.snapshot.capacity)
@@ -449,9 +486,17 @@ class Cycle:
         """``task`` fitted no node's free room: the first such task in the pass's order of
         service is first in line for room (``DecisionList.blocked``; the engine may reserve a
         node for it)."""
-        if self.decisions.blocked is not None or self.kept_off_reserved_room(task):
-            return  # (kept off the reserved node's room: held by the reservation, not short of room)
+        if self.decisions.blocked is not None or self.kept_off_reserved_room(task) or self.held_by_job_limit(task):
+            return  # (kept off the reserved node's room, or its job's nodes: held by that, not short of room)
         self.decisions.blocked = (tenant, task)
+
+    def held_by_job_limit(self, task: Task) -> bool:
+        """``task`` would fit the free room of a node its constraints allow where its job
+        already runs its ``max_per_node`` (reserved for another or not: the limit holds it first)."""
+        if task.constraints.max_per_node is None:
+            return False
+        fits = (self.free >= task.demand - EPSILON).all(axis=1) & self.eligible(task.constraints)
+        return bool((fits & ~self.below_job_limit(task.tenant, task)).any())
 
     def kept_off_reserved_room(self, task: Task) -> bool:
         """``task`` would fit the free room of the node reserved for another shape, and may not
@@ -474,15 +519,19 @@ class Cycle:
     def _fits_reserved_room(self, task: Task) -> bool:
         held = self.reservation
         snap = self.snapshot
+        most = task.constraints.max_per_node
         return (held is not None and held.shape != task.shape
                 and all(have >= want - EPSILON for have, want in zip(self.free[held.node].tolist(), task.demand_values))
-                and task.constraints.allows(snap.node_ids[held.node], snap.node_labels[held.node]))
+                and task.constraints.allows(snap.node_ids[held.node], snap.node_labels[held.node])
+                and (most is None or self.job_rows(task.tenant, task.job).get(held.node, 0) < most))
 
     def commit(self, tenant: str, task: Task, node: int, reason: str, code: ReasonCode) -> None:
         self.free[node] -= task.demand
         self._free_rows[node] = self.free[node].tolist()
         if self._room_rows and node in self._room_rows:
             self._room_lost.add(node)
+        if self._job_rows:
+            self._count_on(tenant, task.job, node, 1)
         row = self.snapshot.rows[tenant]
         self.allocation[row] += task.demand
         if self.capped:
@@ -539,6 +588,8 @@ class Cycle:
                     self.group_jobs[group] -= 1
         self.free[node] += entry.demand
         self._free_rows[node] = self.free[node].tolist()
+        if self._job_rows:
+            self._count_on(tenant, entry.job, node, -1)
         self.allocation[self.snapshot.rows[tenant]] -= entry.demand
         if self.tracks_groups:
             for group in self.snapshot.tree.path(tenant):
@@ -554,6 +605,8 @@ class Cycle:
         node = task.node
         self.free[node] += task.demand
         self._free_rows[node] = self.free[node].tolist()
+        if self._job_rows:
+            self._count_on(task.tenant, task.job, node, -1)
         self.allocation[self.snapshot.rows[task.tenant]] -= task.demand
         if self.tracks_groups:
             for group in self.snapshot.tree.path(task.tenant):

@@ -152,8 +152,10 @@ def _make_room(cycle, tenant: str, task: Task, by_node: dict[int, list[RunningTa
     """Free room for ``task`` of starved ``tenant`` on one node and place it there; False
     (nothing changed) if no node it may use can be freed enough."""
     snap = cycle.snapshot
-    # Live nodes it may use, but a node reserved for another task's shape.
-    eligible = cycle.eligible(task.constraints) & (snap.free > -0.5).all(axis=1) & cycle.usable(task)
+    # Live nodes it may use, but a node reserved for another task's shape or one where its job
+    # runs its max_per_node (victims are other tenants' tasks: that stays so).
+    eligible = (cycle.eligible(task.constraints) & (snap.free > -0.5).all(axis=1) & cycle.usable(task)
+                & cycle.below_job_limit(tenant, task))
     need = task.demand - EPSILON
     room = np.flatnonzero(eligible & (cycle.free >= need).all(axis=1))
     if len(room):  # left by an earlier victim of this stage: no victim needed

@@ -159,6 +159,26 @@ class NodeAllocation:
         self._expired = True
 
 
+class JobRows:
+    """How many tasks of a job run on each node row (``Snapshot.job_rows``), for tasks with a
+    ``max_per_node``: the engine's index, made on the first ask (``index()``), read only."""
+
+    __slots__ = ("_index", "_expired")
+
+    def __init__(self, index) -> None:
+        self._index = index
+        self._expired = False
+
+    def of(self, tenant: str, job: str) -> Mapping[int, int]:
+        """Node row -> the job's running tasks there (rows it runs nothing on left out)."""
+        if self._expired:
+            raise SnapshotExpired("job_rows read after the engine moved on from the snapshot")
+        return MappingProxyType(self._index().get((tenant, job), EMPTY_MAPPING))
+
+    def expire(self) -> None:
+        self._expired = True
+
+
 @dataclass(frozen=True)
 class Reservation:
     """A node whose freed room is kept for one waiting task: ``tenant``'s next task of ``shape``
@@ -185,6 +205,8 @@ class Snapshot:
     - ``node_allocation``: per node row, what each tenant's running tasks use there
       (``NodeAllocation.of``); only for policies that ask for it
       (``PolicySpec.needs_node_allocation``), else None.
+    - ``job_rows``: per job, how many of its tasks run on each node (``JobRows.of``), read by
+      placement for tasks with a ``max_per_node`` constraint.
     """
 
     time: float
@@ -209,6 +231,7 @@ class Snapshot:
     running: np.ndarray | None = None
     node_capacity: np.ndarray | None = None
     node_allocation: NodeAllocation | None = None
+    job_rows: JobRows | None = None
     # For ``PolicySpec.tenant_local`` policies: the demanding tenants that may place anything
     # in this pass (None: all of them). The others placed nothing in the last pass, had no
     # event since, and none of their task shapes fits a node that gained room since.
@@ -285,6 +308,8 @@ class Snapshot:
                 later[name] = None
         if self.node_allocation is not None:
             self.node_allocation.expire()
+        if self.job_rows is not None:
+            self.job_rows.expire()
 
     def demanding(self) -> list[str]:
         """Tenants with pending tasks, in row order."""

@@ -306,7 +306,7 @@ class TaskMapping:
     def __init__(self, mapping: dict, names: tuple[str, ...] | None) -> None:
         cols = _Columns(names)
         known = {"file", "job", "task", "tenant", "submit", "duration", "end", "demand", "count", "constraints",
-                 "keep", "events", "cluster", "name"}
+                 "max_per_node", "keep", "events", "cluster", "name"}
         unknown = sorted(set(mapping) - known)
         if unknown:
             raise ModelError(f"mapping.{unknown[0]}: unknown field (fields: {', '.join(sorted(known))})")
@@ -338,6 +338,10 @@ class TaskMapping:
         if isinstance(cluster, dict):
             _only(cluster, {"nodes", "capacity"}, "mapping.cluster")
         self.constraints = self._constraints(mapping.get("constraints"), cols)
+        # At most so many of a job's tasks on one node: a column (0 or, with if_missing, an empty
+        # cell: no limit; Google's different-machine flag is 1 or 0) or {value: N} for every task.
+        self.max_per_node = _quantity(mapping["max_per_node"], cols, "max_per_node") if "max_per_node" in mapping \
+            else None
         self.keep = _keep_rule(mapping.get("keep"), cols)
 
     def _tenant(self, spec: Any, cols: _Columns) -> None:
@@ -451,6 +455,18 @@ class TaskMapping:
         return int(value) if value > 1 else None  # one task: a task, not a request of one
 
     def constraints_of(self, cells: list[str]) -> dict | None:
+        """The row's constraints (``Constraints.from_json``'s form), or None."""
+        out = self._placement_of(cells)
+        if self.max_per_node is not None:
+            value = self.max_per_node.of(cells)
+            if value != int(value):
+                raise _Skip("max_per_node not a whole number")
+            if value >= 1:
+                out = {**(out or {}), "max_per_node": int(value)}
+        return out
+
+    def _placement_of(self, cells: list[str]) -> dict | None:
+        """The nodes or labels the row's constraints column allows, or None."""
         if self.constraints is None:
             return None
         index, separator, kind, any_of = self.constraints
