@@ -19,10 +19,20 @@ from fairstream.core.model import ModelError
 
 def _trace_options(args) -> dict:
     """The loader options the command line gave for this trace format (None: the default)."""
-    keys = {"swim": ("limit", "nodes", "tenants", "max_tasks_per_job"), "google": ("limit", "nodes", "users"),
-            "philly": ("limit", "nodes", "tenants", "seed"),
+    keys = {"swim": ("limit", "nodes", "tenant_count", "max_tasks_per_job"), "google": ("limit", "nodes", "users"),
+            "philly": ("limit", "nodes", "tenant_count", "seed"),
             "table": ("limit", "nodes", "mapping", "nodes_table", "nodes_mapping")}[args.format]
-    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    loader_name = {"tenant_count": "tenants"}  # (the loaders' own word for it)
+    return {loader_name.get(k, k): getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+
+
+def _tenants_file(value: str) -> str:
+    """``--tenants``: a tenants file, everywhere (the worker's, ``configure``'s, ``simulate``'s).
+    A number there was a count in simulate and emulate before: say where that went."""
+    if value.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"takes a tenants file (as the worker's); a number of tenants is "
+                                         f"--tenant-count {value.strip()}")
+    return value
 
 
 def _scenario_from_args(args):
@@ -42,6 +52,10 @@ def _scenario_from_args(args):
         raise ModelError("give --scenario FILE or --trace FILE --format swim|google|philly|table")
     else:
         scenario = load_scenario(args.scenario)
+    if getattr(args, "tenants_file", None):  # the worker's tenants file: its tree replaces the workload's
+        from fairstream.sim.scenario import load_tenant_tree
+
+        scenario.tree = load_tenant_tree(args.tenants_file)
     return scenario.with_exact_estimates() if getattr(args, "estimates", "given") == "exact" else scenario
 
 
@@ -212,7 +226,7 @@ def _replay_events(args) -> int:
     from fairstream.policies.base import parse_param_pairs
     from fairstream.streams.app import WorkerConfig
     from fairstream.wire.log import replay
-    from fairstream.streams.run import load_scenario_tenants
+    from fairstream.sim.scenario import load_tenant_tree
 
     # The engine the worker builds from the same options (equivalence depends on it), or the
     # checkpoint the retained log starts from.
@@ -229,7 +243,7 @@ def _replay_events(args) -> int:
         engine = WorkerConfig(
             policy=args.policy, params=parse_param_pairs(args.param),
             resources=tuple(r.strip() for r in args.resources.split(",") if r.strip()),
-            tenants=load_scenario_tenants(args.tenants_file) if args.tenants_file else None,
+            tenants=load_tenant_tree(args.tenants_file) if args.tenants_file else None,
             finished_retention=args.finished_retention,
         ).make_engine()
     out = Path(args.out)
@@ -658,8 +672,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="table: the node table's mapping, or a shipped one: alibaba-2018-nodes")
     workload.add_argument("--limit", type=int,
                           help="trace: first N jobs (swim), tasks (google), or jobs per late tenant (philly)")
-    workload.add_argument("--tenants", type=int, help="swim: number of queues, jobs round robin (default 4); "
-                                                      "philly: tenants (default 4)")
+    workload.add_argument("--tenant-count", type=int, dest="tenant_count",
+                          help="swim: number of queues, jobs round robin (default 4); philly: tenants (default 4)")
     workload.add_argument("--seed", type=int, help="philly: generator seed (default 1)")
     workload.add_argument("--users", type=int, help="google: keep the first N users")
     workload.add_argument("--max-tasks-per-job", type=int, dest="max_tasks_per_job",
@@ -672,7 +686,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", parents=[progress, workload], help="run one policy over a scenario or a trace")
     sim.add_argument("--events", help="replay a worker's recorded input (from `fairstream export-log`)")
     sim.add_argument("--resources", default="cpu,mem", help="with --events: resource names (default cpu,mem)")
-    sim.add_argument("--tenants-file", dest="tenants_file", help="with --events: the worker's --tenants file")
+    sim.add_argument("--tenants", "--tenants-file", dest="tenants_file", type=_tenants_file,
+                     help="the tenant tree, a JSON file with a \"tenants\" list (the worker's --tenants): replaces the "
+                          "scenario's or trace's tree; with --events, the worker's")
     sim.add_argument("--cluster", help="with --events: cluster id to stamp on the decisions")
     sim.add_argument("--snapshot", help="with --events: the engine the log starts from (export-log --snapshot-out; "
                                         "plain data in a versioned format, never a pickle)")
@@ -771,7 +787,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="the streaming worker: Kafka in, decisions out, state in Redis")
     worker.add_argument("--policy", required=True)
     worker.add_argument("--param", action="append", metavar="NAME=VALUE")
-    worker.add_argument("--tenants", help="JSON file with a \"tenants\" tree (scenario format)")
+    worker.add_argument("--tenants", type=_tenants_file, help="JSON file with a \"tenants\" tree (scenario format)")
     worker.add_argument("--no-auto-tenants", action="store_true", help="reject tasks of tenants not in --tenants")
     worker.add_argument("--resources", default="cpu,mem")
     worker.add_argument("--broker", default=None, help=f"Kafka bootstrap server (env FAIRSTREAM_BROKER, default {env_broker})")
@@ -828,7 +844,7 @@ def build_parser() -> argparse.ArgumentParser:
     configure = sub.add_parser("configure", help="change a running cluster's tenant tree (weights, shares, new "
                                                  "queues) through the tenants.config topic; usage is kept")
     configure.add_argument("--cluster", default="default")
-    configure.add_argument("--tenants", required=True, help="JSON file with the whole \"tenants\" tree (scenario "
+    configure.add_argument("--tenants", required=True, type=_tenants_file, help="JSON file with the whole \"tenants\" tree (scenario "
                                                             "format, as the worker's --tenants)")
     configure.add_argument("--time", type=float, help="event time it applies at (default: the cluster's clock when "
                                                       "the worker reads it)")
@@ -860,7 +876,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--cluster", default="default")
         cmd.add_argument("--speed", type=float, default=100.0, help="event seconds per wall second")
         cmd.add_argument("--limit", type=int)
-        cmd.add_argument("--tenants", type=int)
+        cmd.add_argument("--tenant-count", type=int, dest="tenant_count", help="swim: queues; philly: tenants")
         cmd.add_argument("--nodes", type=int)
         cmd.add_argument("--broker", default=env_broker)
         cmd.add_argument("--topic-prefix", default="")
@@ -942,7 +958,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="stream: seconds between the load generator's sends (what is due goes as one record batch per topic)")
     bench.add_argument("--events-per-message", type=int, default=1,
                        help="stream: up to this many events of one topic per Kafka message (a JSON array); 1: one event each")
-    bench.add_argument("--tenants", type=int, default=1000)
+    bench.add_argument("--tenant-count", type=int, default=1000, dest="tenants", help="engine: tenants")
     bench.add_argument("--nodes", type=int, default=10000)
     bench.add_argument("--pending", type=int, default=100000)
     bench.add_argument("--policies", default="ltrf,drf,fair")

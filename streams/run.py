@@ -13,6 +13,7 @@ from fairstream.policies.base import parse_param_pairs
 from fairstream.streams.app import WorkerConfig, create_app
 from fairstream.wire.topics import Topics
 from fairstream.state.store import RedisStore, redis_client
+from fairstream.sim.scenario import load_tenant_tree
 
 
 def redact(url: str) -> str:
@@ -51,7 +52,7 @@ def faust_security() -> dict:
 
 
 def config_from_args(args) -> WorkerConfig:
-    tenants = load_scenario_tenants(args.tenants) if args.tenants else None
+    tenants = load_tenant_tree(args.tenants) if args.tenants else None
     return WorkerConfig(
         policy=args.policy,
         params=parse_param_pairs(args.param),
@@ -80,25 +81,6 @@ def config_from_args(args) -> WorkerConfig:
         explain_interval=args.explain_interval,
         explain_max_entries=args.explain_max_entries,
     )
-
-
-def load_scenario_tenants(path: str):
-    """The tenant tree of a scenario-style file: ``{"tenants": [...]}`` (nodes and tasks optional)."""
-    import json
-    from pathlib import Path
-
-    from fairstream.core.model import ModelError
-
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"--tenants {path}: cannot read ({exc})") from None
-    doc.setdefault("nodes", [{"id": "_", "capacity": {"cpu": 1}}])
-    doc.setdefault("tasks", [])
-    doc.setdefault("resources", ["cpu", "mem"])
-    from fairstream.sim.scenario import parse_scenario
-
-    return parse_scenario(doc).tree
 
 
 # A full collection walks every long-lived object (the engine's tasks, running entries and
@@ -158,7 +140,9 @@ def run_worker(args) -> int:
     structlog.get_logger("fairstream.worker").info(
         "worker.start", policy=config.policy, params=config.params, broker=config.broker,
         redis=redact(config.redis_url), app_id=config.app_id)
-    worker = faust.Worker(app, loglevel="warning", quiet=True)
+    # Our structlog lines go to stderr as they are: Faust would otherwise catch stderr and stdout
+    # and log each line again as its own, a "[WARNING]" prefix before every info line.
+    worker = faust.Worker(app, loglevel="warning", quiet=True, redirect_stdouts=False)
     # Faust's and aiokafka's loggers build debug records per message even when nothing prints
     # them (3.5 % of the worker's time under load); ours are structlog and not affected.
     logging.disable(logging.INFO)
@@ -168,4 +152,4 @@ def run_worker(args) -> int:
     return 0
 
 
-__all__ = ["run_worker", "prepare_topics", "redact", "load_scenario_tenants"]
+__all__ = ["run_worker", "prepare_topics", "redact"]

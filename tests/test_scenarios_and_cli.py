@@ -228,6 +228,39 @@ def test_the_command_line_caps_the_tasks_of_a_swim_job_as_the_papers_replays_did
     assert capsys.readouterr().err.strip() == "fairstream: error: max_tasks_per_job: must be >= 1 (got 0)"
 
 
+def test_tenant_count_spreads_swim_jobs_over_that_many_queues(tmp_path):
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", str(DATA / "FB-2009_samples_24_times_1hr_1.head60.tsv"), "--format", "swim",
+                 "--limit", "8", "--tenant-count", "2", "--policy", "drf", "--out", str(out), "--no-baseline",
+                 "--no-plots", "--no-progress"]) == 0
+    decisions = [json.loads(line) for line in (out / "decisions.jsonl").read_text().splitlines()]
+    assert {d["tenant"] for d in decisions} == {"q0", "q1"}
+
+
+def test_tenants_file_gives_a_simulated_workload_the_workers_tree(tmp_path):
+    from fairstream.cli import _scenario_from_args, build_parser
+
+    tenants = tmp_path / "tenants.json"
+    tenants.write_text(json.dumps({"tenants": [{"id": "prod"}, {"id": "q0", "parent": "prod", "weight": 3},
+                                               {"id": "q1", "parent": "prod"}]}))
+    args = build_parser().parse_args(["simulate", "--trace", str(DATA / "FB-2009_samples_24_times_1hr_1.head60.tsv"),
+                                      "--format", "swim", "--tenant-count", "2", "--tenants", str(tenants),
+                                      "--policy", "drf", "--out", str(tmp_path / "o")])
+    tree = _scenario_from_args(args).tree
+    assert tree.leaves == ["q0", "q1"] and tree.specs["q0"].weight == 3 and tree.specs["q0"].parent == "prod"
+
+
+@pytest.mark.parametrize("command", [["simulate", "--scenario", "x.json", "--policy", "drf", "--out", "o"],
+                                     ["worker", "--policy", "drf"], ["configure", "--cluster", "c"]])
+def test_a_number_given_to_tenants_says_it_is_tenant_count_now(command, capsys):
+    # --tenants was a count in simulate and emulate and a file in worker and configure.
+    with pytest.raises(SystemExit) as exit_:
+        main(command + ["--tenants", "4"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith("takes a tenants file (as the worker's); a number of tenants is --tenant-count 4")
+
+
 def test_swim_trace_simulates_to_completion(tmp_path):
     sc = load_trace(str(DATA / "FB-2009_samples_24_times_1hr_1.head60.tsv"), "swim", limit=40, nodes=5)
     from fairstream.sim.simulator import Simulator

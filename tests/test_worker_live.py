@@ -4,6 +4,7 @@ topic prefix, consumer group and Redis key prefix."""
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -53,12 +54,17 @@ class Worker:
         return self
 
     def wait_for_log(self, event: str, timeout: float = 90.0) -> dict:
-        """The worker's first structured log line of ``event`` (waits for it)."""
+        """The worker's first structured log line of ``event`` (waits for it). The whole line is
+        the JSON, at its own level: nothing wraps it (Faust's redirection of stderr once printed
+        every info line of ours as ``[...] [pid] [WARNING] {...}``)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for line in self.log_path.read_text().splitlines():
                 if f'"event": "{event}"' in line:
-                    return json.loads(line[line.index("{"):])
+                    # (Faust's spinner may leave a backspace and a cursor sequence before it.)
+                    record = json.loads(re.sub(r"^(?:\x08|\x1b\[\?25[hl])+", "", line))
+                    assert record["level"] in ("info", "warning", "error"), line
+                    return record
             assert self.process.poll() is None, f"the worker exited: {self.log_path.read_text()[-2000:]}"
             time.sleep(0.1)
         raise AssertionError(f"no {event} within {timeout} s: {self.log_path.read_text()[-2000:]}")

@@ -648,16 +648,16 @@ def test_redis_urls_are_logged_without_their_password(url, shown):
 
 def test_a_tenants_file_gives_the_worker_its_tree_and_a_bad_one_is_one_line(tmp_path):
     from fairstream.core.model import ModelError
-    from fairstream.streams.run import load_scenario_tenants
+    from fairstream.sim.scenario import load_tenant_tree
 
     good = tmp_path / "tenants.json"
     good.write_text(json.dumps({"tenants": [{"id": "org"}, {"id": "a", "parent": "org", "weight": 3}, {"id": "b", "parent": "org"}]}))
-    tree = load_scenario_tenants(str(good))
+    tree = load_tenant_tree(str(good))
     assert tree.path("a") == ("org", "a") and tree.effective_share == {"a": 0.75, "b": 0.25}
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"tenants": [{"id": "a", "parent": "nowhere"}]}))
     with pytest.raises(ModelError, match=r"tenants\[a\]\.parent: unknown tenant 'nowhere'"):
-        load_scenario_tenants(str(bad))
+        load_tenant_tree(str(bad))
 
 
 def test_a_failed_commit_leaves_nothing_half_applied_and_the_redelivery_is_applied_once():

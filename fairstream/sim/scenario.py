@@ -191,6 +191,21 @@ def load_scenario(path: str | Path) -> Scenario:
     return parse_scenario(document)
 
 
+def load_tenant_tree(path: str | Path) -> TenantTree:
+    """The tenant tree of a tenants file (the worker's, ``configure``'s and ``simulate``'s
+    ``--tenants``): a scenario-style ``{"tenants": [...]}``, nodes and tasks optional."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"--tenants {path}: cannot read ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ModelError(f"--tenants {path}: needs a \"tenants\" list")
+    doc.setdefault("nodes", [{"id": "_", "capacity": {"cpu": 1}}])
+    doc.setdefault("tasks", [])
+    doc.setdefault("resources", ["cpu", "mem"])
+    return parse_scenario(doc).tree
+
+
 _PLAIN_TASK_KEYS = frozenset(("id", "job", "tenant", "submit", "duration", "demand", "count", "stage"))
 
 
