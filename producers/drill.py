@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from fairstream.core.model import ModelError
 from fairstream.producers.client import Publisher
 from fairstream.wire.kafka import ensure_topics, kafka_security
 from fairstream.sim.scenario import Scenario, parse_scenario
@@ -335,9 +336,13 @@ async def fault_kafka_restart(ctx: Context) -> None:
     # The broker of scripts/services.sh (this project's checkout), stopped and started with its data.
     script = Path(__file__).resolve().parents[1] / "scripts" / "services.sh"
     if not script.exists():
-        raise RuntimeError(f"the kafka-restart drill restarts the broker with {script}, which this install lacks")
+        raise ModelError(f"the kafka-restart drill restarts the broker with {script}, which this install lacks")
     await _after_decisions(ctx, 10)
-    await asyncio.to_thread(subprocess.run, ["bash", str(script), "restart-kafka"], check=True, capture_output=True)
+    done = await asyncio.to_thread(subprocess.run, ["bash", str(script), "restart-kafka"], capture_output=True,
+                                   text=True)
+    if done.returncode != 0:  # (it refuses a broker this checkout did not start: its one line says so)
+        said = (done.stderr.strip() or done.stdout.strip() or f"exit {done.returncode}").splitlines()[-1]
+        raise ModelError(f"kafka-restart: scripts/services.sh restart-kafka failed: {said}")
     ctx.fault_ended = time.monotonic()
 
 

@@ -48,3 +48,23 @@ def test_told_to_it_uses_what_answers(foreign_port):
     done = services("start", FAIRSTREAM_REDIS_PORT=str(foreign_port), FAIRSTREAM_SERVICES_REUSE="1",
                     FAIRSTREAM_KAFKA_PORT=os.environ.get("FAIRSTREAM_KAFKA_PORT", "9092"))
     assert f"redis on 127.0.0.1:{foreign_port} was not started by this checkout; using it" in done.stderr
+
+
+def test_the_kafka_restart_drill_says_in_one_line_when_services_refuse(monkeypatch):
+    # It restarts the broker through scripts/services.sh, which refuses one it did not start:
+    # the drill then ends in that one line (fairstream: error: ...), not a traceback.
+    import asyncio
+
+    from fairstream.core.model import ModelError
+    from fairstream.producers import drill
+
+    async def decided(ctx, count):
+        return None
+
+    refusal = subprocess.CompletedProcess([], 1, "", "services: kafka: 127.0.0.1:9092 answers but this checkout "
+                                                     "did not start it (another checkout's or program's)\n")
+    monkeypatch.setattr(drill, "_after_decisions", decided)
+    monkeypatch.setattr(drill.subprocess, "run", lambda *args, **kwargs: refusal)
+    with pytest.raises(ModelError, match=r"^kafka-restart: scripts/services.sh restart-kafka failed: services: "
+                                         r"kafka: 127.0.0.1:9092 answers but this checkout did not start it"):
+        asyncio.run(drill.fault_kafka_restart(object()))
