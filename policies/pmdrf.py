@@ -68,9 +68,8 @@ def nodes_with_room(snapshot: Snapshot) -> list[int]:
 
 
 def fits(cycle: Cycle, task, node: int) -> bool:
-    most = task.constraints.max_per_node
     return (bool(cycle.eligible(task.constraints)[node]) and bool((cycle.free[node] >= task.demand - EPSILON).all())
-            and (most is None or cycle.job_rows(task.tenant, task.job).get(node, 0) < most))
+            and cycle.job_may_use(task, node))
 
 
 SPEC = PolicySpec("pmdrf", decide, "per-machine DRF: each node shared by DRF on its own (TSF baseline)",

@@ -517,8 +517,7 @@ def _shape_verdict(engine: "Engine", cycle: Cycle, quota, tenant: str, head: "Ta
                                                f"{_no_backfill(engine, cycle.snapshot, head)}")
     if cycle.held_by_job_limit(head):
         most = head.constraints.max_per_node
-        fits = (cycle.free >= head.demand - EPSILON).all(axis=1) & cycle.eligible(head.constraints)
-        full = int((fits & ~cycle.below_job_limit(tenant, head)).sum())
+        full = int(cycle.nodes_held_by_job_limit(head).sum())
         return (WaitReason.MAX_PER_NODE, f"{full} node{'s' if full != 1 else ''} its constraints allow "
                                          f"{'have' if full != 1 else 'has'} room for it, but job {head.job} runs its "
                                          f"max_per_node {most} task{'s' if most != 1 else ''} on "

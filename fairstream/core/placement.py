@@ -493,10 +493,18 @@ class Cycle:
     def held_by_job_limit(self, task: Task) -> bool:
         """``task`` would fit the free room of a node its constraints allow where its job
         already runs its ``max_per_node`` (reserved for another or not: the limit holds it first)."""
-        if task.constraints.max_per_node is None:
-            return False
+        return task.constraints.max_per_node is not None and bool(self.nodes_held_by_job_limit(task).any())
+
+    def nodes_held_by_job_limit(self, task: Task) -> np.ndarray:
+        """The nodes its constraints allow whose free room fits ``task`` but where its job runs its
+        ``max_per_node`` (a task with one)."""
         fits = (self.free >= task.demand - EPSILON).all(axis=1) & self.eligible(task.constraints)
-        return bool((fits & ~self.below_job_limit(task.tenant, task)).any())
+        return fits & ~self.below_job_limit(task.tenant, task)
+
+    def job_may_use(self, task: Task, node: int) -> bool:
+        """Its job runs fewer than ``task``'s ``max_per_node`` tasks on ``node`` (True: it has none)."""
+        most = task.constraints.max_per_node
+        return most is None or self.job_rows(task.tenant, task.job).get(node, 0) < most
 
     def kept_off_reserved_room(self, task: Task) -> bool:
         """``task`` would fit the free room of the node reserved for another shape, and may not
@@ -519,11 +527,10 @@ class Cycle:
     def _fits_reserved_room(self, task: Task) -> bool:
         held = self.reservation
         snap = self.snapshot
-        most = task.constraints.max_per_node
         return (held is not None and held.shape != task.shape
                 and all(have >= want - EPSILON for have, want in zip(self.free[held.node].tolist(), task.demand_values))
                 and task.constraints.allows(snap.node_ids[held.node], snap.node_labels[held.node])
-                and (most is None or self.job_rows(task.tenant, task.job).get(held.node, 0) < most))
+                and self.job_may_use(task, held.node))
 
     def commit(self, tenant: str, task: Task, node: int, reason: str, code: ReasonCode) -> None:
         self.free[node] -= task.demand
