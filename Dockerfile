@@ -7,6 +7,10 @@ COPY policies policies
 COPY state state
 COPY streams streams
 COPY producers producers
+# The compiled pass's sources: this image has no Rust toolchain, so the install goes on without
+# it and every pass runs in Python (fairstream/core/native.py).
+COPY native/Cargo.toml native/Cargo.lock native/
+COPY native/src native/src
 COPY examples examples
 COPY tests/data tests/data
 RUN pip install --no-cache-dir .

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fairstream.core.fairness import resource_shares
 from fairstream.core.model import Decision
-from fairstream.core.placement import Cycle, dominant_share_order, serve_in_order
+from fairstream.core.placement import Cycle, FlatKey, dominant_share_order, serve_in_order
 from fairstream.core.preemption import PreemptionRule, reclaim
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies._common import PREEMPTION_PARAMS, RESERVATION_PARAM, preemption_rule
@@ -31,9 +30,11 @@ def dominant_share_pass(snapshot: Snapshot, policy: str, rule: PreemptionRule | 
     def reason(cycle: Cycle, tenant: str, k) -> str:
         return f"{policy}: lowest dominant share/weight ({k.share:.4g})"
 
-    initial = resource_shares(snapshot.allocation, snapshot.capacity, None) / snapshot.share_fraction
+    # The key as data: the compiled pass may serve by it, but not before a preemption stage,
+    # which reads the pass's working state.
+    flat = FlatKey(snapshot.allocation, None, compiled=rule is None)
     cycle = Cycle(snapshot, policy)
-    serve_in_order(snapshot, policy, key, reason, initial_shares=initial, cycle=cycle)
+    serve_in_order(snapshot, policy, key, reason, cycle=cycle, flat_key=flat)
     if rule is not None:
         reclaim(cycle, rule)  # victims: the furthest above their fair share
     return cycle.decisions

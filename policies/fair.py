@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fairstream.core.fairness import fair_key, resource_share, resource_shares
+from fairstream.core.fairness import fair_key, resource_share
 from fairstream.core.model import Decision
-from fairstream.core.placement import Cycle, TenantOrder, leaf_arrival, serve_in_order
+from fairstream.core.placement import Cycle, FlatKey, TenantOrder, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
 from fairstream.core.preemption import reclaim
 from fairstream.policies._common import PREEMPTION_PARAMS, RESERVATION_PARAM, RESOURCE_PARAM, preemption_rule, resource_accounting
@@ -39,10 +39,10 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
         return f"fair: lowest current {label} share/weight ({k.share:.4g})"
 
 
-    initial = resource_shares(snapshot.allocation, snapshot.capacity, resource) / snapshot.share_fraction
     cycle = Cycle(snapshot, "fair")
-    serve_in_order(snapshot, "fair", key, reason, initial_shares=initial, cycle=cycle)
     rule = preemption_rule(params)
+    flat = FlatKey(snapshot.allocation, resource, compiled=rule is None)  # (as drf)
+    serve_in_order(snapshot, "fair", key, reason, cycle=cycle, flat_key=flat)
     if rule is not None:
         reclaim(cycle, rule)  # victims: the furthest above their fair share
     return cycle.decisions

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fairstream.core.fairness import fair_key, resource_shares
+from fairstream.core.fairness import fair_key
 from fairstream.core.model import Decision, Task
-from fairstream.core.placement import Cycle, TenantOrder, leaf_arrival, serve_in_order
+from fairstream.core.placement import Cycle, FlatKey, TenantOrder, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
 from fairstream.core.preemption import reclaim
 from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, RESERVATION_PARAM, LongTermUsage, long_term_accounting, preemption_rule
@@ -49,11 +49,12 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
         row = snapshot.rows[tenant]
         return usage.key(row) / snapshot.share_fraction[row]
 
-    initial = (resource_shares(snapshot.accumulated, snapshot.capacity, usage.resource)
-               + snapshot.pseudo_accumulated) / snapshot.share_fraction
     cycle = Cycle(snapshot, "ltrf")
-    serve_in_order(snapshot, "ltrf", key, reason, charge=charge, initial_shares=initial, cycle=cycle)
     rule = preemption_rule(params)
+    # (As drf; a discounted charge is not linear in the demand: the Python loop's.)
+    flat = FlatKey(usage.vectors, usage.resource, charge=snapshot.quantum, extra=snapshot.pseudo_accumulated,
+                   compiled=rule is None and usage.discount == 1.0)
+    serve_in_order(snapshot, "ltrf", key, reason, charge=charge, cycle=cycle, flat_key=flat)
     if rule is not None:
         reclaim(cycle, rule, victim_key)
     return cycle.decisions

@@ -19,7 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from fairstream.core.fairness import BELOW_MIN_SHARE, FairKey, dominant_share, fair_key, resource_share
+from fairstream.core import native
+from fairstream.core.fairness import BELOW_MIN_SHARE, FairKey, dominant_share, fair_key, resource_share, resource_shares
 from fairstream.core.model import EPSILON, Constraints, Decision, DecisionKind, ReasonCode, Task, TaskState, event_time
 from fairstream.core.snapshot import Snapshot
 
@@ -79,11 +80,11 @@ class Cycle:
         # once none has room for a shape queued before the pass, only new shapes could still fit
         # (``out_of_room``). Not with backfill onto a reserved node (its room is outside them),
         # nor with new shapes in the queues, nor when placing by alignment over all nodes.
+        # (Made at the first look: the grown rows with room then are those with room at the start
+        # less those placed on since that have none left, which the look would have dropped.)
         self._room_rows: set[int] | None = None  # the grown rows that still have room for one of them
-        if (snapshot.grown_demands is not None and not snapshot.fresh_shapes and not affinity
-                and (snapshot.reservation is None or snapshot.backfill_until is None)):
-            grown = snapshot.grown_rows
-            self._room_rows = set(grown[room_for_any(self.free[grown], snapshot.grown_demands)].tolist())
+        self._room_later = (snapshot.grown_demands is not None and not snapshot.fresh_shapes and not affinity
+                            and (snapshot.reservation is None or snapshot.backfill_until is None))
         self._room_lost: set[int] = set()  # watched rows placed on since the last look (``out_of_room``)
         tree = snapshot.tree
         self._job_queues: dict[str, _JobQueue | None] = {}
@@ -275,6 +276,11 @@ class Cycle:
         task is known (or the policy does not reserve). Trying the remaining tenants would only
         fail; the decisions are those of trying them. Asked after a task failed to place: the
         rows placed on since the last look are looked at then, together."""
+        if self._room_later:
+            self._room_later = False
+            grown = self.snapshot.grown_rows
+            self._room_rows = set(grown[room_for_any(self.free[grown], self.snapshot.grown_demands)].tolist())
+            self._room_lost.clear()
         rows = self._room_rows
         if rows is None or (self.decisions.blocked is None and self.snapshot.reserving):
             return False
@@ -604,7 +610,7 @@ class Cycle:
         self._candidates.clear()
         self._failed_shapes.clear()
         self._too_large.clear()
-        self._room_rows = None  # room came back outside what was watched
+        self._room_rows, self._room_later = None, False  # room came back outside what was watched
 
     def evict(self, task, reason: str, code: ReasonCode) -> None:
         """Preempt running ``task`` (a ``preemption.RunningTask``): its room and its tenant's
@@ -621,7 +627,7 @@ class Cycle:
         self._candidates.clear()  # first-fit lists were made before this room came free
         self._failed_shapes.clear()
         self._too_large.clear()
-        self._room_rows = None  # room came back outside what was watched
+        self._room_rows, self._room_later = None, False  # room came back outside what was watched
         self.decisions.append(Decision(self.snapshot.time, task.id, task.job, task.tenant, self.snapshot.node_ids[node],
                                        task.demand_map, self.policy, reason, code, DecisionKind.PREEMPT,
                                        started=task.start))
@@ -790,6 +796,30 @@ def dominant_share_order(snapshot: Snapshot) -> TenantOrder:
     return TenantOrder("dominant share / weight", key)
 
 
+@dataclass(frozen=True)
+class FlatKey:
+    """What a flat policy's key is, for the compiled pass (``fairstream.core.native``): the
+    ``resource_share`` (``resource`` None: the dominant share) of the tenant's row of
+    ``vectors`` (row x resource), plus ``extra[row]`` if given, over its share fraction; a
+    placement adds ``charge[row]`` times its demand to the row (the demand itself if None).
+    ``drf`` and ``fair``: the allocation; ``ltrf``: accumulated usage, PAR and one quantum.
+    ``compiled``: the compiled pass may serve by it (not when a later stage of the policy
+    reads the pass's working state, nor when the charge is not linear in the demand)."""
+
+    vectors: np.ndarray
+    resource: int | None
+    charge: np.ndarray | None = None
+    extra: np.ndarray | None = None
+    compiled: bool = True
+
+    def initial_shares(self, snapshot: Snapshot) -> np.ndarray:
+        """Every row's key share before the pass places anything."""
+        shares = resource_shares(self.vectors, snapshot.capacity, self.resource)
+        if self.extra is not None:
+            shares = shares + self.extra
+        return shares / snapshot.share_fraction
+
+
 def serve_in_order(
     snapshot: Snapshot,
     policy: str,
@@ -802,6 +832,7 @@ def serve_in_order(
     only: list[str] | None = None,
     key_reads_queue: bool = False,
     code: ReasonCode = ReasonCode.FAIR_ORDER,
+    flat_key: FlatKey | None = None,
 ) -> list[Decision]:
     """The loop of every flat policy: serve the tenant with the smallest key, one task at a time.
 
@@ -817,11 +848,19 @@ def serve_in_order(
     that fits); by default the snapshot's ``candidates``, if the engine computed them.
     ``key_reads_queue``: the key depends on the tenant's next pending task (FIFO), so a task
     that cannot be placed changes it. ``code``: the decisions' reason code, but ``MIN_SHARE``
-    for a tenant served in the below-min-share class (``order_code``).
+    for a tenant served in the below-min-share class (``order_code``). ``flat_key``: what
+    ``key`` computes, as data (``initial_shares`` are then made from it if not given), so that
+    the compiled pass may make this pass (``_serve_compiled``).
     """
     cycle = cycle or Cycle(snapshot, policy)
     if only is None and snapshot.candidates is not None:
         only = [tenant for tenant in snapshot.pending if tenant in snapshot.candidates]
+    if flat_key is not None:
+        if (flat_key.compiled and native.enabled() and admit is None and not key_reads_queue
+                and _serve_compiled(cycle, flat_key, reason, charge, initial_shares, only, code)):
+            return cycle.decisions
+        if initial_shares is None:
+            initial_shares = flat_key.initial_shares(snapshot)
     heap = []
     if initial_shares is not None and not cycle.capped:
         rows, arrival = snapshot.rows, snapshot.arrival
@@ -859,6 +898,48 @@ def serve_in_order(
     if only is not None and snapshot.reserving:
         _first_blocked_of_all(cycle, only, key, initial_shares, blocked_key)
     return cycle.decisions
+
+
+def _serve_compiled(cycle: Cycle, flat_key: FlatKey, reason: ReasonFn, charge: ChargeFn | None,
+                    initial_shares: np.ndarray | None, only: list[str] | None, code: ReasonCode) -> bool:
+    """``serve_in_order``'s loop in the compiled module, for a fresh pass with none of what
+    only the Python loop handles: caps and min shares, job orderings and max_running, queue
+    orderings, alignment or a node order, backfill, constraints (the compiled pass gives up
+    when it meets a task with some). Its placements are then committed to ``cycle`` in order,
+    with the reasons and charges the Python loop gives them, and its first blocked entry set:
+    ``cycle`` ends as the Python loop leaves it in what the engine reads of it (decisions,
+    ``blocked``). Returns False, having changed nothing, when it did not run."""
+    snap = cycle.snapshot
+    if (cycle.capped or cycle.tracks_groups or cycle._orders_jobs or cycle.affinity or cycle.node_order is not None
+            or snap.backfill_until is not None or cycle.placed or cycle.decisions.blocked is not None):
+        return False
+    if only is None:
+        served, rest = list(snap.pending), []
+    else:
+        chosen = set(only)
+        served, rest = only, [tenant for tenant in snap.pending if tenant not in chosen] if snap.reserving else []
+    held = snap.reservation
+
+    def floats(array):  # (the compiled side reads doubles; an array of whole numbers may be ints)
+        return None if array is None else np.asarray(array, dtype=np.float64)
+
+    result = native.module.serve_flat(
+        snap.pending, TaskState.PENDING, EPSILON, served, rest, snap.rows, floats(cycle.free), floats(snap.capacity),
+        floats(flat_key.vectors), floats(flat_key.charge), floats(flat_key.extra), floats(snap.share_fraction),
+        floats(snap.arrival), floats(initial_shares), flat_key.resource,
+        None if snap.grown_rows is None else np.asarray(snap.grown_rows, dtype=np.int64), list(snap.fresh_shapes),
+        floats(snap.grown_demands), None if held is None else (held.node, held.shape), snap.reserving)
+    if result is None:
+        return False
+    placements, blocked = result
+    rows, arrival = snap.rows, snap.arrival
+    for tenant, task, node, share in placements:
+        tenant_key = fair_key(share, float(arrival[rows[tenant]]), tenant)
+        cycle.commit(tenant, task, node, reason(cycle, tenant, tenant_key), order_code(tenant_key, code))
+        if charge is not None:
+            charge(cycle, tenant, task)
+    cycle.decisions.blocked = blocked
+    return True
 
 
 def _first_blocked_of_all(cycle: Cycle, only: list[str], key: KeyFn, initial_shares: np.ndarray | None,
@@ -921,5 +1002,5 @@ def leaf_arrival(snapshot: Snapshot, tenant: str) -> float:
     return float(snapshot.arrival[snapshot.rows[tenant]])
 
 
-__all__ = ["Cycle", "DecisionList", "TenantOrder", "dominant_share_order", "ordering_resource", "serve_in_order", "order_code", "leaf_arrival",
+__all__ = ["Cycle", "DecisionList", "FlatKey", "TenantOrder", "dominant_share_order", "ordering_resource", "serve_in_order", "order_code", "leaf_arrival",
            "alignment_scores", "room_for_any"]

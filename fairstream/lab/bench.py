@@ -132,7 +132,7 @@ def bench_engine(tenants: int, nodes: int, pending: int, policies: list[str], tr
                  progress: bool | None = None, knob_policies: list[str] = ("qknobler", "tetris")) -> dict:
     out = {
         "benchmark": "engine",
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": {**_machine(), "platform": platform.platform()},
         "setup": {"tenants": tenants, "nodes": nodes, "pending": pending, "node_capacity": {"cpu": 16, "mem": 64}},
         "policies": {},
     }
@@ -212,10 +212,18 @@ def bench_day(policies: list[str], scale: float = 1.0, nodes: int = 50, paths: l
     for policy in policies:
         with context.Pool(1) as pool:
             runs[policy] = pool.apply(_day_run, ((paths, scale, nodes, policy, progress, hours),))
-    return {"benchmark": "day", "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+    return {"benchmark": "day", "machine": _machine(),
             "setup": {"traces": [Path(p).name for p in paths], "scale": scale, "nodes": nodes, "hours": hours,
                       "node_capacity": {"cpu": 12, "mem": 24}},
             "policies": runs}
+
+
+def _machine() -> dict:
+    """What a figure was measured on: Python, cores, and whether passes used the compiled path
+    (``fairstream.core.native``; ``FAIRSTREAM_NATIVE=0`` measures the Python pass)."""
+    from fairstream.core import native
+
+    return {"python": platform.python_version(), "cpus": os.cpu_count(), "compiled_pass": native.enabled()}
 
 
 def _e2e_run(args: tuple) -> dict:
@@ -281,6 +289,6 @@ def bench_e2e(policies: list[str], durations: str = "per-task", time_check: bool
                 run["same_placements_with_times_divided_by_10"] = divided["placements"] == run["placements"]
         run.pop("placements")
         runs[policy] = run
-    return {"benchmark": "e2e", "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+    return {"benchmark": "e2e", "machine": _machine(),
             "setup": {"tenants": 100, "nodes": 1000, "jobs": 1000, "tasks": 50000, "durations": durations},
             "policies": runs}

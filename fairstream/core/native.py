@@ -1,0 +1,35 @@
+"""The compiled hot path, when it is built: ``fairstream._native``, from the Rust crate in
+``native/`` (``pip install -e .`` builds it with setuptools-rust and cargo; without a Rust
+toolchain the install goes on without it and every pass runs in Python).
+
+What it does today: the pass of the flat fair policies (``drf``, ``fair``, ``ltrf``) when none
+of the pass's other features is in play (``placement.serve_in_order``, "Compiled pass"). The
+Python pass stays the reference: ``tests/test_native.py`` checks the two decide alike.
+``FAIRSTREAM_NATIVE=0`` in the environment, or ``set_enabled(False)``, turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+
+try:
+    from fairstream import _native as module
+except ImportError:  # not built (no Rust toolchain at install time)
+    module = None
+
+_enabled = module is not None and os.environ.get("FAIRSTREAM_NATIVE", "1") != "0"
+
+
+def enabled() -> bool:
+    """Whether passes may use the compiled path."""
+    return _enabled
+
+
+def set_enabled(flag: bool) -> bool:
+    """Turn the compiled path on or off (on only if built); returns the previous setting."""
+    global _enabled
+    before, _enabled = _enabled, bool(flag) and module is not None
+    return before
+
+
+__all__ = ["enabled", "set_enabled", "module"]

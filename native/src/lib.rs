@@ -1,0 +1,654 @@
+//! fairstream's compiled hot path: one scheduling pass of the flat fair policies (`drf`,
+//! `fair`, `ltrf`) as `fairstream.core.placement.serve_in_order` makes it, for the passes
+//! where none of its other features is in play (no queue limits or job orderings, no task
+//! constraints, no alignment, no backfill, no preemption).
+//!
+//! The pass reads the engine's pending queues (Python objects) where they are and works on
+//! its own copies of free room and of the key vectors, so nothing in Python changes: it
+//! returns the placements in order, each with the key its tenant had when it was served, and
+//! the pass's first blocked entry; Python then commits them to its `Cycle` as the Python pass
+//! would have. A task with constraints ends it with None (the Python pass runs instead).
+//!
+//! The Python pass is the reference: every rule here names the Python it follows, and
+//! `tests/test_native.py` checks the two give the same decisions.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BinaryHeap, HashMap, HashSet};
+
+use numpy::{PyReadonlyArray1, PyReadonlyArray2};
+use pyo3::exceptions::PyKeyError;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+
+/// A tenant's place in the order of service: `fairness.FairKey` with the NORMAL priority
+/// (no min shares here): share, then arrival, then name; floats compared as Python does.
+#[derive(Clone, Debug)]
+struct Key {
+    share: f64,
+    arrival: f64,
+    name: String,
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Key {}
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Key {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.share
+            .partial_cmp(&other.share)
+            .unwrap_or(Ordering::Equal)
+            .then(self.arrival.partial_cmp(&other.arrival).unwrap_or(Ordering::Equal))
+            .then_with(|| self.name.cmp(&other.name)) // UTF-8 byte order is code point order
+    }
+}
+
+/// What the pass needs of one task shape (demand and constraints, interned by the engine).
+struct Shape {
+    demand: Vec<f64>,
+    need: Vec<f64>, // demand - EPSILON, as `Cycle.find_node`
+}
+
+struct Tenant<'py> {
+    name: String,
+    row: usize,
+    groups: Option<Bound<'py, PyDict>>, // `PendingQueue.groups`: shape -> TaskList (on first use)
+    heads: Option<BinaryHeap<Reverse<(i64, i64)>>>, // (seq, shape), `Cycle._heads`
+    failed: HashSet<i64>,                          // `Cycle._failed_for`
+}
+
+struct Group<'py> {
+    tasks: Bound<'py, PyList>,
+    head: usize,
+}
+
+/// One entry of a queue as the pass sees it.
+struct Entry<'py> {
+    task: Bound<'py, PyAny>,
+    seq: i64,
+    shape: i64,
+    count: i64,
+}
+
+struct Pass<'py> {
+    pending: Bound<'py, PyDict>,
+    rows: Bound<'py, PyDict>,
+    pending_state: Bound<'py, PyAny>, // TaskState.PENDING
+    eps: f64,
+    nres: usize,
+    nnodes: usize,
+    free: Vec<f64>,
+    capacity: Vec<f64>,
+    resource: Option<usize>,
+    vectors: Vec<f64>, // the key's vector per row: allocation (drf, fair) or accumulated usage (ltrf)
+    charge: Option<Vec<f64>>, // per row: a placement adds charge * demand (ltrf's quantum), else the demand
+    extra: Option<Vec<f64>>,  // per row: added to the share (ltrf's pseudo accumulated usage)
+    fraction: Vec<f64>,
+    arrival: Vec<f64>,
+    tenants: Vec<Tenant<'py>>,
+    groups: HashMap<(usize, i64), Group<'py>>,
+    cursor: HashMap<(usize, i64), (usize, i64)>, // `Cycle._cursor`: (offset, within)
+    shapes: HashMap<i64, Shape>,
+    candidates: HashMap<i64, (Vec<usize>, usize)>, // `Cycle._candidates`
+    failed_shapes: HashSet<i64>,
+    too_large: Vec<Vec<f64>>,
+    grown: Option<Vec<usize>>,
+    fresh: HashSet<i64>,
+    grown_demands: Option<Vec<Vec<f64>>>,
+    room_rows: Option<HashSet<usize>>,
+    room_lost: Vec<usize>,
+    reservation: Option<(usize, i64)>, // (node, shape)
+    reserving: bool,
+    blocked: Option<(usize, Bound<'py, PyAny>)>,
+    placements: Vec<(usize, Bound<'py, PyAny>, usize, f64)>,
+}
+
+/// Raised inside the pass when it meets what only the Python pass handles.
+struct Unsupported;
+
+enum Stop {
+    Unsupported,
+    Error(PyErr),
+}
+impl From<PyErr> for Stop {
+    fn from(err: PyErr) -> Self {
+        Stop::Error(err)
+    }
+}
+impl From<Unsupported> for Stop {
+    fn from(_: Unsupported) -> Self {
+        Stop::Unsupported
+    }
+}
+
+type R<T> = Result<T, Stop>;
+
+impl<'py> Pass<'py> {
+    fn row_free(&self, node: usize) -> &[f64] {
+        &self.free[node * self.nres..(node + 1) * self.nres]
+    }
+
+    /// `fairness.resource_share` of a row of the key vectors, plus `extra`, over the weight
+    /// (`FlatKey.initial_shares`, and the policy's key after a placement).
+    fn share_of(&self, row: usize) -> f64 {
+        let vec = &self.vectors[row * self.nres..(row + 1) * self.nres];
+        let mut share = match self.resource {
+            None => {
+                // `dominant_share`: the largest used / total over resources with capacity
+                let mut best: Option<f64> = None;
+                for (used, total) in vec.iter().zip(self.capacity.iter()) {
+                    if *total > 0.0 {
+                        let s = used / total;
+                        if best.is_none_or(|b| s > b) {
+                            best = Some(s);
+                        }
+                    }
+                }
+                best.unwrap_or(0.0)
+            }
+            Some(r) => {
+                let cap = self.capacity[r];
+                if cap > 0.0 {
+                    vec[r] / cap
+                } else {
+                    0.0
+                }
+            }
+        };
+        if let Some(extra) = &self.extra {
+            share += extra[row];
+        }
+        share / self.fraction[row]
+    }
+
+    fn key_of(&self, t: usize) -> Key {
+        let tenant = &self.tenants[t];
+        Key { share: self.share_of(tenant.row), arrival: self.arrival[tenant.row], name: tenant.name.clone() }
+    }
+
+    fn group(&mut self, t: usize, shape: i64) -> PyResult<Option<&Group<'py>>> {
+        if !self.groups.contains_key(&(t, shape)) {
+            let Some(list) = self.groups_of(t)?.get_item(shape)? else { return Ok(None) };
+            let tasks = list.getattr(intern!(self.pending.py(), "tasks"))?.cast_into::<PyList>()?;
+            let head: usize = list.getattr(intern!(self.pending.py(), "head"))?.extract()?;
+            self.groups.insert((t, shape), Group { tasks, head });
+        }
+        Ok(self.groups.get(&(t, shape)))
+    }
+
+    fn entry(&self, task: Bound<'py, PyAny>) -> PyResult<Entry<'py>> {
+        Ok(Entry {
+            seq: task.getattr(intern!(self.pending.py(), "seq"))?.extract()?,
+            shape: task.getattr(intern!(self.pending.py(), "shape"))?.extract()?,
+            count: task.getattr(intern!(self.pending.py(), "count"))?.extract()?,
+            task,
+        })
+    }
+
+    fn is_pending(&self, task: &Bound<'py, PyAny>) -> PyResult<bool> {
+        Ok(task.getattr(intern!(self.pending.py(), "state"))?.is(&self.pending_state))
+    }
+
+    /// `TaskList.next_from`: the first task not yet taken from `head + offset`, `within` in.
+    fn next_from(&mut self, t: usize, shape: i64, offset: usize, within: i64) -> PyResult<(Option<Entry<'py>>, usize, i64)> {
+        let Some(group) = self.group(t, shape)? else { return Ok((None, offset, 0)) };
+        let (tasks, head) = (group.tasks.clone(), group.head);
+        let mut i = head + offset;
+        let mut within = within;
+        let len = tasks.len();
+        while i < len {
+            let task = tasks.get_item(i)?;
+            if self.is_pending(&task)? {
+                let entry = self.entry(task)?;
+                if within < entry.count {
+                    return Ok((Some(entry), i - head, within));
+                }
+            }
+            i += 1;
+            within = 0;
+        }
+        Ok((None, i - head, 0))
+    }
+
+    /// `TaskList.pending_at(0)`: the first pending entry of a group.
+    fn pending_at_start(&mut self, t: usize, shape: i64) -> PyResult<Option<Entry<'py>>> {
+        let Some(group) = self.group(t, shape)? else { return Ok(None) };
+        let (tasks, head) = (group.tasks.clone(), group.head);
+        for i in head..tasks.len() {
+            let task = tasks.get_item(i)?;
+            if self.is_pending(&task)? {
+                return Ok(Some(self.entry(task)?));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The demand of `entry`'s shape; a shape with constraints is not for this pass.
+    fn shape(&mut self, entry: &Entry<'py>) -> R<()> {
+        if !self.shapes.contains_key(&entry.shape) {
+            let empty: bool = entry.task.getattr(intern!(self.pending.py(), "constraints"))?.getattr(intern!(self.pending.py(), "empty"))?.extract()?;
+            if !empty {
+                return Err(Unsupported.into());
+            }
+            let demand: Vec<f64> = entry.task.getattr(intern!(self.pending.py(), "demand_values"))?.extract()?;
+            if demand.len() != self.nres {
+                return Err(Unsupported.into());
+            }
+            let need = demand.iter().map(|d| d - self.eps).collect();
+            self.shapes.insert(entry.shape, Shape { demand, need });
+        }
+        Ok(())
+    }
+
+    /// The tenant's `PendingQueue.groups`, looked up on first use.
+    fn groups_of(&mut self, t: usize) -> PyResult<Bound<'py, PyDict>> {
+        if self.tenants[t].groups.is_none() {
+            let name = &self.tenants[t].name;
+            let queue = self.pending.get_item(name)?.ok_or_else(|| PyKeyError::new_err(name.clone()))?;
+            self.tenants[t].groups = Some(queue.getattr(intern!(self.pending.py(), "groups"))?.cast_into::<PyDict>()?);
+        }
+        Ok(self.tenants[t].groups.clone().unwrap())
+    }
+
+    /// Adds the tenant named `name` (its row from `rows`); returns its index.
+    fn add_tenant(&mut self, name: String) -> PyResult<usize> {
+        let row: usize = self.rows.get_item(&name)?.ok_or_else(|| PyKeyError::new_err(name.clone()))?.extract()?;
+        self.tenants.push(Tenant { name, row, groups: None, heads: None, failed: HashSet::new() });
+        Ok(self.tenants.len() - 1)
+    }
+
+    fn shape_keys(&mut self, t: usize) -> PyResult<Vec<i64>> {
+        let mut out = Vec::new();
+        for key in self.groups_of(t)?.keys().iter() {
+            out.push(key.extract::<i64>()?);
+        }
+        Ok(out)
+    }
+
+    /// `Cycle.next_task`: the tenant's earliest entry whose shape may still fit, or None.
+    fn next_task(&mut self, t: usize) -> R<Option<Entry<'py>>> {
+        if self.tenants[t].heads.is_none() {
+            let mut heads = BinaryHeap::new();
+            for shape in self.shape_keys(t)? {
+                if let Some(entry) = self.pending_at_start(t, shape)? {
+                    heads.push(Reverse((entry.seq, shape)));
+                }
+            }
+            self.tenants[t].heads = Some(heads);
+        }
+        loop {
+            let Some(&Reverse((_, shape))) = self.tenants[t].heads.as_ref().unwrap().peek() else { return Ok(None) };
+            if self.failed_shapes.contains(&shape) || self.tenants[t].failed.contains(&shape) {
+                self.tenants[t].heads.as_mut().unwrap().pop();
+                continue;
+            }
+            let (offset, within) = self.cursor.get(&(t, shape)).copied().unwrap_or((0, 0));
+            let (entry, _, _) = self.next_from(t, shape, offset, within)?;
+            match entry {
+                None => {
+                    self.tenants[t].heads.as_mut().unwrap().pop();
+                }
+                Some(entry) => {
+                    self.shape(&entry)?;
+                    return Ok(Some(entry));
+                }
+            }
+        }
+    }
+
+    /// `Cycle.first_entry` for a tenant the pass has not served (`_first_blocked_of_all`).
+    fn first_entry(&mut self, t: usize) -> R<Option<Entry<'py>>> {
+        let mut heads: Vec<Entry<'py>> = Vec::new();
+        for shape in self.shape_keys(t)? {
+            let (offset, within) = self.cursor.get(&(t, shape)).copied().unwrap_or((0, 0));
+            if let (Some(entry), _, _) = self.next_from(t, shape, offset, within)? {
+                heads.push(entry);
+            }
+        }
+        heads.sort_by_key(|entry| entry.seq); // stable, as Python's sort
+        match heads.into_iter().next() {
+            None => Ok(None),
+            Some(entry) => {
+                self.shape(&entry)?;
+                Ok(Some(entry))
+            }
+        }
+    }
+
+    /// `Cycle._advance`: take the next task of the entry's shape for the tenant.
+    fn advance(&mut self, t: usize, entry: &Entry<'py>) -> PyResult<()> {
+        let shape = entry.shape;
+        let (offset, within) = self.cursor.get(&(t, shape)).copied().unwrap_or((0, 0));
+        let (_, offset, within) = self.next_from(t, shape, offset, within)?;
+        self.cursor.insert((t, shape), (offset, within + 1));
+        if within + 1 < entry.count {
+            return Ok(());
+        }
+        let (next, _, _) = self.next_from(t, shape, offset, within + 1)?;
+        let heads = self.tenants[t].heads.as_mut().unwrap();
+        if heads.peek().is_some_and(|Reverse((_, s))| *s == shape) {
+            heads.pop();
+            if let Some(next) = next {
+                heads.push(Reverse((next.seq, shape)));
+            }
+        } else {
+            let mut rest: Vec<_> = heads.drain().filter(|Reverse((_, s))| *s != shape).collect();
+            if let Some(next) = next {
+                rest.push(Reverse((next.seq, shape)));
+            }
+            *heads = rest.into_iter().collect();
+        }
+        Ok(())
+    }
+
+    fn fits_row(&self, node: usize, need: &[f64]) -> bool {
+        self.row_free(node).iter().zip(need).all(|(have, want)| have >= want)
+    }
+
+    /// `Cycle.find_node` (first fit): the first node with room for the shape that it may use.
+    fn find_node(&mut self, shape: i64) -> Option<usize> {
+        if !self.candidates.contains_key(&shape) {
+            if self.nnodes == 0 {
+                return None;
+            }
+            let need = &self.shapes[&shape].need;
+            let mut nodes: Vec<usize> = match &self.grown {
+                Some(grown) if !self.fresh.contains(&shape) => {
+                    grown.iter().copied().filter(|&n| self.fits_row(n, need)).collect()
+                }
+                _ => (0..self.nnodes).filter(|&n| self.fits_row(n, need)).collect(),
+            };
+            if let Some((node, held)) = self.reservation {
+                if held != shape {
+                    nodes.retain(|&n| n != node);
+                }
+            }
+            self.candidates.insert(shape, (nodes, 0));
+        }
+        let need = self.shapes[&shape].need.clone();
+        let (nodes, start) = self.candidates.get(&shape).unwrap();
+        let mut i = *start;
+        let mut found = None;
+        while i < nodes.len() {
+            if self.fits_row(nodes[i], &need) {
+                found = Some(nodes[i]);
+                break;
+            }
+            i += 1;
+        }
+        self.candidates.get_mut(&shape).unwrap().1 = i;
+        found
+    }
+
+    /// `Cycle.kept_off_reserved_room` without backfill: the shape would fit the free room of
+    /// the node reserved for another shape.
+    fn kept_off_reserved_room(&self, shape: i64) -> bool {
+        match self.reservation {
+            Some((node, held)) if held != shape => {
+                let demand = &self.shapes[&shape].demand;
+                self.row_free(node).iter().zip(demand).all(|(have, want)| *have >= want - self.eps)
+            }
+            _ => false,
+        }
+    }
+
+    /// `Cycle._blocked`: the first entry of the pass that fitted no node's free room.
+    fn note_blocked(&mut self, t: usize, entry: &Entry<'py>) {
+        if self.blocked.is_none() && !self.kept_off_reserved_room(entry.shape) {
+            self.blocked = Some((t, entry.task.clone()));
+        }
+    }
+
+    fn room_for_any(&self, node: usize) -> bool {
+        let free = self.row_free(node);
+        self.grown_demands
+            .as_ref()
+            .is_some_and(|demands| demands.iter().any(|d| d.iter().zip(free).all(|(want, have)| *want <= have + self.eps)))
+    }
+
+    /// `Cycle.out_of_room`: no grown row has room for a shape queued before the pass.
+    fn out_of_room(&mut self) -> bool {
+        if self.room_rows.is_none() || (self.blocked.is_none() && self.reserving) {
+            return false;
+        }
+        let lost: Vec<usize> = std::mem::take(&mut self.room_lost);
+        let full: Vec<usize> = lost.into_iter().filter(|&n| !self.room_for_any(n)).collect();
+        let rows = self.room_rows.as_mut().unwrap();
+        for node in full {
+            rows.remove(&node);
+        }
+        rows.is_empty()
+    }
+
+    /// `Cycle.try_place` for a task without constraints, no caps, no backfill.
+    fn try_place(&mut self, t: usize, entry: &Entry<'py>, key: &Key) -> PyResult<bool> {
+        let shape = entry.shape;
+        let demand = self.shapes[&shape].demand.clone();
+        if self.too_large.iter().any(|floor| demand.iter().zip(floor).all(|(d, f)| d >= f)) {
+            self.failed_shapes.insert(shape);
+            self.note_blocked(t, entry);
+            return Ok(false);
+        }
+        let Some(node) = self.find_node(shape) else {
+            self.failed_shapes.insert(shape);
+            self.note_blocked(t, entry);
+            if !self.kept_off_reserved_room(shape) {
+                self.too_large.retain(|floor| !floor.iter().zip(&demand).all(|(x, d)| x >= d));
+                self.too_large.push(demand);
+            }
+            return Ok(false);
+        };
+        // `Cycle.commit`
+        let nres = self.nres;
+        for (r, d) in demand.iter().enumerate() {
+            self.free[node * nres + r] -= d;
+        }
+        if self.room_rows.as_ref().is_some_and(|rows| !rows.is_empty() && rows.contains(&node)) {
+            self.room_lost.push(node);
+        }
+        let row = self.tenants[t].row;
+        for (r, d) in demand.iter().enumerate() {
+            let added = match &self.charge {
+                Some(charge) => charge[row] * d,
+                None => *d,
+            };
+            self.vectors[row * nres + r] += added;
+        }
+        self.advance(t, entry)?;
+        self.placements.push((t, entry.task.clone(), node, key.share));
+        Ok(true)
+    }
+
+    /// `serve_in_order`'s loop: the tenant with the smallest key is served, one task at a time.
+    fn serve(&mut self, initial: &[f64], served: &[usize], rest: Vec<String>) -> R<()> {
+        let mut heap: BinaryHeap<Reverse<(Key, usize)>> = BinaryHeap::new();
+        for &t in served {
+            let row = self.tenants[t].row;
+            heap.push(Reverse((Key { share: initial[row], arrival: self.arrival[row], name: self.tenants[t].name.clone() }, t)));
+        }
+        let mut blocked_key: Option<Key> = None;
+        while let Some(Reverse((key, t))) = heap.pop() {
+            while let Some(entry) = self.next_task(t)? {
+                if self.try_place(t, &entry, &key)? {
+                    heap.push(Reverse((self.key_of(t), t)));
+                    break;
+                } else if blocked_key.is_none() && self.blocked.is_some() {
+                    blocked_key = Some(key.clone());
+                }
+                if self.out_of_room() {
+                    heap.clear();
+                    break;
+                }
+            }
+        }
+        if self.reserving {
+            self.first_blocked_of_all(initial, rest, blocked_key)?;
+        }
+        Ok(())
+    }
+
+    /// `_first_blocked_of_all`: the first blocked entry a pass over every tenant would find,
+    /// among the waiting tenants the candidates left out (`rest`).
+    fn first_blocked_of_all(&mut self, initial: &[f64], rest: Vec<String>, blocked_key: Option<Key>) -> R<()> {
+        let below = |shares: &mut dyn Iterator<Item = f64>, key: &Key| {
+            shares.fold(f64::INFINITY, f64::min) > key.share
+        };
+        if let Some(key) = &blocked_key {
+            if !initial.is_empty() && below(&mut initial.iter().copied(), key) {
+                return Ok(());
+            }
+        }
+        if rest.is_empty() {
+            return Ok(());
+        }
+        let mut keyed: Vec<(Key, usize)> = Vec::with_capacity(rest.len());
+        for name in rest {
+            let t = self.add_tenant(name)?;
+            let row = self.tenants[t].row;
+            keyed.push((Key { share: initial[row], arrival: self.arrival[row], name: self.tenants[t].name.clone() }, t));
+        }
+        if let Some(key) = &blocked_key {
+            if below(&mut keyed.iter().map(|(k, _)| k.share), key) {
+                return Ok(());
+            }
+        }
+        keyed.sort_by(|a, b| a.0.cmp(&b.0));
+        for (key, t) in keyed {
+            if let Some(bk) = &blocked_key {
+                if key >= *bk {
+                    return Ok(());
+                }
+            }
+            if let Some(entry) = self.first_entry(t)? {
+                if !self.kept_off_reserved_room(entry.shape) {
+                    self.blocked = Some((t, entry.task));
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn rows_of(array: &PyReadonlyArray2<f64>) -> PyResult<(usize, usize, Vec<f64>)> {
+    let view = array.as_array();
+    let (n, r) = view.dim();
+    Ok((n, r, view.iter().copied().collect()))
+}
+
+/// One pass of a flat fair policy (see the module's doc). Arguments, as `serve_in_order`
+/// reads them: `pending` (tenant -> PendingQueue), `served` (the tenants the pass serves, in
+/// the snapshot's order), `rest` (with `reserving` and candidates: the waiting tenants left
+/// out), `rows` (tenant -> row), `free` (node x resource), `vectors` (row x resource: what the
+/// key measures), `charge` (per row, or None: a placement adds the demand), `extra` (per row,
+/// added to the share, or None), `initial` (per row: the keys' first shares; None: made from
+/// the vectors, as `FlatKey.initial_shares`), `resource`
+/// (None: the dominant share), the grown rows, fresh shapes and grown demands of a pass over
+/// candidates, the reservation (node, shape). Returns None when the pass meets a task this
+/// pass does not handle, else `(placements, blocked)`: placements `(tenant, entry, node, share
+/// of the key it was served with)` in order, blocked `(tenant, entry)` or None.
+#[pyfunction]
+#[pyo3(signature = (pending, pending_state, eps, served, rest, rows, free, capacity, vectors, charge, extra,
+                    fraction, arrival, initial, resource, grown, fresh, grown_demands, reservation, reserving))]
+#[allow(clippy::too_many_arguments)]
+fn serve_flat<'py>(
+    py: Python<'py>,
+    pending: &Bound<'py, PyDict>,
+    pending_state: &Bound<'py, PyAny>,
+    eps: f64,
+    served: Vec<String>,
+    rest: Vec<String>,
+    rows: &Bound<'py, PyDict>,
+    free: PyReadonlyArray2<'py, f64>,
+    capacity: PyReadonlyArray1<'py, f64>,
+    vectors: PyReadonlyArray2<'py, f64>,
+    charge: Option<PyReadonlyArray1<'py, f64>>,
+    extra: Option<PyReadonlyArray1<'py, f64>>,
+    fraction: PyReadonlyArray1<'py, f64>,
+    arrival: PyReadonlyArray1<'py, f64>,
+    initial: Option<PyReadonlyArray1<'py, f64>>,
+    resource: Option<usize>,
+    grown: Option<PyReadonlyArray1<'py, i64>>,
+    fresh: Vec<i64>,
+    grown_demands: Option<PyReadonlyArray2<'py, f64>>,
+    reservation: Option<(usize, i64)>,
+    reserving: bool,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let (nnodes, nres, free) = rows_of(&free)?;
+    let (_, _, vectors) = rows_of(&vectors)?;
+    let grown: Option<Vec<usize>> = grown.map(|g| g.as_array().iter().map(|&n| n as usize).collect());
+    let grown_demands: Option<Vec<Vec<f64>>> =
+        grown_demands.map(|d| d.as_array().rows().into_iter().map(|row| row.to_vec()).collect());
+    let mut pass = Pass {
+        pending: pending.clone(),
+        rows: rows.clone(),
+        pending_state: pending_state.clone(),
+        eps,
+        nres,
+        nnodes,
+        free,
+        capacity: capacity.as_array().to_vec(),
+        resource,
+        vectors,
+        charge: charge.map(|c| c.as_array().to_vec()),
+        extra: extra.map(|e| e.as_array().to_vec()),
+        fraction: fraction.as_array().to_vec(),
+        arrival: arrival.as_array().to_vec(),
+        tenants: Vec::new(),
+        groups: HashMap::new(),
+        cursor: HashMap::new(),
+        shapes: HashMap::new(),
+        candidates: HashMap::new(),
+        failed_shapes: HashSet::new(),
+        too_large: Vec::new(),
+        fresh: fresh.into_iter().collect(),
+        room_rows: None,
+        room_lost: Vec::new(),
+        grown,
+        grown_demands,
+        reservation,
+        reserving,
+        blocked: None,
+        placements: Vec::new(),
+    };
+    // `Cycle.__init__`: in a pass over candidates with no new shape, the grown rows watched
+    if pass.grown_demands.is_some() && pass.fresh.is_empty() {
+        if let Some(grown) = &pass.grown {
+            let watched: HashSet<usize> = grown.iter().copied().filter(|&n| pass.room_for_any(n)).collect();
+            pass.room_rows = Some(watched);
+        }
+    }
+    let served: Vec<usize> = served.into_iter().map(|name| pass.add_tenant(name)).collect::<PyResult<_>>()?;
+    let initial: Vec<f64> = match initial {
+        Some(initial) => initial.as_array().to_vec(),
+        None => (0..pass.fraction.len()).map(|row| pass.share_of(row)).collect(),
+    };
+    match pass.serve(&initial, &served, rest) {
+        Err(Stop::Unsupported) => return Ok(None),
+        Err(Stop::Error(err)) => return Err(err),
+        Ok(()) => {}
+    }
+    let placements = PyList::empty(py);
+    for (t, task, node, share) in pass.placements {
+        placements.append((pass.tenants[t].name.clone(), task, node, share))?;
+    }
+    let blocked = match pass.blocked {
+        Some((t, task)) => (pass.tenants[t].name.clone(), task).into_pyobject(py)?.into_any(),
+        None => py.None().into_bound(py),
+    };
+    Ok(Some(PyTuple::new(py, [placements.into_any(), blocked])?))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(serve_flat, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,111 @@
+"""The compiled pass (``fairstream.core.native``, the Rust crate in ``native/``) against the
+Python pass it stands in for: on any scenario, every decision the same, reasons included.
+
+The Python pass is the reference; the compiled one runs the passes of ``drf``, ``fair`` and
+``ltrf`` that use none of what only Python handles (``placement._serve_compiled``) and gives
+up on a task with constraints. The scenarios here are mostly such passes, with some of the rest
+mixed in: constraints, nested tenants, requests, a lost node, reservations and backfill."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fairstream.core import native
+from fairstream.sim.scenario import parse_scenario
+from fairstream.sim.simulator import Simulator
+
+from test_properties import scenarios
+
+COMPILED_POLICIES = ["drf", "fair", "ltrf"]
+
+
+def test_the_compiled_module_is_built_by_the_install():
+    # scripts/bootstrap.sh installs with a Rust toolchain (every machine the README's commands
+    # run on has one); an install that silently fell back to Python fails here.
+    assert native.module is not None, "fairstream._native is not built: pip install -e . needs cargo"
+    assert native.enabled()
+
+
+class CountingModule:
+    """The compiled module with a count of its passes and of those it gave up."""
+
+    def __init__(self, module):
+        self.module, self.passes, self.gave_up = module, 0, 0
+
+    def serve_flat(self, *args):
+        self.passes += 1
+        result = self.module.serve_flat(*args)
+        self.gave_up += result is None
+        return result
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    counting = CountingModule(native.module)
+    monkeypatch.setattr(native, "module", counting)
+    return counting
+
+
+def decisions_of(document: dict, policy: str, params: dict, compiled: bool) -> list:
+    before = native.set_enabled(compiled)
+    try:
+        decisions = []
+        Simulator(parse_scenario(document), policy, params, on_decision=decisions.append).run()
+        return decisions
+    finally:
+        native.set_enabled(before)
+
+
+@st.composite
+def mostly_flat_scenarios(draw):
+    """``test_properties.scenarios`` with, most of the time, no constraints and no job
+    orderings (passes the compiled pass makes), and sometimes a node lost mid-run."""
+    document = draw(scenarios())
+    if draw(st.integers(0, 3)):
+        for task in document["tasks"]:
+            task.pop("constraints", None)
+        for tenant in document["tenants"]:
+            tenant.pop("ordering", None)
+    if draw(st.integers(0, 4)) == 0:
+        document["events"] = [{"time": draw(st.integers(1, 8)), "type": "node_lost", "node": "n0"}]
+    return document
+
+
+PARAMS = st.sampled_from([{}, {"reservation": "off"}, {"reservation": "backfill"}])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(document=mostly_flat_scenarios(), policy=st.sampled_from(COMPILED_POLICIES), params=PARAMS)
+def test_the_compiled_pass_decides_exactly_as_the_python_pass(document, policy, params, counted):
+    assert decisions_of(document, policy, params, compiled=True) == decisions_of(document, policy, params, compiled=False)
+
+
+def test_the_compiled_pass_runs_and_decides_as_python_on_a_busy_cluster(counted):
+    # 12 tenants, 6 nodes, 300 tasks: many passes over candidate tenants, reservations and
+    # requests; the compiled pass makes all of them (nothing has constraints).
+    tenants = [{"id": f"t{i}", "weight": 1 + i % 3} for i in range(12)]
+    nodes = [{"id": f"n{i}", "capacity": {"cpu": 8, "mem": 16}} for i in range(6)]
+    tasks = [{"id": f"k{i}", "job": f"j{i % 40}", "tenant": f"t{i % 12}", "submit": i // 7, "duration": 1 + i % 9,
+              "demand": {"cpu": 1 + i % 4, "mem": 1 + (i * 7) % 8}, **({"count": 3} if i % 11 == 0 else {})}
+             for i in range(300)]
+    document = {"resources": ["cpu", "mem"], "nodes": nodes, "tenants": tenants, "tasks": tasks}
+    for policy in COMPILED_POLICIES:
+        compiled = decisions_of(document, policy, {}, compiled=True)
+        assert compiled == decisions_of(document, policy, {}, compiled=False), policy
+        assert len(compiled) >= 300
+    assert counted.passes > 100 and counted.gave_up == 0
+
+
+def test_the_compiled_pass_gives_up_on_a_task_with_constraints_and_python_decides(counted):
+    document = {"resources": ["mem"], "nodes": [{"id": "n0", "capacity": {"mem": 4}, "labels": {"zone": "a"}},
+                                                 {"id": "n1", "capacity": {"mem": 4}, "labels": {"zone": "b"}}],
+                "tenants": [{"id": "A"}, {"id": "B"}],
+                "tasks": [{"id": "a1", "job": "j", "tenant": "A", "submit": 0, "duration": 2, "demand": {"mem": 3},
+                           "constraints": {"labels": {"zone": "b"}}},
+                          {"id": "b1", "job": "j", "tenant": "B", "submit": 0, "duration": 2, "demand": {"mem": 3}}]}
+    compiled = decisions_of(document, "drf", {}, compiled=True)
+    assert compiled == decisions_of(document, "drf", {}, compiled=False)
+    assert {(d.task, d.node) for d in compiled if d.kind.value == "place"} == {("a1", "n1"), ("b1", "n0")}
+    assert counted.gave_up >= 1
