@@ -1,10 +1,13 @@
-"""The compiled pass (``fairstream.core.native``, the Rust crate in ``native/``) against the
-Python pass it stands in for: on any scenario, every decision the same, reasons included.
+"""The compiled module (``fairstream.core.native``, the Rust crate in ``native/``) against the
+Python it stands in for: on any scenario, every decision the same, reasons included, and every
+metric the same to the last bit.
 
-The Python pass is the reference; the compiled one runs the passes of ``drf``, ``fair`` and
+The Python is the reference. The compiled pass runs the passes of ``drf``, ``fair`` and
 ``ltrf`` that use none of what only Python handles (``placement._serve_compiled``) and gives
-up on a task with constraints. The scenarios here are mostly such passes, with some of the rest
-mixed in: constraints, nested tenants, requests, a lost node, reservations and backfill."""
+up on a task with constraints; the compiled scans (the engine's candidate shapes and reserved
+node, the simulator's per-step metrics) run under every policy. The scenarios here are mostly
+passes the compiled pass makes, with some of the rest mixed in: constraints, nested tenants,
+requests, a lost node, reservations and backfill."""
 
 from __future__ import annotations
 
@@ -13,10 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fairstream.core import native
+from fairstream.policies import get as get_policy
 from fairstream.sim.scenario import parse_scenario
 from fairstream.sim.simulator import Simulator
 
-from test_properties import scenarios
+from test_properties import ALL, scenarios
 
 COMPILED_POLICIES = ["drf", "fair", "ltrf"]
 
@@ -40,6 +44,9 @@ class CountingModule:
         self.gave_up += result is None
         return result
 
+    def __getattr__(self, name):  # the module's other functions, as they are
+        return getattr(self.module, name)
+
 
 @pytest.fixture
 def counted(monkeypatch):
@@ -48,14 +55,21 @@ def counted(monkeypatch):
     return counting
 
 
-def decisions_of(document: dict, policy: str, params: dict, compiled: bool) -> list:
+def run(document: dict, policy: str, params: dict, compiled: bool) -> tuple[list, dict, dict]:
+    """The decisions, the summary and the metrics' series of a simulated run."""
     before = native.set_enabled(compiled)
     try:
         decisions = []
-        Simulator(parse_scenario(document), policy, params, on_decision=decisions.append).run()
-        return decisions
+        result = Simulator(parse_scenario(document), policy, params, on_decision=decisions.append).run()
+        metrics = result.metrics
+        series = {name: vars(one) for name, one in metrics.series.items()}
+        return decisions, result.summary(), {"tenants": series, "cluster": metrics.cluster}
     finally:
         native.set_enabled(before)
+
+
+def decisions_of(document: dict, policy: str, params: dict, compiled: bool) -> list:
+    return run(document, policy, params, compiled)[0]
 
 
 @st.composite
@@ -76,10 +90,19 @@ def mostly_flat_scenarios(draw):
 PARAMS = st.sampled_from([{}, {"reservation": "off"}, {"reservation": "backfill"}])
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(document=mostly_flat_scenarios(), policy=st.sampled_from(COMPILED_POLICIES), params=PARAMS)
 def test_the_compiled_pass_decides_exactly_as_the_python_pass(document, policy, params, counted):
     assert decisions_of(document, policy, params, compiled=True) == decisions_of(document, policy, params, compiled=False)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(document=mostly_flat_scenarios(), policy=st.sampled_from(ALL), params=PARAMS)
+def test_every_policy_decides_and_measures_exactly_alike_with_the_compiled_scans(document, policy, params):
+    # (== on floats: the compiled arithmetic is the same operations in the same order.)
+    known = {param.name for param in get_policy(policy).params}
+    params = {name: value for name, value in params.items() if name in known}
+    assert run(document, policy, params, compiled=True) == run(document, policy, params, compiled=False)
 
 
 def test_the_compiled_pass_runs_and_decides_as_python_on_a_busy_cluster(counted):
@@ -92,9 +115,9 @@ def test_the_compiled_pass_runs_and_decides_as_python_on_a_busy_cluster(counted)
              for i in range(300)]
     document = {"resources": ["cpu", "mem"], "nodes": nodes, "tenants": tenants, "tasks": tasks}
     for policy in COMPILED_POLICIES:
-        compiled = decisions_of(document, policy, {}, compiled=True)
-        assert compiled == decisions_of(document, policy, {}, compiled=False), policy
-        assert len(compiled) >= 300
+        compiled = run(document, policy, {}, compiled=True)
+        assert compiled == run(document, policy, {}, compiled=False), policy
+        assert len(compiled[0]) >= 300
     assert counted.passes > 100 and counted.gave_up == 0
 
 

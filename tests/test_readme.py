@@ -1,5 +1,5 @@
-"""The README's examples are tests: every command block of its Simulate, Policies, Scenario files
-and Streaming sections runs as written, in a clean copy of the repository (the files git tracks
+"""The README's examples are tests: every command block of its Simulate, Policies, Scenario files,
+Benchmarks and Streaming sections runs as written (its two set-up commands run in CI's own script), in a clean copy of the repository (the files git tracks
 and the ones it does not ignore: nothing a developer's tree has besides), with the installed
 ``fairstream`` first on PATH as ``source .venv/bin/activate`` puts it, and ``../shared`` beside
 the copy where this checkout has it. A README change that breaks an example fails here.
@@ -95,30 +95,15 @@ def _ids(items: list[str]) -> list[str]:
 
 
 SIMULATE = [c for b in blocks("Simulate") for c in commands(b)] + commands(blocks("Seeing why")[0])
-#: Quoted commands whose code a smaller quoted command runs as written: run in CI they would
-#: take minutes and test nothing more (each is parsed by the command line's parser below).
-LONG = {"fairstream sweep macro --out sweep-macro": "`sweep macro --scale 0.2 ...`, quoted beside it, runs "
-                                                    "the same sweep; the full size takes about 4 minutes"}
-POLICIES = [c for b in blocks("Policies") for c in commands(b) if bare(c) not in LONG]
+POLICIES = [c for b in blocks("Policies") for c in commands(b)]
+BENCHMARKS = [c for b in blocks("Benchmarks") for c in commands(b)]
 
 
 STREAMING = commands(blocks("Streaming")[0])
 QUERIES = commands(blocks("Seeing why")[1])  # run after the Streaming block, with it
-#: Commands the README quotes that the tests above do not run as written, where else they run
-#: (smaller), and why not here. Each is still parsed by the command line's own parser below.
-RUN_ELSEWHERE = {
-    "./scripts/demo.sh": "test_scenarios_and_cli.py runs `fairstream demo` at scale 0.05: the script adds "
-                         "only the install, which CI's own run of scripts/test.sh does",
-    "./scripts/test.sh": "it runs this suite (CI's .ci/run calls it)",
-    "fairstream bench engine": "test_every_policy.py runs it on 5 tenants, 5 nodes, 50 pending: the quoted sizes "
-                               "take minutes",
-    "scripts/services.sh start && fairstream bench stream --rate 5000 --duration 60 --events-per-message 20":
-        "a minute of load on the shared broker; test_worker_live.py drives the same worker",
-    "fairstream bench day --scale 16 --day-nodes 800": "test_every_policy.py runs it at scale 0.02 on 4 nodes: "
-                                                       "the quoted size takes half an hour",
-    "fairstream bench e2e": "about a minute of CPU; the same workload's parts run in test_every_policy.py",
-    **LONG,
-}
+#: The README's two commands: CI's own script runs them as written (checked below), so the
+#: suite does not run them again (one is the suite).
+RUN_BY_CI = {"./scripts/demo.sh", "./scripts/test.sh"}
 
 
 def quoted_commands() -> list[str]:
@@ -128,13 +113,18 @@ def quoted_commands() -> list[str]:
     return [bare(c) for title in titles if title != "Architecture" for b in blocks(title) for c in commands(b)]
 
 
-def test_every_command_the_readme_quotes_runs_in_a_test_or_says_where_and_why_not():
-    run_here = {bare(c) for c in SIMULATE + POLICIES + STREAMING + QUERIES}
+def test_every_command_the_readme_quotes_runs_as_written_in_a_test_or_in_ci():
+    run_here = {bare(c) for c in SIMULATE + POLICIES + BENCHMARKS + STREAMING + QUERIES}
     quoted = quoted_commands()
-    unaccounted = [c for c in quoted if c not in run_here and c not in RUN_ELSEWHERE]
-    assert not unaccounted, f"README commands no test runs (run them, or say in RUN_ELSEWHERE why not): {unaccounted}"
-    stale = [c for c in RUN_ELSEWHERE if c not in quoted]
-    assert not stale, f"RUN_ELSEWHERE names commands the README no longer quotes: {stale}"
+    unaccounted = [c for c in quoted if c not in run_here and c not in RUN_BY_CI]
+    assert not unaccounted, f"README commands no test runs as written: {unaccounted}"
+    assert RUN_BY_CI <= set(quoted), "the README's two commands are not quoted as RUN_BY_CI has them"
+
+
+def test_ci_runs_the_readmes_two_commands_as_written():
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    for command in sorted(RUN_BY_CI):
+        assert any(line == command or line.startswith(command + " ") for line in ci), f".ci/run does not run {command}"
 
 
 def test_every_fairstream_command_the_readme_quotes_is_one_the_command_line_accepts():
@@ -145,7 +135,11 @@ def test_every_fairstream_command_the_readme_quotes_is_one_the_command_line_acce
     from fairstream.cli import build_parser
 
     parser = build_parser()
-    for command in quoted_commands():
+    # (And the full-size bench commands docs/benchmarks.md quotes.)
+    benchmarks = (ROOT / "docs" / "benchmarks.md").read_text()
+    documented = [c for b in re.findall(r"^```\n(.*?)^```", benchmarks, re.M | re.S) for c in commands(b)]
+    assert any(c.startswith("fairstream bench e2e") for c in documented)
+    for command in quoted_commands() + [bare(c) for c in documented]:
         for part in re.split(r"&&|\|", command):
             words = shlex.split(part.strip().rstrip("&").strip())
             if words and words[0] == "fairstream":
@@ -157,7 +151,7 @@ def test_every_fairstream_command_the_readme_quotes_is_one_the_command_line_acce
 
 def test_the_readme_has_the_blocks_these_tests_run():
     # So that a reshuffled README cannot make the tests below run nothing.
-    assert len(SIMULATE) >= 3 and len(POLICIES) >= 4
+    assert len(SIMULATE) >= 3 and len(POLICIES) >= 4 and len(BENCHMARKS) >= 2
     assert blocks("Scenario files", "json") and len(blocks("Streaming")) == 1
 
 
@@ -180,6 +174,14 @@ def test_each_policies_example_runs_as_written(command, clean_copy):
         return
     printed = json.loads(done.stdout if command.startswith("fairstream explain") else done.stdout.splitlines()[-1])
     assert printed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", BENCHMARKS, ids=_ids(BENCHMARKS))
+def test_each_benchmark_example_runs_as_written_and_prints_json(command, clean_copy):
+    done = run_as_written(command, clean_copy)
+    printed = json.loads(done.stdout)
+    assert printed["benchmark"] == command.split()[2] and printed["policies"]
 
 
 def test_the_scenario_file_example_is_a_valid_scenario_that_simulates(clean_copy):

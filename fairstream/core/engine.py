@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 
 import numpy as np
 
+from fairstream.core import native
 from fairstream.core.accounting import Accounting
 from fairstream.core.jobs import JobUsage
 from fairstream.core.model import (
@@ -549,18 +550,23 @@ class Engine:
             if task_id != held.task:
                 self.reservation = Reservation(held.node, tenant, entry.shape, task_id)
             return  # the same wait: the same node (it could hold the shape when reserved)
-        live = self.alive & (self.capacity >= entry.demand - EPSILON).all(axis=1)
-        if not entry.constraints.empty:
-            live &= self._allowed(entry.constraints, range(len(self.nodes)))
-        for row in full:
-            live[row] = False
-        rows = np.flatnonzero(live)
-        if not len(rows):
+        usable = self.alive
+        if not entry.constraints.empty or full:
+            usable = usable.copy()
+            if not entry.constraints.empty:
+                usable &= self._allowed(entry.constraints, range(len(self.nodes)))
+            for row in full:
+                usable[row] = False
+        total = np.where(self.accounting.capacity > 0, self.accounting.capacity, 1.0)
+        if native.enabled():  # the same choice, compiled (``native.least_lacking_node``)
+            node = native.module.least_lacking_node(usable, self.capacity, self.used, entry.demand, total, EPSILON)
+        else:
+            rows = np.flatnonzero(usable & (self.capacity >= entry.demand - EPSILON).all(axis=1))
+            lacking = (np.maximum(entry.demand - (self.capacity[rows] - self.used[rows]), 0.0) / total).sum(axis=1)
+            node = int(rows[int(np.argmin(lacking))]) if len(rows) else None  # argmin: the first, the lowest row on ties
+        if node is None:
             self.reservation = None
             return
-        total = np.where(self.accounting.capacity > 0, self.accounting.capacity, 1.0)
-        lacking = (np.maximum(entry.demand - (self.capacity[rows] - self.used[rows]), 0.0) / total).sum(axis=1)
-        node = int(rows[int(np.argmin(lacking))])  # argmin takes the first: the lowest row on ties
         task_id = entry.task_ids(0, 1)[0]
         self.reservation = Reservation(node, tenant, entry.shape, task_id)
 
@@ -605,14 +611,18 @@ class Engine:
         holders = self._holders()
         if not len(rows) or not holders:
             return frozenset(out), self._shape_demands[:0]
-        shapes = np.fromiter(holders, dtype=np.int64, count=len(holders))  # the shapes that wait
-        demands = self._shape_demands[shapes]
-        free = self.capacity[rows] - self.used[rows] + EPSILON  # (live rows only)
-        fits = (demands[:, None, :] <= free[None, :, :]).all(axis=2).any(axis=1)
-        room = shapes[fits]
-        for shape in room.tolist():
+        if native.enabled():  # the same scan, compiled (``native.shapes_that_fit``)
+            room = native.module.shapes_that_fit(list(holders), self._shape_demands, self.capacity, self.used, rows,
+                                                 EPSILON)
+        else:
+            shapes = np.fromiter(holders, dtype=np.int64, count=len(holders))  # the shapes that wait
+            demands = self._shape_demands[shapes]
+            free = self.capacity[rows] - self.used[rows] + EPSILON  # (live rows only)
+            fits = (demands[:, None, :] <= free[None, :, :]).all(axis=2).any(axis=1)
+            room = shapes[fits].tolist()
+        for shape in room:
             out |= holders[shape]
-        return frozenset(out), self._shape_demands[room]
+        return frozenset(out), self._shape_demands[np.array(room, dtype=np.int64)]
 
     def snapshot(self, **pass_fields) -> Snapshot:
         """The state a pass reads (``Snapshot``); ``pass_fields``: what the engine knows of this

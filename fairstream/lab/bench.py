@@ -220,10 +220,10 @@ def bench_day(policies: list[str], scale: float = 1.0, nodes: int = 50, paths: l
 
 def _machine() -> dict:
     """What a figure was measured on: Python, cores, and whether passes used the compiled path
-    (``fairstream.core.native``; ``FAIRSTREAM_NATIVE=0`` measures the Python pass)."""
+    (``fairstream.core.native``; ``FAIRSTREAM_NATIVE=0`` measures the Python)."""
     from fairstream.core import native
 
-    return {"python": platform.python_version(), "cpus": os.cpu_count(), "compiled_pass": native.enabled()}
+    return {"python": platform.python_version(), "cpus": os.cpu_count(), "compiled_path": native.enabled()}
 
 
 def _e2e_run(args: tuple) -> dict:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fairstream.core import native
 from fairstream.core.fairness import (
     counted_allocation,
     fairness_degree,
@@ -135,20 +136,27 @@ class MetricsRecorder:
     def integral_counted(self) -> dict[str, float]:
         return self._by_name(2)
 
-    def _state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Per tenant row: g, d, S and counted g', in metric units."""
+    def _state(self) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], float | None]:
+        """Per tenant row: g, d, S and counted g', in metric units; and the soft fairness degree
+        (``soft_fairness``) when it came with them (the compiled ``native.metric_state``), else None."""
         acc = self.engine.accounting
         cap = acc.capacity
         n = len(acc.ledgers)
-        allocation = acc.allocation[:n]
-        counted = counted_allocation(allocation, acc.share[:n], acc.config.discount) if n else allocation
-        g = resource_shares(allocation, cap, self.resource)
-        d = resource_shares(allocation + acc.pending_demand[:n], cap, self.resource)
         table = self.engine.tree.effective_share
         if self._entitled_shares is None or self._entitled_shares[0] is not table or len(self._entitled_shares[1]) != n:
             shares = np.array([float(table.get(ledger.name, 0.0)) for ledger in acc.ledgers])
             self._entitled_shares = (table, shares)
-        return g, d, self._entitled_shares[1], resource_shares(counted, cap, self.resource)
+        entitled = self._entitled_shares[1]
+        if n and native.enabled():
+            g, d, counted, degree = native.module.metric_state(
+                n, acc.allocation, acc.share, acc.pending_demand, np.asarray(cap, dtype=np.float64), acc.fractions,
+                float(acc.config.discount), self.resource)
+            return (g, d, entitled, counted), degree
+        allocation = acc.allocation[:n]
+        counted = counted_allocation(allocation, acc.share[:n], acc.config.discount) if n else allocation
+        g = resource_shares(allocation, cap, self.resource)
+        d = resource_shares(allocation + acc.pending_demand[:n], cap, self.resource)
+        return (g, d, entitled, resource_shares(counted, cap, self.resource)), None
 
     def soft_fairness(self) -> float:
         """Formula 12's degree now, over the active tenants (QKnobler's C1: those with pending
@@ -167,14 +175,14 @@ class MetricsRecorder:
         if self.clock is None:
             self.clock = now
             self.next_sample = now
-        state = self._state()
+        state, degree = self._state()
         self._watch_fair_share(self.clock, state[0], state[1])  # the state as of the last step
         n = len(state[0])
         if self._integrals.shape[1] < n:
             grown = np.zeros((3, n))
             grown[:, : self._integrals.shape[1]] = self._integrals
             self._integrals = grown
-        degree = None  # the soft fairness degree: constant until ``now``, computed once
+        # (``degree``: the soft fairness degree, constant until ``now``: computed once, if not with the state)
         while self.next_sample < now:
             if degree is None:
                 degree = self.soft_fairness()

@@ -1,4 +1,7 @@
-//! fairstream's compiled hot path: one scheduling pass of the flat fair policies (`drf`,
+//! fairstream's compiled path (docs/architecture.md, "The compiled path"): `serve_flat`, below,
+//! and three per-event scans at the end of this file, each the twin of one numpy function.
+//!
+//! `serve_flat`: one scheduling pass of the flat fair policies (`drf`,
 //! `fair`, `ltrf`) as `fairstream.core.placement.serve_in_order` makes it, for the passes
 //! where none of its other features is in play (no queue limits or job orderings, no task
 //! constraints, no alignment, no backfill, no preemption).
@@ -140,29 +143,7 @@ impl<'py> Pass<'py> {
     /// (`FlatKey.initial_shares`, and the policy's key after a placement).
     fn share_of(&self, row: usize) -> f64 {
         let vec = &self.vectors[row * self.nres..(row + 1) * self.nres];
-        let mut share = match self.resource {
-            None => {
-                // `dominant_share`: the largest used / total over resources with capacity
-                let mut best: Option<f64> = None;
-                for (used, total) in vec.iter().zip(self.capacity.iter()) {
-                    if *total > 0.0 {
-                        let s = used / total;
-                        if best.is_none_or(|b| s > b) {
-                            best = Some(s);
-                        }
-                    }
-                }
-                best.unwrap_or(0.0)
-            }
-            Some(r) => {
-                let cap = self.capacity[r];
-                if cap > 0.0 {
-                    vec[r] / cap
-                } else {
-                    0.0
-                }
-            }
-        };
+        let mut share = share_of_row(vec, &self.capacity, self.resource);
         if let Some(extra) = &self.extra {
             share += extra[row];
         }
@@ -650,5 +631,156 @@ fn serve_flat<'py>(
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(serve_flat, m)?)?;
+    m.add_function(wrap_pyfunction!(shapes_that_fit, m)?)?;
+    m.add_function(wrap_pyfunction!(least_lacking_node, m)?)?;
+    m.add_function(wrap_pyfunction!(metric_state, m)?)?;
     Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// Per-event arithmetic of the engine and the simulator, each the twin of one numpy function.
+
+/// `Engine._candidates`' scan: of `shapes` (rows of `shape_demands`), those whose demand fits
+/// the free room `capacity - used + eps` of some row in `rows`, in the order given.
+#[pyfunction]
+fn shapes_that_fit(
+    shapes: Vec<usize>,
+    shape_demands: PyReadonlyArray2<'_, f64>,
+    capacity: PyReadonlyArray2<'_, f64>,
+    used: PyReadonlyArray2<'_, f64>,
+    rows: PyReadonlyArray1<'_, i64>,
+    eps: f64,
+) -> Vec<usize> {
+    let (demands, capacity, used) = (shape_demands.as_array(), capacity.as_array(), used.as_array());
+    let nres = demands.ncols();
+    let free: Vec<Vec<f64>> = rows
+        .as_array()
+        .iter()
+        .map(|&row| (0..nres).map(|k| capacity[[row as usize, k]] - used[[row as usize, k]] + eps).collect())
+        .collect();
+    shapes
+        .into_iter()
+        .filter(|&shape| free.iter().any(|room| (0..nres).all(|k| demands[[shape, k]] <= room[k])))
+        .collect()
+}
+
+/// `Engine._reserve`'s choice: among live nodes (`usable`) whose capacity holds `demand`
+/// (`capacity >= demand - eps`), the one that lacks least, summed over resources as shares of
+/// `total`; the lowest row on ties. None if there is none.
+#[pyfunction]
+fn least_lacking_node(
+    usable: PyReadonlyArray1<'_, bool>,
+    capacity: PyReadonlyArray2<'_, f64>,
+    used: PyReadonlyArray2<'_, f64>,
+    demand: PyReadonlyArray1<'_, f64>,
+    total: PyReadonlyArray1<'_, f64>,
+    eps: f64,
+) -> Option<usize> {
+    let (usable, capacity, used) = (usable.as_array(), capacity.as_array(), used.as_array());
+    let (demand, total) = (demand.as_array(), total.as_array());
+    let nres = demand.len();
+    let mut best: Option<(f64, usize)> = None;
+    for row in 0..usable.len() {
+        if !usable[row] || !(0..nres).all(|k| capacity[[row, k]] >= demand[k] - eps) {
+            continue;
+        }
+        let mut lacking = 0.0;
+        for k in 0..nres {
+            lacking += f64::max(demand[k] - (capacity[[row, k]] - used[[row, k]]), 0.0) / total[k];
+        }
+        // (numpy's argmin: the first of the smallest; a NaN is the smallest)
+        if best.is_none_or(|(least, _)| lacking < least || (lacking.is_nan() && !least.is_nan())) {
+            best = Some((lacking, row));
+        }
+    }
+    best.map(|(_, row)| row)
+}
+
+/// `fairness.resource_share` of one row: one resource's share (`resource`), or the dominant
+/// share (`dominant_share`: the largest used / total over resources with capacity; 0 if none).
+fn share_of_row(row: &[f64], capacity: &[f64], resource: Option<usize>) -> f64 {
+    match resource {
+        None => {
+            let mut best: Option<f64> = None;
+            for (used, total) in row.iter().zip(capacity) {
+                if *total > 0.0 {
+                    let s = used / total;
+                    if best.is_none_or(|b| s > b) {
+                        best = Some(s);
+                    }
+                }
+            }
+            best.unwrap_or(0.0)
+        }
+        Some(r) => {
+            if capacity[r] > 0.0 {
+                row[r] / capacity[r]
+            } else {
+                0.0
+            }
+        }
+    }
+}
+
+/// `MetricsRecorder._state` and `soft_fairness` in one: per tenant row (the first `n`), g, d
+/// and the counted allocation's share (formula 7) in the metric `resource`; and formula 12's
+/// soft fairness degree over the tenants with something pending (every row).
+#[pyfunction]
+#[pyo3(signature = (n, allocation, share, pending, capacity, fractions, discount, resource))]
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn metric_state<'py>(
+    py: Python<'py>,
+    n: usize,
+    allocation: PyReadonlyArray2<'py, f64>,
+    share: PyReadonlyArray2<'py, f64>,
+    pending: PyReadonlyArray2<'py, f64>,
+    capacity: PyReadonlyArray1<'py, f64>,
+    fractions: PyReadonlyArray1<'py, f64>,
+    discount: f64,
+    resource: Option<usize>,
+) -> (Bound<'py, numpy::PyArray1<f64>>, Bound<'py, numpy::PyArray1<f64>>, Bound<'py, numpy::PyArray1<f64>>, f64) {
+    let (allocation, share, pending) = (allocation.as_array(), share.as_array(), pending.as_array());
+    let capacity = capacity.as_array().to_vec();
+    let fractions = fractions.as_array();
+    let nres = capacity.len();
+    let (mut g, mut d, mut counted) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut wanted, mut kept) = (vec![0.0; nres], vec![0.0; nres]);
+    for row in 0..n {
+        let used: Vec<f64> = allocation.row(row).to_vec();
+        for k in 0..nres {
+            wanted[k] = used[k] + pending[[row, k]];
+            let (a, s) = (used[k], share[[row, k]]);
+            kept[k] = f64::min(a, s) + discount * f64::max(a - s, 0.0);
+        }
+        g.push(share_of_row(&used, &capacity, resource));
+        d.push(share_of_row(&wanted, &capacity, resource));
+        counted.push(share_of_row(&kept, &capacity, resource));
+    }
+    // soft fairness: active rows are those whose pending demand sums above 0
+    let mut degree = 0.0;
+    if n >= 2 {
+        let mut weighted: Vec<f64> = Vec::new();
+        let mut active = 0;
+        for row in 0..pending.nrows() {
+            let wants: f64 = pending.row(row).iter().fold(0.0, |sum, x| sum + x);
+            if wants > 0.0 {
+                active += 1;
+                if fractions[row] > 0.0 {
+                    let used: Vec<f64> = allocation.row(row).to_vec();
+                    weighted.push(share_of_row(&used, &capacity, None) / fractions[row]);
+                }
+            }
+        }
+        if active >= 2 && weighted.len() >= 2 {
+            let most = weighted.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let least = weighted.iter().copied().fold(f64::INFINITY, f64::min);
+            degree = most - least;
+        }
+    }
+    (
+        numpy::PyArray1::from_vec(py, g),
+        numpy::PyArray1::from_vec(py, d),
+        numpy::PyArray1::from_vec(py, counted),
+        degree,
+    )
 }
