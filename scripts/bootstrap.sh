@@ -12,12 +12,13 @@ fi
 if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
-# (The compiled module's sources count: a change there builds it again.)
-stamp="$venv/.installed-$(cat "$root/pyproject.toml" "$root"/native/Cargo.* "$root"/native/src/*.rs | sha256sum | cut -c1-16)"
+# (The compiled module's sources count, and whether cargo is there: a change to either, Rust
+# installed after a first install without it say, builds it again.)
+stamp="$venv/.installed-$({ cat "$root/pyproject.toml" "$root"/native/Cargo.* "$root"/native/src/*.rs; command -v cargo || true; } | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   echo "fairstream: installing into $venv (log: $venv/install.log)" >&2
   if ! command -v cargo >/dev/null 2>&1; then
-    echo "fairstream: no cargo (Rust) found: installing without the compiled pass; every pass runs in Python, slower (Rust: https://rustup.rs)" >&2
+    echo "fairstream: no cargo (Rust) found: installing without the compiled path; everything runs in Python, slower (Rust: https://rustup.rs)" >&2
   fi
   if ! { "$venv/bin/python" -m pip install --upgrade pip && "$venv/bin/python" -m pip install -e "$root[test]"; } \
       > "$venv/install.log" 2>&1; then
