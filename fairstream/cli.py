@@ -936,7 +936,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "  e2e     the busy workload (100 queues, 1,000 nodes, 50,000 tasks) through simulate:\n"
                     "          placed tasks per second, and the same placements with times divided by 10\n"
                     "  day     both SWIM samples as one day times --scale on --day-nodes nodes: wall time,\n"
-                    "          engine steps per second, peak memory, per policy in a fresh process\n"
+                    "          input events and engine steps per second, peak memory, per policy in a\n"
+                    "          fresh process\n"
                     "  stream  the worker on a real Kafka and Redis (scripts/services.sh): events per second\n"
                     "          and decision latency at --rate for --duration")
     bench.add_argument("target", choices=["engine", "stream", "day", "e2e"])

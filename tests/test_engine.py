@@ -1,13 +1,15 @@
 """Engine behaviour: events, node loss, windows (S-LTMM), pseudo accumulated resources, weights
 and min/max shares."""
 
+import dataclasses
 from collections import Counter
 
 import pytest
 
 from builders import engine, node, submit, tree
 from fairstream.core.accounting import AccountingConfig
-from fairstream.core.model import DecisionKind, ModelError, NodeLost, ReasonCode, TaskCompleted, TenantSpec
+from fairstream.core.engine import PolicyViolation
+from fairstream.core.model import Decision, DecisionKind, ModelError, NodeLost, ReasonCode, TaskCompleted, TenantSpec
 
 UNIT = {"quantum": 1, "quantum_mode": "fixed"}
 
@@ -279,3 +281,26 @@ def test_a_snapshot_field_made_on_first_read_shows_the_pass_and_refuses_a_read_a
     with pytest.raises(SnapshotExpired):
         read_late.running
     assert read_late.allocation.tolist() == read_now.allocation.tolist()  # what it was given stays readable
+
+
+@pytest.mark.parametrize("held, placed, refused", [
+    pytest.param(3.0, 1.0, False, id="a task that fills the node's last room is accepted"),
+    pytest.param(3.0, 1.5, True, id="a task larger than the room left is refused"),
+    pytest.param(0.0, 4.5, True, id="a task larger than the whole node is refused"),
+    pytest.param(3.0, 1.0 + 1e-12, False, id="float dust within EPSILON is not an over-commit"),
+])
+def test_the_engine_refuses_a_policy_that_over_commits_a_node(held, placed, refused):
+    # The engine checks every placement against its own view of the node (``Engine._start``):
+    # a policy that places more than the free room raises, whatever the policy.
+    e = engine(tree("A"), "fifo")
+    e.step(0, [node("n0", mem=4)] + ([submit("hold", "A", 0, mem=held)] if held else []))
+
+    def place_it(snapshot, params):
+        return [Decision(1.0, "big", "big", "A", "n0", {"mem": placed}, "fifo", "test", ReasonCode.ARRIVAL_ORDER)]
+
+    e.spec = dataclasses.replace(e.spec, decide=place_it)
+    if refused:
+        with pytest.raises(PolicyViolation, match="over-commits node n0 with big"):
+            e.step(1, [submit("big", "A", 1, mem=placed)])
+    else:
+        assert [d.task for d in e.step(1, [submit("big", "A", 1, mem=placed)]).decisions] == ["big"]

@@ -149,3 +149,5 @@ def test_bench_day_plays_the_swim_samples_as_one_day_and_reports_time_and_peak_m
     run = printed_json(capsys)["policies"]["drf"]
     assert run["jobs"] == 12532 and run["unfinished_tasks"] == 0 and run["tasks"] >= run["requests"]
     assert run["simulated_s"] > 86_400 * 0.9 and run["peak_rss_mb"] > 0 and run["tasks_per_s"] > 0
+    # Its input: a submission per request, a completion per task, a heartbeat per node.
+    assert run["events"] == run["requests"] + run["tasks"] + 4 and run["events_per_s"] > 0

@@ -1159,7 +1159,7 @@ class Engine:
         if most is not None and self._jobs_on_nodes().get((task.tenant, task.job), {}).get(row, 0) >= most:
             raise PolicyViolation(f"{decision.policy} placed {task.id} on {node.id}, where job {task.job} already runs "
                                   f"its max_per_node {most}")
-        if ((self._used[row] + task.demand) > self._capacity[row] + EPSILON).any():
+        if _over(self._used[row].tolist(), task.demand.tolist(), self._capacity[row].tolist()):
             raise PolicyViolation(f"{decision.policy} over-commits node {node.id} with {task.id}")
         self._used[row] += task.demand
         self._tasks_changed_on(row, task, started=True)
@@ -1194,6 +1194,16 @@ def _task_of(request: Task, task_id: str) -> Task:
     return Task(task_id, request.job, request.tenant, request.demand, request.submit, request.constraints,
                 estimate=request.estimate, seq=request.seq, demand_map=request.demand_map, shape=request.shape,
                 demand_values=request.demand_values)
+
+
+def _over(used: list[float], demand: list[float], capacity: list[float]) -> bool:
+    """Whether ``demand`` on a node with ``used`` of its ``capacity`` over-commits it: the
+    float operations of ``(used + demand > capacity + EPSILON).any()``, in plain floats (numpy
+    costs several times more on a vector of two or three)."""
+    for have, want, room in zip(used, demand, capacity):
+        if have + want > room + EPSILON:
+            return True
+    return False
 
 
 def _split_task_id(task: str) -> tuple[str, int] | None:

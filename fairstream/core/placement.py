@@ -556,7 +556,13 @@ class Cycle:
         if self.tracks_groups:
             for group in self.snapshot.tree.path(tenant):
                 self.group_allocation[group] += task.demand
-        within = self._advance(tenant, task)
+        decision = self.record_placement(tenant, task, node, self._advance(tenant, task), reason, code)
+        self.placed.append((decision, tenant, task, node))
+        self._placed_after = None
+
+    def record_placement(self, tenant: str, task: Task, node: int, within: int, reason: str, code: ReasonCode) -> Decision:
+        """Record the decision placing ``task`` (an entry: its task ``within`` of a request) on
+        ``node``; the pass's working state is ``commit``'s to change."""
         decision = Decision(
             time=self.snapshot.time,
             task=task.id if task.index < 0 else task.task_ids(within, 1)[0],
@@ -569,8 +575,7 @@ class Cycle:
             code=code,
         )
         self.decisions.append(decision)
-        self.placed.append((decision, tenant, task, node))
-        self._placed_after = None
+        return decision
 
     def may_withdraw(self, task_id: str, gone) -> bool:
         """Whether this pass's placement of ``task_id`` may be withdrawn, given the task ids
@@ -804,7 +809,8 @@ class FlatKey:
     placement adds ``charge[row]`` times its demand to the row (the demand itself if None).
     ``drf`` and ``fair``: the allocation; ``ltrf``: accumulated usage, PAR and one quantum.
     ``compiled``: the compiled pass may serve by it (not when a later stage of the policy
-    reads the pass's working state, nor when the charge is not linear in the demand)."""
+    reads the pass's working state or what its charges left, nor when the charge is not
+    linear in the demand): its placements are recorded as decisions, not replayed."""
 
     vectors: np.ndarray
     resource: int | None
@@ -857,7 +863,7 @@ def serve_in_order(
         only = [tenant for tenant in snapshot.pending if tenant in snapshot.candidates]
     if flat_key is not None:
         if (flat_key.compiled and native.enabled() and admit is None and not key_reads_queue
-                and _serve_compiled(cycle, flat_key, reason, charge, initial_shares, only, code)):
+                and _serve_compiled(cycle, flat_key, reason, initial_shares, only, code)):
             return cycle.decisions
         if initial_shares is None:
             initial_shares = flat_key.initial_shares(snapshot)
@@ -900,31 +906,28 @@ def serve_in_order(
     return cycle.decisions
 
 
-def _serve_compiled(cycle: Cycle, flat_key: FlatKey, reason: ReasonFn, charge: ChargeFn | None,
-                    initial_shares: np.ndarray | None, only: list[str] | None, code: ReasonCode) -> bool:
+def _serve_compiled(cycle: Cycle, flat_key: FlatKey, reason: ReasonFn, initial_shares: np.ndarray | None,
+                    only: list[str] | None, code: ReasonCode) -> bool:
     """``serve_in_order``'s loop in the compiled module, for a fresh pass with none of what
     only the Python loop handles: caps and min shares, job orderings and max_running, queue
     orderings, alignment or a node order, backfill, constraints (the compiled pass gives up
     when it meets a task with some). Its placements are then committed to ``cycle`` in order,
-    with the reasons and charges the Python loop gives them, and its first blocked entry set:
-    ``cycle`` ends as the Python loop leaves it in what the engine reads of it (decisions,
-    ``blocked``). Returns False, having changed nothing, when it did not run."""
+    with the reasons the Python loop gives them, and its first blocked entry set: ``cycle``
+    ends as the Python loop leaves it in what the engine reads of it (decisions, ``blocked``),
+    not in its working state (free room, cursors), nor are the policy's charges replayed:
+    ``FlatKey.compiled`` says nothing reads them after the pass. Returns False, having changed
+    nothing, when it did not run."""
     snap = cycle.snapshot
     if (cycle.capped or cycle.tracks_groups or cycle._orders_jobs or cycle.affinity or cycle.node_order is not None
             or snap.backfill_until is not None or cycle.placed or cycle.decisions.blocked is not None):
         return False
-    if only is None:
-        served, rest = list(snap.pending), []
-    else:
-        chosen = set(only)
-        served, rest = only, [tenant for tenant in snap.pending if tenant not in chosen] if snap.reserving else []
     held = snap.reservation
 
     def floats(array):  # (the compiled side reads doubles; an array of whole numbers may be ints)
         return None if array is None else np.asarray(array, dtype=np.float64)
 
     result = native.module.serve_flat(
-        snap.pending, TaskState.PENDING, EPSILON, served, rest, snap.rows, floats(cycle.free), floats(snap.capacity),
+        snap.pending, TaskState.PENDING, EPSILON, list(snap.pending) if only is None else only, snap.rows, floats(cycle.free), floats(snap.capacity),
         floats(flat_key.vectors), floats(flat_key.charge), floats(flat_key.extra), floats(snap.share_fraction),
         floats(snap.arrival), floats(initial_shares), flat_key.resource,
         None if snap.grown_rows is None else np.asarray(snap.grown_rows, dtype=np.int64), list(snap.fresh_shapes),
@@ -933,11 +936,9 @@ def _serve_compiled(cycle: Cycle, flat_key: FlatKey, reason: ReasonFn, charge: C
         return False
     placements, blocked = result
     rows, arrival = snap.rows, snap.arrival
-    for tenant, task, node, share in placements:
+    for tenant, task, node, share, within in placements:
         tenant_key = fair_key(share, float(arrival[rows[tenant]]), tenant)
-        cycle.commit(tenant, task, node, reason(cycle, tenant, tenant_key), order_code(tenant_key, code))
-        if charge is not None:
-            charge(cycle, tenant, task)
+        cycle.record_placement(tenant, task, node, within, reason(cycle, tenant, tenant_key), order_code(tenant_key, code))
     cycle.decisions.blocked = blocked
     return True
 

@@ -179,10 +179,13 @@ def _day_run(args: tuple) -> dict:
     result = Simulator(scenario, policy, {}, progress=progress, on_decision=count, on_step=step).run()
     elapsed = time.perf_counter() - started
     summary = result.summary()
+    requests = sum(1 for _ in scenario.tasks)
+    # The engine's input: a submission per request, a completion per task, a heartbeat per node.
+    events = requests + scenario.task_count - summary["unfinished_tasks"] + nodes
     return {
         "policy": policy,
         "jobs": scenario.tasks.jobs,
-        "requests": sum(1 for _ in scenario.tasks),
+        "requests": requests,
         "tasks": scenario.task_count,
         "decisions": decisions,
         "unfinished_tasks": summary["unfinished_tasks"],
@@ -191,6 +194,8 @@ def _day_run(args: tuple) -> dict:
         "tasks_per_s": round(scenario.task_count / elapsed, 1),
         "engine_steps": steps,
         "steps_per_s": round(steps / elapsed, 1),
+        "events": events,
+        "events_per_s": round(events / elapsed, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
 

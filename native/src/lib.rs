@@ -9,20 +9,22 @@
 //! The pass reads the engine's pending queues (Python objects) where they are and works on
 //! its own copies of free room and of the key vectors, so nothing in Python changes: it
 //! returns the placements in order, each with the key its tenant had when it was served, and
-//! the pass's first blocked entry; Python then commits them to its `Cycle` as the Python pass
-//! would have. A task with constraints ends it with None (the Python pass runs instead).
+//! the pass's first blocked entry; Python then records them as its `Cycle`'s decisions, as
+//! the Python pass would have made them. A task with constraints ends it with None (the Python
+//! pass runs instead).
 //!
 //! The Python pass is the reference: every rule here names the Python it follows, and
 //! `tests/test_native.py` checks the two give the same decisions.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::rc::Rc;
 
 use numpy::{PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::exceptions::PyKeyError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 /// A tenant's place in the order of service: `fairness.FairKey` with the NORMAL priority
 /// (no min shares here): share, then arrival, then name; floats compared as Python does.
@@ -30,7 +32,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 struct Key {
     share: f64,
     arrival: f64,
-    name: String,
+    name: Rc<str>, // shared with the tenant's record: a key is made per placement
 }
 
 impl PartialEq for Key {
@@ -61,7 +63,8 @@ struct Shape {
 }
 
 struct Tenant<'py> {
-    name: String,
+    name: Rc<str>,
+    py_name: Bound<'py, PyString>, // the caller's string: dict lookups reuse its hash, results hand it back
     row: usize,
     groups: Option<Bound<'py, PyDict>>, // `PendingQueue.groups`: shape -> TaskList (on first use)
     heads: Option<BinaryHeap<Reverse<(i64, i64)>>>, // (seq, shape), `Cycle._heads`
@@ -111,7 +114,7 @@ struct Pass<'py> {
     reservation: Option<(usize, i64)>, // (node, shape)
     reserving: bool,
     blocked: Option<(usize, Bound<'py, PyAny>)>,
-    placements: Vec<(usize, Bound<'py, PyAny>, usize, f64)>,
+    placements: Vec<(usize, Bound<'py, PyAny>, usize, f64, i64)>, // (tenant, entry, node, key share, within)
 }
 
 /// Raised inside the pass when it meets what only the Python pass handles.
@@ -232,17 +235,18 @@ impl<'py> Pass<'py> {
     /// The tenant's `PendingQueue.groups`, looked up on first use.
     fn groups_of(&mut self, t: usize) -> PyResult<Bound<'py, PyDict>> {
         if self.tenants[t].groups.is_none() {
-            let name = &self.tenants[t].name;
-            let queue = self.pending.get_item(name)?.ok_or_else(|| PyKeyError::new_err(name.clone()))?;
+            let name = &self.tenants[t].py_name;
+            let queue = self.pending.get_item(name)?.ok_or_else(|| PyKeyError::new_err(name.clone().unbind()))?;
             self.tenants[t].groups = Some(queue.getattr(intern!(self.pending.py(), "groups"))?.cast_into::<PyDict>()?);
         }
         Ok(self.tenants[t].groups.clone().unwrap())
     }
 
     /// Adds the tenant named `name` (its row from `rows`); returns its index.
-    fn add_tenant(&mut self, name: String) -> PyResult<usize> {
-        let row: usize = self.rows.get_item(&name)?.ok_or_else(|| PyKeyError::new_err(name.clone()))?.extract()?;
-        self.tenants.push(Tenant { name, row, groups: None, heads: None, failed: HashSet::new() });
+    fn add_tenant(&mut self, py_name: Bound<'py, PyString>) -> PyResult<usize> {
+        let row: usize = self.rows.get_item(&py_name)?.ok_or_else(|| PyKeyError::new_err(py_name.clone().unbind()))?.extract()?;
+        let name: Rc<str> = Rc::from(py_name.to_str()?);
+        self.tenants.push(Tenant { name, py_name, row, groups: None, heads: None, failed: HashSet::new() });
         Ok(self.tenants.len() - 1)
     }
 
@@ -305,13 +309,14 @@ impl<'py> Pass<'py> {
     }
 
     /// `Cycle._advance`: take the next task of the entry's shape for the tenant.
-    fn advance(&mut self, t: usize, entry: &Entry<'py>) -> PyResult<()> {
+    /// Returns how many tasks of the entry the pass took before this one (its place in a request).
+    fn advance(&mut self, t: usize, entry: &Entry<'py>) -> PyResult<i64> {
         let shape = entry.shape;
         let (offset, within) = self.cursor.get(&(t, shape)).copied().unwrap_or((0, 0));
         let (_, offset, within) = self.next_from(t, shape, offset, within)?;
         self.cursor.insert((t, shape), (offset, within + 1));
         if within + 1 < entry.count {
-            return Ok(());
+            return Ok(within);
         }
         let (next, _, _) = self.next_from(t, shape, offset, within + 1)?;
         let heads = self.tenants[t].heads.as_mut().unwrap();
@@ -327,7 +332,7 @@ impl<'py> Pass<'py> {
             }
             *heads = rest.into_iter().collect();
         }
-        Ok(())
+        Ok(within)
     }
 
     fn fits_row(&self, node: usize, need: &[f64]) -> bool {
@@ -443,13 +448,13 @@ impl<'py> Pass<'py> {
             };
             self.vectors[row * nres + r] += added;
         }
-        self.advance(t, entry)?;
-        self.placements.push((t, entry.task.clone(), node, key.share));
+        let within = self.advance(t, entry)?;
+        self.placements.push((t, entry.task.clone(), node, key.share, within));
         Ok(true)
     }
 
     /// `serve_in_order`'s loop: the tenant with the smallest key is served, one task at a time.
-    fn serve(&mut self, initial: &[f64], served: &[usize], rest: Vec<String>) -> R<()> {
+    fn serve(&mut self, initial: &[f64], served: &[usize]) -> R<()> {
         let mut heap: BinaryHeap<Reverse<(Key, usize)>> = BinaryHeap::new();
         for &t in served {
             let row = self.tenants[t].row;
@@ -471,20 +476,29 @@ impl<'py> Pass<'py> {
             }
         }
         if self.reserving {
-            self.first_blocked_of_all(initial, rest, blocked_key)?;
+            self.first_blocked_of_all(initial, blocked_key)?;
         }
         Ok(())
     }
 
     /// `_first_blocked_of_all`: the first blocked entry a pass over every tenant would find,
-    /// among the waiting tenants the candidates left out (`rest`).
-    fn first_blocked_of_all(&mut self, initial: &[f64], rest: Vec<String>, blocked_key: Option<Key>) -> R<()> {
+    /// among the waiting tenants the pass did not serve (the candidates left them out).
+    fn first_blocked_of_all(&mut self, initial: &[f64], blocked_key: Option<Key>) -> R<()> {
         let below = |shares: &mut dyn Iterator<Item = f64>, key: &Key| {
             shares.fold(f64::INFINITY, f64::min) > key.share
         };
         if let Some(key) = &blocked_key {
             if !initial.is_empty() && below(&mut initial.iter().copied(), key) {
                 return Ok(());
+            }
+        }
+        // The waiting tenants not served, found only now: the quick check above usually ends it.
+        let served: HashSet<Rc<str>> = self.tenants.iter().map(|tenant| tenant.name.clone()).collect();
+        let mut rest: Vec<Bound<'py, PyString>> = Vec::new();
+        for name in self.pending.keys().iter() {
+            let name = name.cast_into::<PyString>().map_err(PyErr::from)?;
+            if !served.contains(name.to_str()?) {
+                rest.push(name);
             }
         }
         if rest.is_empty() {
@@ -527,17 +541,18 @@ fn rows_of(array: &PyReadonlyArray2<f64>) -> PyResult<(usize, usize, Vec<f64>)> 
 
 /// One pass of a flat fair policy (see the module's doc). Arguments, as `serve_in_order`
 /// reads them: `pending` (tenant -> PendingQueue), `served` (the tenants the pass serves, in
-/// the snapshot's order), `rest` (with `reserving` and candidates: the waiting tenants left
-/// out), `rows` (tenant -> row), `free` (node x resource), `vectors` (row x resource: what the
+/// the snapshot's order; with `reserving`, the waiting tenants not among them are looked at
+/// for the first blocked entry), `rows` (tenant -> row), `free` (node x resource), `vectors` (row x resource: what the
 /// key measures), `charge` (per row, or None: a placement adds the demand), `extra` (per row,
 /// added to the share, or None), `initial` (per row: the keys' first shares; None: made from
 /// the vectors, as `FlatKey.initial_shares`), `resource`
 /// (None: the dominant share), the grown rows, fresh shapes and grown demands of a pass over
 /// candidates, the reservation (node, shape). Returns None when the pass meets a task this
 /// pass does not handle, else `(placements, blocked)`: placements `(tenant, entry, node, share
-/// of the key it was served with)` in order, blocked `(tenant, entry)` or None.
+/// of the key it was served with, tasks of the entry taken before it in this pass)` in order,
+/// blocked `(tenant, entry)` or None. Tenant names are the caller's string objects.
 #[pyfunction]
-#[pyo3(signature = (pending, pending_state, eps, served, rest, rows, free, capacity, vectors, charge, extra,
+#[pyo3(signature = (pending, pending_state, eps, served, rows, free, capacity, vectors, charge, extra,
                     fraction, arrival, initial, resource, grown, fresh, grown_demands, reservation, reserving))]
 #[allow(clippy::too_many_arguments)]
 fn serve_flat<'py>(
@@ -545,8 +560,7 @@ fn serve_flat<'py>(
     pending: &Bound<'py, PyDict>,
     pending_state: &Bound<'py, PyAny>,
     eps: f64,
-    served: Vec<String>,
-    rest: Vec<String>,
+    served: Vec<Bound<'py, PyString>>,
     rows: &Bound<'py, PyDict>,
     free: PyReadonlyArray2<'py, f64>,
     capacity: PyReadonlyArray1<'py, f64>,
@@ -612,17 +626,17 @@ fn serve_flat<'py>(
         Some(initial) => initial.as_array().to_vec(),
         None => (0..pass.fraction.len()).map(|row| pass.share_of(row)).collect(),
     };
-    match pass.serve(&initial, &served, rest) {
+    match pass.serve(&initial, &served) {
         Err(Stop::Unsupported) => return Ok(None),
         Err(Stop::Error(err)) => return Err(err),
         Ok(()) => {}
     }
     let placements = PyList::empty(py);
-    for (t, task, node, share) in pass.placements {
-        placements.append((pass.tenants[t].name.clone(), task, node, share))?;
+    for (t, task, node, share, within) in pass.placements {
+        placements.append((pass.tenants[t].py_name.clone(), task, node, share, within))?;
     }
     let blocked = match pass.blocked {
-        Some((t, task)) => (pass.tenants[t].name.clone(), task).into_pyobject(py)?.into_any(),
+        Some((t, task)) => (pass.tenants[t].py_name.clone(), task).into_pyobject(py)?.into_any(),
         None => py.None().into_bound(py),
     };
     Ok(Some(PyTuple::new(py, [placements.into_any(), blocked])?))
