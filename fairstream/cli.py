@@ -618,7 +618,7 @@ def cmd_generate(args) -> int:
 
 def cmd_bench(args) -> int:
     if args.target == "stream":
-        from fairstream.streams.bench import bench_stream
+        from fairstream.lab.bench_stream import bench_stream
 
         print(json.dumps(bench_stream(rate=args.rate, duration=args.duration, nodes=args.stream_nodes,
                                       tenants=args.stream_tenants, retention=args.retention,

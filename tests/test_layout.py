@@ -38,8 +38,72 @@ def test_a_module_loads_only_what_it_needs(module, heavy):
     assert loaded == "[]"
 
 
-def test_the_producers_never_import_the_worker():
-    assert not {m for m in imported_modules("producers") if m.startswith("fairstream.streams")}
+# Who may import whom, for every package (docs/architecture.md, "Layout", says the same and
+# why): a package's Python files may import its own modules and those listed here, nothing
+# else of fairstream. Imports under ``if TYPE_CHECKING:`` are for annotations and not counted.
+MAY_IMPORT = {
+    "fairstream/core": ("fairstream._native",),
+    "policies": ("fairstream.core",),
+    "fairstream/wire": ("fairstream.core.model", "fairstream.core.tenants", "fairstream.schemas"),
+    "fairstream/sim": ("fairstream.core", "fairstream.policies", "fairstream.schemas"),
+    "state": ("fairstream.core", "fairstream.policies", "fairstream.wire"),
+    "streams": ("fairstream.core", "fairstream.policies", "fairstream.wire", "fairstream.state",
+                "fairstream.sim.scenario"),
+    "producers": ("fairstream.core.model", "fairstream.wire", "fairstream.sim"),
+    "fairstream/lab": ("fairstream.core", "fairstream.policies", "fairstream.sim", "fairstream.wire", "fairstream.state",
+                       "fairstream.producers", "fairstream.streams.config"),
+    "fairstream/schemas": (),
+}
+PACKAGE_OF_FOLDER = {"fairstream/core": "fairstream.core", "policies": "fairstream.policies",
+                     "fairstream/wire": "fairstream.wire", "fairstream/sim": "fairstream.sim", "state": "fairstream.state",
+                     "streams": "fairstream.streams", "producers": "fairstream.producers",
+                     "fairstream/lab": "fairstream.lab", "fairstream/schemas": "fairstream.schemas"}
+
+
+def runtime_imports(path: Path) -> set[str]:
+    """What of fairstream ``path`` imports at run time, at any depth of the code: ``import m``
+    as ``m``, ``from m import x`` as ``m.x`` (``x`` a module or a name in ``m``)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(sub) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                   for sub in ast.walk(node)}
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.update(f"{node.module}.{alias.name}" for alias in node.names)  # a module or a name in one
+        elif isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+    return {m for m in out if m == "fairstream" or m.startswith("fairstream.")}
+
+
+def test_every_installed_package_has_a_layer_rule():
+    import tomllib
+
+    installed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    ruled = PACKAGE_OF_FOLDER.values()
+    # (``fairstream`` itself, the top: cli and logs, which assemble everything, may import anything.)
+    assert [p for p in installed if p != "fairstream" and not any(p == r or p.startswith(r + ".") for r in ruled)] == []
+
+
+@pytest.mark.parametrize("folder", sorted(MAY_IMPORT), ids=lambda folder: f"{folder}/ imports only what its layer may")
+def test_each_package_imports_only_what_its_layer_may(folder):
+    own = PACKAGE_OF_FOLDER[folder]
+    allowed = (own,) + MAY_IMPORT[folder]
+    broken = sorted(f"{path.relative_to(ROOT)} imports {module}" for path in (ROOT / folder).rglob("*.py")
+                    for module in runtime_imports(path)
+                    if not any(module == a or module.startswith(a + ".") for a in allowed))
+    assert broken == []
+
+
+def test_the_layer_rule_catches_a_forbidden_import(tmp_path):
+    # (The rule above is not vacuous: a file of the wire format importing the engine breaks it.)
+    path = tmp_path / "bad.py"
+    path.write_text("from fairstream.core.model import Task\nif TYPE_CHECKING:\n    from fairstream.streams import app\n"
+                    "def f():\n    from fairstream.core import engine\n")
+    assert runtime_imports(path) == {"fairstream.core.model.Task", "fairstream.core.engine"}
+    assert not any(module.startswith(allowed + ".") for module in ["fairstream.core.engine"]
+                   for allowed in MAY_IMPORT["fairstream/wire"])
 
 
 def test_the_core_never_imports_the_policies_the_simulator_or_the_worker():

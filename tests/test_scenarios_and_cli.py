@@ -362,13 +362,13 @@ def test_explain_prints_qknobler_theory_and_simulate_records_it_with_the_measure
     pytest.param(None, [1] * 8, None, id="no counters (not Linux): no figure"),
 ])
 def test_the_stream_bench_reports_the_cpu_time_the_hypervisor_took(before, after, steal):
-    from fairstream.streams.bench import _share_pct
+    from fairstream.lab.bench_stream import _share_pct
 
     assert _share_pct(before, after) == steal
 
 
 def test_the_stream_bench_reports_how_idle_the_machine_was():
-    from fairstream.streams.bench import _IDLE, _share_pct
+    from fairstream.lab.bench_stream import _IDLE, _share_pct
 
     # user nice system idle iowait irq softirq steal: 60 idle + 20 iowait of 400 ticks
     assert _share_pct([0] * 8, [200, 0, 100, 60, 20, 0, 0, 20], _IDLE) == 20.0
@@ -376,7 +376,7 @@ def test_the_stream_bench_reports_how_idle_the_machine_was():
 
 def test_the_stream_bench_reads_a_process_cpu_time():
     import os, time
-    from fairstream.streams.bench import _process_cpu_s
+    from fairstream.lab.bench_stream import _process_cpu_s
 
     before = _process_cpu_s(os.getpid())
     deadline = time.process_time() + 0.05
@@ -387,7 +387,7 @@ def test_the_stream_bench_reads_a_process_cpu_time():
 
 
 def test_the_stream_bench_places_the_workers_snapshots_on_its_seconds(tmp_path):
-    from fairstream.streams.bench import _logged_at
+    from fairstream.lab.bench_stream import _logged_at
 
     log = tmp_path / "worker.log"
     log.write_text(
