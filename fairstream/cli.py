@@ -67,7 +67,7 @@ DEFAULT_GOOGLE = (Path(__file__).resolve().parents[1].parent / "shared" / "trace
 def run_theory(scenario, result) -> dict:
     """QKnobler's theta (Theorem 1) and sharing-incentive knob (Theorem 2) for this scenario, at
     the run's rho for qknobler, else at a few knob values; with the run's measured soft fairness."""
-    from fairstream.lab.explain import knob_theory
+    from fairstream.lab.theory import knob_theory
 
     rhos = [result.params["rho"]] if result.policy == "qknobler" else DEFAULT_KNOBS
     theory = knob_theory(scenario, rhos)
@@ -146,7 +146,7 @@ def cmd_train_flex(args) -> int:
 
 def cmd_explain(args) -> int:
     """Print QKnobler's theory numbers for a scenario (JSON)."""
-    from fairstream.lab.explain import knob_theory
+    from fairstream.lab.theory import knob_theory
 
     scenario = _scenario_from_args(args)
     print(json.dumps(knob_theory(scenario, args.rho or DEFAULT_KNOBS), indent=1))

@@ -121,7 +121,7 @@ class Processor:
         explain_interval: float = 5.0,
         explain_max_entries: int = DEFAULT_MAX_ENTRIES,
     ) -> None:
-        from fairstream.streams.metrics import WorkerMetrics
+        from fairstream.streams.prometheus import WorkerMetrics
 
         self.metrics = metrics or WorkerMetrics()
         self.store = store

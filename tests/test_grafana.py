@@ -5,7 +5,7 @@ import json
 import re
 from pathlib import Path
 
-from fairstream.streams.metrics import WorkerMetrics
+from fairstream.streams.prometheus import WorkerMetrics
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "fairstream.json"
 SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),

@@ -583,7 +583,7 @@ def test_consumer_lag_is_what_kafka_holds_past_the_store_offsets_when_scraped():
 def test_the_worker_reports_every_garbage_collector_pause_by_generation():
     import gc
 
-    from fairstream.streams.metrics import WorkerMetrics
+    from fairstream.streams.prometheus import WorkerMetrics
 
     metrics = WorkerMetrics()
     stop = metrics.watch_gc()

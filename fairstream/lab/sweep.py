@@ -65,7 +65,7 @@ def simulate(run: Run) -> dict:
     """Run one simulation and return its row (without speedup, which needs the others)."""
     import numpy as np
 
-    from fairstream.lab.explain import knob_theory
+    from fairstream.lab.theory import knob_theory
     from fairstream.sim.simulator import Simulator
 
     scenario = build_scenario(run)
