@@ -13,5 +13,7 @@ COPY native/Cargo.toml native/Cargo.lock native/
 COPY native/src native/src
 COPY examples examples
 COPY tests/data tests/data
+# Without the lab extra (plots, progress bars, FLEX training): the worker and the agents never
+# import it; `simulate --no-plots` runs here.
 RUN pip install --no-cache-dir .
 ENTRYPOINT ["fairstream"]

@@ -970,6 +970,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What ``fairstream[lab]`` adds (pyproject.toml): plots, progress bars, FLEX training.
+LAB_MODULES = ("matplotlib", "tqdm", "sklearn")
+
+
 def main(argv: list[str] | None = None) -> int:
     from fairstream.logs import configure
 
@@ -984,6 +988,13 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ModelError as exc:
         print(f"fairstream: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in LAB_MODULES:
+            raise
+        instead = " (or --no-plots)" if hasattr(args, "no_plots") and exc.name.startswith("matplotlib") else ""
+        print(f"fairstream: error: {args.command} needs {exc.name}, which comes with fairstream's lab extra: "
+              f"pip install 'fairstream[lab]'{instead}", file=sys.stderr)
         return 2
     except ValueError as exc:  # parameter conversions outside the model
         print(f"fairstream: error: {exc}", file=sys.stderr)

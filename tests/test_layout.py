@@ -115,3 +115,37 @@ def test_the_core_never_imports_the_policies_the_simulator_or_the_worker():
     assert outward <= {"fairstream.policies.base"}  # PolicySpec, for the engine's signature only
     code = "import sys, fairstream.core.engine; print(sorted(m for m in sys.modules if m.startswith('fairstream.policies')))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
+# A Python that cannot import what ``fairstream[lab]`` adds, as an install without the extra.
+WITHOUT_LAB = """
+import sys
+class WithoutLab:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("matplotlib", "tqdm", "sklearn"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, WithoutLab())
+"""
+
+
+def without_lab(code: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", WITHOUT_LAB + code, *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_the_worker_and_the_producers_run_without_the_lab_extra():
+    done = without_lab("import fairstream.streams.app, fairstream.streams.run, fairstream.producers.client, "
+                       "fairstream.producers.emulator, fairstream.state.engine_snapshot, fairstream.policies; "
+                       "from fairstream.cli import main; sys.exit(main(sys.argv[1:]))", "worker", "--help")
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("extra, code, said", [
+    pytest.param(["--no-plots"], 0, "", id="simulate without plots runs without the lab extra"),
+    pytest.param([], 2, "fairstream: error: simulate needs matplotlib, which comes with fairstream's lab extra: "
+                        "pip install 'fairstream[lab]' (or --no-plots)\n",
+                 id="simulate with plots says in one line what to install"),
+])
+def test_simulate_without_the_lab_extra(tmp_path, extra, code, said):
+    done = without_lab("from fairstream.cli import main; sys.exit(main(sys.argv[1:]))", "simulate", "--scenario",
+                       "examples/two-tenants.json", "--policy", "drf", "--out", str(tmp_path / "out"), "--progress", *extra)
+    assert (done.returncode, done.stderr) == (code, said)

@@ -985,9 +985,9 @@ def test_batches_that_wait_for_the_lock_together_are_applied_in_one_pass_and_one
     async def scenario():
         p = processor(store, wire)
         first = asyncio.create_task(p.handle([wire.msg("heartbeat", heartbeat(cpu=8, mem=8))]))
-        await asyncio.sleep(0.01)
+        await until(lambda: store.commits)  # the first batch is held inside its commit
         others = [asyncio.create_task(p.handle([wire.msg("submitted", task(f"t{k}", time=1))])) for k in range(2)]
-        await asyncio.sleep(0.01)
+        await until(lambda: len(p._waiting) == 2)  # both wait for the lock
         store.release.set()
         return await asyncio.gather(first, *others)
 
@@ -1108,7 +1108,8 @@ def test_a_full_buffer_holds_input_back_until_a_batch_is_taken():
         await until(lambda: store.commits)  # t0 is being committed, the buffer is empty
         await feed.add(Delivered(wire.msg("submitted", task("t1"))))
         blocked = asyncio.create_task(feed.add(Delivered(wire.msg("submitted", task("t2")))))
-        await asyncio.sleep(0.01)
+        for _ in range(20):  # turns of the event loop, not time: nothing else can release it
+            await asyncio.sleep(0)
         held_back = not blocked.done()
         store.release.set()
         await blocked

@@ -400,7 +400,10 @@ class _NoBar:
 def progress_bar(total: int, enabled: bool | None, unit: str = "task", desc: str = "simulating"):
     if enabled is False:
         return _NoBar()
-    from tqdm import tqdm
+    try:
+        from tqdm import tqdm
+    except ModuleNotFoundError:  # (tqdm comes with fairstream[lab]; the worker runs without it)
+        return _NoBar()
 
     # enabled=None: show it only on a terminal (tqdm's own rule).
     return tqdm(total=total, unit=unit, desc=desc, disable=None if enabled is None else False, leave=False)
