@@ -96,6 +96,7 @@ def _rebuild_engine(obj: Engine) -> None:
     obj._running_on = None
     obj._job_rows = None
     obj._backfill = None
+    obj._waiting = None
 
 
 def _rebuild_tree(obj: TenantTree) -> None:
@@ -125,7 +126,7 @@ CLASSES: tuple[_Class, ...] = (
                    "_node_ids _node_labels _shares_stale tasks requests finished_ids finished_retention pending _seq _shapes "
                    "_unschedulable _to_check _nodes_changed _verdicts _grown _touched _passed _fresh _shape_demands "
                    "preemption starved_since _victims_exist reservation running_jobs job_usage _maybe_idle",
-           derived="_node_view _tenant_view _shape_holders _running_on _job_rows _backfill", rebuild=_rebuild_engine),  # the snapshot's node and tenant views, the indexes of what runs where and the reserved task's start, made again on use
+           derived="_node_view _tenant_view _shape_holders _running_on _job_rows _backfill _waiting", rebuild=_rebuild_engine),  # the snapshot's node and tenant views and waiting queues, the indexes of what runs where and the reserved task's start, made again on use
     _Class(ResourceSpace, "names _position"),
     _Class(TenantTree, "specs children effective_share has_limits orders_jobs _paths", derived="queue_orderings",
            rebuild=_rebuild_tree),  # from the specs

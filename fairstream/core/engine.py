@@ -182,6 +182,9 @@ class Engine:
         self.finished_ids: OrderedDict[str, float] = OrderedDict()
         self.finished_retention = finished_retention
         self.pending: dict[str, PendingQueue] = {}
+        # The snapshot's ``pending``: the queues with tasks, in ``pending``'s order; made again
+        # (a new dict: snapshots keep theirs) only when a queue empties or fills.
+        self._waiting: dict[str, PendingQueue] | None = None
         # Per leaf, its jobs with running tasks and how many (a queue's max_running counts them).
         self.running_jobs: dict[str, dict[str, int]] = {}
         # Per leaf that orders its jobs (fair, drf, ltrf), its jobs' running demand and
@@ -480,13 +483,14 @@ class Engine:
         """One scheduling pass at the current time: its decisions, and whether the room of the
         node it had reserved opened to other shapes (its reservation ended or moved) while some
         waiting shape fits it (then ``schedule`` runs another)."""
-        if not self.nodes or not any(queue.count for queue in self.pending.values()):
+        if not self.nodes or not self._waiting_queues():
             self.reservation = None
             return [], False
         fields = {}
         if self.spec.tenant_local:
             if self._passed and not self.tree.has_limits:
-                grown = np.array(sorted(row for row in self._grown if self.alive[row]), dtype=np.int64)
+                alive = self._alive  # (the storage: the ``alive`` view made once, not per row)
+                grown = np.array(sorted(row for row in self._grown if alive[row]), dtype=np.int64)
                 candidates, grown_demands = self._candidates(grown)
                 fields = dict(candidates=candidates, grown_rows=grown, fresh_shapes=frozenset(self._fresh),
                               grown_demands=grown_demands)
@@ -544,8 +548,10 @@ class Engine:
         full = () if most is None else [row for row, running in
                                         self._jobs_on_nodes().get((tenant, entry.job), {}).items() if running >= most]
         held = self.reservation
-        if (held is not None and held.tenant == tenant and held.shape == entry.shape and self.alive[held.node]
-                and (self.capacity[held.node] >= entry.demand - EPSILON).all() and held.node not in full):
+        if (held is not None and held.tenant == tenant and held.shape == entry.shape and self._alive[held.node]
+                and all(have >= want - EPSILON  # (plain floats: numpy costs more on two or three)
+                        for have, want in zip(self._capacity[held.node].tolist(), entry.demand.tolist()))
+                and held.node not in full):
             task_id = entry.task_ids(0, 1)[0]
             if task_id != held.task:
                 self.reservation = Reservation(held.node, tenant, entry.shape, task_id)
@@ -572,7 +578,10 @@ class Engine:
 
     def _enqueue(self, task: Task) -> None:
         """``task`` (or request) waits in its tenant's queue."""
-        self.pending.setdefault(task.tenant, PendingQueue()).add(task)
+        queue = self.pending.setdefault(task.tenant, PendingQueue())
+        if not queue.count:
+            self._waiting = None
+        queue.add(task)
         if self._shape_holders is not None:
             self._shape_holders.setdefault(task.shape, set()).add(task.tenant)
 
@@ -580,6 +589,8 @@ class Engine:
         """One task of ``task`` (a request: its next) leaves its tenant's queue."""
         queue = self.pending[task.tenant]
         queue.removed(task)
+        if not queue.count:
+            self._waiting = None
         if task.shape not in queue.groups and self._shape_holders is not None:
             holders = self._shape_holders.get(task.shape)
             if holders is not None:
@@ -623,6 +634,11 @@ class Engine:
         for shape in room:
             out |= holders[shape]
         return frozenset(out), self._shape_demands[np.array(room, dtype=np.int64)]
+
+    def _waiting_queues(self) -> dict[str, PendingQueue]:
+        if self._waiting is None:
+            self._waiting = {t: q for t, q in self.pending.items() if q.count > 0}
+        return self._waiting
 
     def snapshot(self, **pass_fields) -> Snapshot:
         """The state a pass reads (``Snapshot``); ``pass_fields``: what the engine knows of this
@@ -668,7 +684,7 @@ class Engine:
             arrival=arrival,
             waiting_since=Later(lambda: np.array([math.nan if l.waiting_since is None else l.waiting_since
                                                   for l in acc.ledgers])),
-            pending={t: q for t, q in self.pending.items() if q.count > 0},
+            pending=self._waiting_queues(),
             accounting=acc.config,
             running=Later(lambda: np.array([ledger.running for ledger in acc.ledgers], dtype=float)),
             node_capacity=self.capacity,

@@ -103,11 +103,13 @@ class MetricsRecorder:
             return
         active = d > 0
         self._wanting_since[active & np.isnan(self._wanting_since)] = at
+        waiting = active & ~self._reached
+        if not waiting.any():
+            return  # (nobody to watch: the fair shares are not needed)
         capacity = acc.capacity
         fair = fair_shares(self.engine.tree, [ledger.name for ledger in acc.ledgers[:n]],
                            acc.allocation[:n] + self.engine.waiting_demand()[:n], capacity, self.resource,
                            self.engine.resources.names)
-        waiting = active & ~self._reached
         reached = waiting & (g >= np.minimum(fair, d) - 1e-9)
         short = np.flatnonzero(waiting & ~reached & (g > 0))
         if len(short):  # holding something but below: is the rest only a fraction of a task away?

@@ -18,7 +18,6 @@
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, HashSet};
-use std::rc::Rc;
 
 use numpy::{PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::exceptions::PyKeyError;
@@ -29,30 +28,36 @@ use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 /// A tenant's place in the order of service: `fairness.FairKey` with the NORMAL priority
 /// (no min shares here): share, then arrival, then name; floats compared as Python does.
 #[derive(Clone, Debug)]
-struct Key {
+struct Key<'py> {
     share: f64,
     arrival: f64,
-    name: Rc<str>, // shared with the tenant's record: a key is made per placement
+    name: Bound<'py, PyString>, // the caller's string: a key costs a reference, not a copy
 }
 
-impl PartialEq for Key {
+impl Key<'_> {
+    fn name(&self) -> &str {
+        self.name.to_str().unwrap_or("") // (a str's UTF-8, held by the string; tenant names are valid str)
+    }
+}
+
+impl PartialEq for Key<'_> {
     fn eq(&self, other: &Self) -> bool {
         self.cmp(other) == Ordering::Equal
     }
 }
-impl Eq for Key {}
-impl PartialOrd for Key {
+impl Eq for Key<'_> {}
+impl PartialOrd for Key<'_> {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
     }
 }
-impl Ord for Key {
+impl Ord for Key<'_> {
     fn cmp(&self, other: &Self) -> Ordering {
         self.share
             .partial_cmp(&other.share)
             .unwrap_or(Ordering::Equal)
             .then(self.arrival.partial_cmp(&other.arrival).unwrap_or(Ordering::Equal))
-            .then_with(|| self.name.cmp(&other.name)) // UTF-8 byte order is code point order
+            .then_with(|| self.name().cmp(other.name())) // UTF-8 byte order is code point order
     }
 }
 
@@ -63,8 +68,7 @@ struct Shape {
 }
 
 struct Tenant<'py> {
-    name: Rc<str>,
-    py_name: Bound<'py, PyString>, // the caller's string: dict lookups reuse its hash, results hand it back
+    name: Bound<'py, PyString>, // the caller's string: dict lookups reuse its hash, results hand it back
     row: usize,
     groups: Option<Bound<'py, PyDict>>, // `PendingQueue.groups`: shape -> TaskList (on first use)
     heads: Option<BinaryHeap<Reverse<(i64, i64)>>>, // (seq, shape), `Cycle._heads`
@@ -153,7 +157,7 @@ impl<'py> Pass<'py> {
         share / self.fraction[row]
     }
 
-    fn key_of(&self, t: usize) -> Key {
+    fn key_of(&self, t: usize) -> Key<'py> {
         let tenant = &self.tenants[t];
         Key { share: self.share_of(tenant.row), arrival: self.arrival[tenant.row], name: tenant.name.clone() }
     }
@@ -235,7 +239,7 @@ impl<'py> Pass<'py> {
     /// The tenant's `PendingQueue.groups`, looked up on first use.
     fn groups_of(&mut self, t: usize) -> PyResult<Bound<'py, PyDict>> {
         if self.tenants[t].groups.is_none() {
-            let name = &self.tenants[t].py_name;
+            let name = &self.tenants[t].name;
             let queue = self.pending.get_item(name)?.ok_or_else(|| PyKeyError::new_err(name.clone().unbind()))?;
             self.tenants[t].groups = Some(queue.getattr(intern!(self.pending.py(), "groups"))?.cast_into::<PyDict>()?);
         }
@@ -243,10 +247,9 @@ impl<'py> Pass<'py> {
     }
 
     /// Adds the tenant named `name` (its row from `rows`); returns its index.
-    fn add_tenant(&mut self, py_name: Bound<'py, PyString>) -> PyResult<usize> {
-        let row: usize = self.rows.get_item(&py_name)?.ok_or_else(|| PyKeyError::new_err(py_name.clone().unbind()))?.extract()?;
-        let name: Rc<str> = Rc::from(py_name.to_str()?);
-        self.tenants.push(Tenant { name, py_name, row, groups: None, heads: None, failed: HashSet::new() });
+    fn add_tenant(&mut self, name: Bound<'py, PyString>) -> PyResult<usize> {
+        let row: usize = self.rows.get_item(&name)?.ok_or_else(|| PyKeyError::new_err(name.clone().unbind()))?.extract()?;
+        self.tenants.push(Tenant { name, row, groups: None, heads: None, failed: HashSet::new() });
         Ok(self.tenants.len() - 1)
     }
 
@@ -493,7 +496,7 @@ impl<'py> Pass<'py> {
             }
         }
         // The waiting tenants not served, found only now: the quick check above usually ends it.
-        let served: HashSet<Rc<str>> = self.tenants.iter().map(|tenant| tenant.name.clone()).collect();
+        let served: HashSet<String> = self.tenants.iter().map(|tenant| tenant.name.to_string()).collect();
         let mut rest: Vec<Bound<'py, PyString>> = Vec::new();
         for name in self.pending.keys().iter() {
             let name = name.cast_into::<PyString>().map_err(PyErr::from)?;
@@ -633,10 +636,10 @@ fn serve_flat<'py>(
     }
     let placements = PyList::empty(py);
     for (t, task, node, share, within) in pass.placements {
-        placements.append((pass.tenants[t].py_name.clone(), task, node, share, within))?;
+        placements.append((pass.tenants[t].name.clone(), task, node, share, within))?;
     }
     let blocked = match pass.blocked {
-        Some((t, task)) => (pass.tenants[t].py_name.clone(), task).into_pyobject(py)?.into_any(),
+        Some((t, task)) => (pass.tenants[t].name.clone(), task).into_pyobject(py)?.into_any(),
         None => py.None().into_bound(py),
     };
     Ok(Some(PyTuple::new(py, [placements.into_any(), blocked])?))
