@@ -560,7 +560,8 @@ class Cycle:
         self.placed.append((decision, tenant, task, node))
         self._placed_after = None
 
-    def record_placement(self, tenant: str, task: Task, node: int, within: int, reason: str, code: ReasonCode) -> Decision:
+    def record_placement(self, tenant: str, task: Task, node: int, within: int, reason: str,
+                         code: ReasonCode) -> Decision:
         """Record the decision placing ``task`` (an entry: its task ``within`` of a request) on
         ``node``; the pass's working state is ``commit``'s to change."""
         decision = Decision(
@@ -911,12 +912,12 @@ def _serve_compiled(cycle: Cycle, flat_key: FlatKey, reason: ReasonFn, initial_s
     """``serve_in_order``'s loop in the compiled module, for a fresh pass with none of what
     only the Python loop handles: caps and min shares, job orderings and max_running, queue
     orderings, alignment or a node order, backfill, constraints (the compiled pass gives up
-    when it meets a task with some). Its placements are then committed to ``cycle`` in order,
-    with the reasons the Python loop gives them, and its first blocked entry set: ``cycle``
-    ends as the Python loop leaves it in what the engine reads of it (decisions, ``blocked``),
-    not in its working state (free room, cursors), nor are the policy's charges replayed:
-    ``FlatKey.compiled`` says nothing reads them after the pass. Returns False, having changed
-    nothing, when it did not run."""
+    when it meets a task with some). Its placements are then recorded as ``cycle``'s
+    decisions in order, with the reasons the Python loop gives them, and its first blocked
+    entry set: ``cycle`` ends as the Python loop leaves it in what the engine reads of it
+    (decisions, ``blocked``), not in its working state (free room, cursors), nor are the
+    policy's charges replayed: ``FlatKey.compiled`` says nothing reads them after the pass.
+    Returns False, having changed nothing, when it did not run."""
     snap = cycle.snapshot
     if (cycle.capped or cycle.tracks_groups or cycle._orders_jobs or cycle.affinity or cycle.node_order is not None
             or snap.backfill_until is not None or cycle.placed or cycle.decisions.blocked is not None):
@@ -927,7 +928,8 @@ def _serve_compiled(cycle: Cycle, flat_key: FlatKey, reason: ReasonFn, initial_s
         return None if array is None else np.asarray(array, dtype=np.float64)
 
     result = native.module.serve_flat(
-        snap.pending, TaskState.PENDING, EPSILON, list(snap.pending) if only is None else only, snap.rows, floats(cycle.free), floats(snap.capacity),
+        snap.pending, TaskState.PENDING, EPSILON, list(snap.pending) if only is None else only, snap.rows,
+        floats(cycle.free), floats(snap.capacity),
         floats(flat_key.vectors), floats(flat_key.charge), floats(flat_key.extra), floats(snap.share_fraction),
         floats(snap.arrival), floats(initial_shares), flat_key.resource,
         None if snap.grown_rows is None else np.asarray(snap.grown_rows, dtype=np.int64), list(snap.fresh_shapes),
@@ -938,7 +940,8 @@ def _serve_compiled(cycle: Cycle, flat_key: FlatKey, reason: ReasonFn, initial_s
     rows, arrival = snap.rows, snap.arrival
     for tenant, task, node, share, within in placements:
         tenant_key = fair_key(share, float(arrival[rows[tenant]]), tenant)
-        cycle.record_placement(tenant, task, node, within, reason(cycle, tenant, tenant_key), order_code(tenant_key, code))
+        cycle.record_placement(tenant, task, node, within, reason(cycle, tenant, tenant_key),
+                               order_code(tenant_key, code))
     cycle.decisions.blocked = blocked
     return True
 
