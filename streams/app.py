@@ -16,7 +16,7 @@ import faust
 import structlog
 from faust.exceptions import ConsumerNotStarted
 
-from fairstream.wire.jsoncodec import dumps
+from fairstream.wire.jsoncodec import dumps, loads
 from fairstream.streams.config import WorkerConfig
 from fairstream.wire.events import MAX_REASON
 from fairstream.state.store import StaleLog
@@ -170,6 +170,41 @@ class KafkaInputLog:
                     if done:
                         del left[tp]
                     yield position, messages, done
+        finally:
+            await consumer.stop()
+
+    async def journal(self, start: dict[str, int]):
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        from fairstream.wire.kafka import ensure_topics, kafka_security
+
+        topic = self.config.topics.journal
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.config.broker, group_id=None, enable_auto_commit=False,
+                                    auto_offset_reset="earliest", **kafka_security())
+        await consumer.start()
+        try:
+            count = await ensure_topics(self.config.broker, [topic], self.config.partitions)
+            partitions = [TopicPartition(topic, p) for p in range(count[topic])]
+            consumer.assign(partitions)
+            begins = await consumer.beginning_offsets(partitions)
+            ends = await consumer.end_offsets(partitions)
+            left = {}
+            for tp in partitions:
+                begin = max(start.get(f"{topic}:{tp.partition}", 0), begins[tp])
+                if begin < ends[tp]:
+                    consumer.seek(tp, begin)
+                    left[tp] = ends[tp]
+            while left:
+                fetched = await consumer.getmany(*left, timeout_ms=1000)
+                for tp, records in fetched.items():
+                    for r in records:
+                        if r.offset < left[tp]:
+                            try:
+                                yield loads(r.value) if r.value is not None else None
+                            except ValueError:
+                                yield None
+                    if await consumer.position(tp) >= left[tp]:
+                        del left[tp]
         finally:
             await consumer.stop()
 

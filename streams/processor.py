@@ -27,6 +27,7 @@ import asyncio
 import math
 import os
 import time
+import uuid
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Mapping, Protocol
@@ -41,6 +42,7 @@ from fairstream.core.model import DecisionKind, Event
 from fairstream.state.engine_snapshot import SnapshotError, decode_engine
 from fairstream.state.store import BatchCommit, ClusterRecord, StaleLog, StateStore, republishing_order
 from fairstream.streams import snapshots
+from fairstream.streams.journal import JOURNAL_KEY, RangeBuffer, journal_record, unique_records
 from fairstream.streams.session import ClusterSession
 from fairstream.streams.snapshots import SnapshotRules, Snapshotting
 from fairstream.streams.stepper import StepRules, run_steps
@@ -86,6 +88,12 @@ class InputLog(Protocol):
         """Each position's (``"topic:partition"``) messages from offset ``start`` (or where its
         log now begins, if retention dropped that) up to ``end``, excluded: chunks of
         ``(position, messages in offset order, whether the position is done)``."""
+        ...
+
+    def journal(self, start: dict[str, int]) -> AsyncIterator[object]:
+        """The journal's records (``streams/journal.py``) from offset ``start[position]`` of each
+        of its positions (from its beginning where none is given) to its end as of the call,
+        each position in order, decoded from JSON (what is not JSON: None)."""
         ...
 
 
@@ -140,6 +148,9 @@ class Processor:
         self.sessions: dict[str, ClusterSession] = {}
         self.applied: dict[str, int] = {}  # per position ("topic:partition"): the next offset to apply
         self.input_log = input_log
+        # A worker that can read the input again journals what it applies (streams/journal.py);
+        # per journal position, the offset after its last record the broker acknowledged.
+        self.journaled: dict[str, int] = {}
         self.consumer_start: dict[str, int] = {}  # consuming_from: Kafka's committed offsets, not yet checked
         self.owed: dict[str, int] = {}  # per position, how far the store must be read up to again (start)
         # Each cluster's explanation (why tasks wait, tenants' status) is written with a commit
@@ -165,12 +176,15 @@ class Processor:
             return
         stored = await self.store.offsets()
         for position, offset in [*self.applied.items(), *self.consumer_start.items()]:
-            if stored.get(position, 0) < offset:
+            if stored.get(position, 0) < offset and not self._journal_position(position):
                 self.owed[position] = max(self.owed.get(position, 0), offset)
         self.consumer_start.clear()
         self.applied = stored
+        journal_from = {p: o for p, o in stored.items() if self._journal_position(p)}
+        for position, offset in journal_from.items():
+            self.journaled[position] = max(self.journaled.get(position, 0), offset)
         if self.owed and self.input_log is not None:
-            await self._read_again({p: (stored.get(p, 0), end) for p, end in self.owed.items()})
+            await self._read_again({p: (stored.get(p, 0), end) for p, end in self.owed.items()}, journal_from)
         self.owed.clear()
         pending = await self.store.outbox()
         entries = republishing_order(pending)
@@ -187,28 +201,48 @@ class Processor:
         self.consumer_start.update(offsets)
         self._started = False  # the first assignment comes after the worker's own start
 
-    async def _read_again(self, ranges: dict[str, tuple[int, int]]) -> None:
+    def _journal_position(self, position: str) -> bool:
+        return position.rpartition(":")[0] == self.topics.journal
+
+    async def _read_again(self, ranges: dict[str, tuple[int, int]], journal_from: dict[str, int]) -> None:
         """Apply again, from Kafka, what the store lost: ``ranges`` holds, per position, the
         store's offset and where this worker believed it was (what it had applied, or the
         committed offset the consumer started from), when the store lost writes (a Redis
-        restarted empty or restored from an older file). Kafka holds the input.
+        restarted empty or restored from an older file). Kafka holds the input, and the
+        journal (``streams/journal.py``, read from ``journal_from``, the store's offsets in it)
+        the batches it was applied in.
 
-        The input topics are merged in event-time order (heartbeats, then submissions, then
-        completions, then tenant trees at one time), each partition in its own order, so a completion comes after
-        the submission it ends, as when they were first applied. Applied, committed and
-        published in batches like any input; a decision taken again keeps its id where it comes
-        out the same (docs/architecture.md, "Redis durability"). Cached engines are dropped
-        first: they may hold what the store lost."""
+        First the journal's batches, in its order: each applied as it was first, so it decides
+        exactly what was published, with the same ids. Then what no record holds (input the
+        worker read but had not committed, or older than the journal's retention): the input
+        topics merged in event-time order (heartbeats, then submissions, then completions, then
+        tenant trees at one time), each partition in its own order, so a completion comes after
+        the submission it ends. Applied, committed and published in batches like any input
+        (docs/architecture.md, "Redis durability"). Cached engines are dropped first: they may
+        hold what the store lost."""
         self.sessions.clear()
         log.warning("worker.reading_again", ranges={p: list(r) for p, r in sorted(ranges.items())})
+        held = RangeBuffer(self.input_log.read(ranges), ranges)
+        journaled = 0
+        async for record, runs in unique_records(self.input_log.journal(journal_from)):
+            messages = await held.take(runs)
+            if not messages:
+                continue
+            journaled += 1
+            if record.get("rejected") is None:
+                await self._apply_now(messages)
+                continue
+            if messages[:-1]:  # (input before it that no record holds)
+                await self._apply_now(messages[:-1])
+            outcome, outbox, acks = await self._rejected(messages[-1], str(record["rejected"]))
+            await _acknowledged(acks)
+            await self.store.clear_outbox([outbox])
         queues: dict[str, deque] = {position: deque() for position in ranges}
         reading = set(ranges)  # positions with more to come
         rank = {self.topics.heartbeats: 0, self.topics.submitted: 1, self.topics.completed: 2}
         batch: list[Incoming] = []
-        read = 0
-        async for position, messages, done in self.input_log.read(ranges):
+        async for position, messages, done in held.rest():
             queues[position].extend((_first_time(m, self.max_bytes), rank.get(m.topic, 3), m.offset, m) for m in messages)
-            read += len(messages)
             if done:
                 reading.discard(position)
             # The earliest head goes next, once every position that may still send has one.
@@ -222,8 +256,8 @@ class Processor:
                     batch = []
         if batch:
             await self._apply_now(batch)
-        self.metrics.read_again.inc(read)
-        log.warning("worker.read_again", messages=read)
+        self.metrics.read_again.inc(held.read)
+        log.warning("worker.read_again", messages=held.read, journaled_batches=journaled)
 
     async def _apply_now(self, messages: list[Incoming]) -> None:
         """Apply, commit and publish ``messages`` while the lock is held (``_read_again``)."""
@@ -327,20 +361,27 @@ class Processor:
         skipped from now on, and the dead letter is published like any other output."""
         async with self._lock:
             await self._start_locked()
-            commit = BatchCommit()
-            commit.offsets[message.position] = max(self.applied.get(message.position, 0), message.offset + 1)
-            letter = DeadLetter(message.topic, message.partition, message.offset, reason, message.raw)
-            log.error("worker.internal_error", topic=message.topic, partition=message.partition,
-                      offset=message.offset, reason=reason)
-            self.metrics.dead_letters.labels(message.topic).inc()
-            self.metrics.internal_errors.labels(message.topic).inc()
-            commit.outbox.append((self.topics.deadletter, letter.to_json()))
-            await self.store.commit(commit)
-            self.applied.update(commit.offsets)
-            outcome = BatchOutcome(dead_letters=1, reasons=[reason])
-            acks = await self._enqueue(commit.outbox)
-            published = asyncio.get_running_loop().create_task(self._published(commit.outbox, acks, outcome))
+            outcome, outbox, acks = await self._rejected(message, reason)
+            published = asyncio.get_running_loop().create_task(self._published(outbox, acks, outcome))
         return Applied(outcome, published)
+
+    async def _rejected(self, message: Incoming, reason: str) -> tuple[BatchOutcome, list[tuple[str, dict]], list]:
+        """``reject`` with the lock held: commit and enqueue; returns the outcome, the outbox and
+        the acknowledgements to wait for."""
+        commit = BatchCommit()
+        commit.offsets[message.position] = max(self.applied.get(message.position, 0), message.offset + 1)
+        if self.input_log is not None:
+            commit.outbox.append((self.topics.journal, journal_record(uuid.uuid4().hex, [message], rejected=reason)))
+            commit.offsets.update(self.journaled)
+        letter = DeadLetter(message.topic, message.partition, message.offset, reason, message.raw)
+        log.error("worker.internal_error", topic=message.topic, partition=message.partition,
+                  offset=message.offset, reason=reason)
+        self.metrics.dead_letters.labels(message.topic).inc()
+        self.metrics.internal_errors.labels(message.topic).inc()
+        commit.outbox.append((self.topics.deadletter, letter.to_json()))
+        await self.store.commit(commit)
+        self.applied.update(commit.offsets)
+        return BatchOutcome(dead_letters=1, reasons=[reason]), commit.outbox, await self._enqueue(commit.outbox)
 
     async def _published(self, outbox: list[tuple[str, dict]], acks: list | None, outcome: BatchOutcome,
                          retry_delays: tuple[float, float] = (0.1, 5.0)) -> None:
@@ -398,10 +439,12 @@ class Processor:
         dead: list[DeadLetter] = []
         by_cluster: dict[str, list[tuple[Event, Incoming, int | None]]] = {}
         fork_after_commit: list[tuple[ClusterSession, int, float]] = []
+        applying: list[Incoming] = []
         for message in messages:
             if message.offset < self.applied.get(message.position, 0):
                 outcome.skipped += 1
                 continue
+            applying.append(message)
             commit.offsets[message.position] = max(commit.offsets.get(message.position, 0), message.offset + 1)
             try:
                 decoded = decode_message(message.kind, message.raw, self.max_bytes)
@@ -418,6 +461,10 @@ class Processor:
                                              f"cluster {item.cluster!r} (key a cluster's events by its id)"))
                 else:
                     by_cluster.setdefault(item.cluster, []).append((item.event, message, item.index))
+        if applying and self.input_log is not None:
+            # First in the outbox: published, and acknowledged, before the batch's decisions.
+            commit.outbox.append((self.topics.journal, journal_record(uuid.uuid4().hex, applying)))
+            commit.offsets.update(self.journaled)
 
         try:
             await self._step_clusters(by_cluster, commit, outcome, dead, fork_after_commit)
@@ -557,13 +604,34 @@ class Processor:
             log.info("worker.engine_evicted", cluster=oldest, cached=len(self.sessions))
 
     async def _enqueue(self, outbox: list[tuple[str, dict]]) -> list:
-        """Enqueue every message in order; returns the acknowledgements to wait for."""
+        """Enqueue every message in order, the journal's records first, once the broker has
+        them (a decision is never published before its batch is in the journal); returns the
+        acknowledgements to wait for."""
+        journal = self.topics.journal
+        records = [message for topic, message in outbox if topic == journal]
+        if records:
+            await waiting_for(lambda: self._journal(records), "worker.journal_unpublished", delays=(0.1, 5.0))
         acks = []
         for topic, message in outbox:
+            if topic == journal:
+                continue
             ack = await self.publish(topic, message.get("cluster") or _cluster_of(message), message)
             if ack is not None:
                 acks.append(ack)
         return acks
+
+    async def _journal(self, records: list[dict]) -> None:
+        """Publish journal ``records`` (``streams/journal.py``) and wait until the broker has
+        them; the offsets after them go into the next commit (where a rebuild starts reading)."""
+        acks = [await self.publish(self.topics.journal, JOURNAL_KEY, record) for record in records]
+        for ack in acks:
+            if ack is None:
+                continue
+            sent = await ack
+            partition, offset = getattr(sent, "partition", None), getattr(sent, "offset", None)
+            if isinstance(partition, int) and isinstance(offset, int):
+                position = f"{self.topics.journal}:{partition}"
+                self.journaled[position] = max(self.journaled.get(position, 0), offset + 1)
 
 
 @dataclass(frozen=True)

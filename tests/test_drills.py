@@ -1,9 +1,9 @@
 """The chaos drills (``producers/drill.py``) on the real Kafka and Redis of
 ``scripts/services.sh``, each small enough for CI: a worker in a process of its own, the emulator
 playing a busy cluster, one bad thing meanwhile. Each checks what an operator would: every task
-placed and completed, no node over-committed, every hostile message dead-lettered with its
+placed once and completed, no node over-committed, every hostile message dead-lettered with its
 reason, the recorded input replaying to exactly the published decisions (after a Redis that
-lost writes: to all of them but those it superseded, docs/architecture.md)."""
+lost writes too: rebuilt from Kafka by the journal, docs/architecture.md)."""
 
 import json
 import subprocess

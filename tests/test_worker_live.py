@@ -145,7 +145,10 @@ def test_events_from_our_client_and_from_kcat_and_batch_messages_are_decided_and
         scraped = scrape_until(worker.metrics_port, 'fairstream_decisions_total{kind="place"} 6.0')
     finally:
         worker.stop()
-    assert 'fairstream_decisions_total{kind="place"} 6.0' in scraped
+    counted = [line for line in scraped.splitlines() if line.startswith("fairstream_decisions_total")]
+    assert 'fairstream_decisions_total{kind="place"} 6.0' in counted, (
+        f"{counted}; placed {sorted(d['task'] for d in placed(decisions))}; "
+        f"the worker's log: {worker.log_path.read_text()[-3000:]}")
     assert "fairstream_dead_letters_total" in scraped
     lags = [line for line in scraped.splitlines() if line.startswith("fairstream_consumer_lag{")]
     assert lags and all(line.endswith(" 0.0") for line in lags), lags  # all applied: nothing behind

@@ -25,6 +25,7 @@ class Wire:
     def __init__(self):
         self.offsets = {}
         self.published = []
+        self.journal = []  # what a processor that can read again journals (streams/journal.py)
 
     def msg(self, kind, body, raw=None, produced=0.0, key=None):
         """The next message of ``kind``'s topic; ``produced``: its record timestamp (s);
@@ -35,6 +36,11 @@ class Wire:
         return Incoming(kind, data, TOPIC[kind], 0, offset, produced, key)
 
     async def publish(self, topic, key, message):
+        if topic == Topics().journal:  # the broker acknowledges it at once, with its offset
+            self.journal.append(message)
+            sent = asyncio.get_running_loop().create_future()
+            sent.set_result(SimpleNamespace(partition=0, offset=len(self.journal) - 1))
+            return sent
         self.published.append((topic, key, message))
 
     def decisions(self):
@@ -735,6 +741,7 @@ class Partitions:
     over; and Kafka's log read again by range (``InputLog``), two messages at a time."""
 
     def __init__(self, wire: Wire, plan: list[tuple[str, dict]]):
+        self.wire = wire
         self.messages = {}
         for kind, body in plan:
             message = wire.msg(kind, body)
@@ -756,6 +763,13 @@ class Partitions:
                 if done:
                     del cursors[position]
                 yield position, chunk, done
+
+    async def journal(self, start):
+        for record in self.wire.journal[start.get("worker.journal:0", 0):]:
+            yield record
+
+    def input_log(self):
+        return SimpleNamespace(read=self.read_again, journal=self.journal)
 
     def poll(self, per_partition: int = 2) -> list:
         """The agents' next batch: what was fetched before, then up to ``per_partition`` more of each."""
@@ -814,7 +828,7 @@ def test_what_the_store_lost_is_read_again_from_kafka_and_every_task_is_done_onc
 
     async def scenario():
         nonlocal store
-        p = processor(store, wire, input_log=SimpleNamespace(read=kafka.read_again))
+        p = processor(store, wire, input_log=kafka.input_log())
         await consume(p, kafka, batches=4)
         saved = copy.deepcopy(store) if restore == "older" else MemoryStore()  # the file Redis is restored from
         await consume(p, kafka, batches=6)
@@ -825,7 +839,7 @@ def test_what_the_store_lost_is_read_again_from_kafka_and_every_task_is_done_onc
         else:  # what the worker applied is what Kafka has committed for it at most
             committed = dict(p.applied)
             kafka.read.update(committed)
-            p = processor(saved, wire, input_log=SimpleNamespace(read=kafka.read_again))
+            p = processor(saved, wire, input_log=kafka.input_log())
             p.consuming_from(committed)  # Faust sought to Kafka's committed offsets
         await consume(p, kafka)
         return p
@@ -871,7 +885,7 @@ def test_a_batch_that_waited_for_the_lock_while_the_store_lost_writes_is_applied
                                         ("nodes.heartbeats:0", "tasks.submitted:0", "tasks.completed:0"))
 
     async def scenario():
-        p = processor(MemoryStore(), wire, input_log=SimpleNamespace(read=kafka.read_again))
+        p = processor(MemoryStore(), wire, input_log=kafka.input_log())
         await p.handle(heartbeats + submitted[:3])
         p.store = store = HeldStore()  # Redis restarted empty
         first = asyncio.create_task(p.handle(submitted[3:]))
@@ -901,14 +915,121 @@ def every_task_done_once_by_id(wire: Wire) -> None:
     assert wire.dead() == []
 
 
+def late_completion() -> list[tuple[str, dict]]:
+    """One node with room for one task; t0 runs; t1 (time 2) and t2 (time 5) wait; t0's
+    completion (time 3) comes last, late."""
+    return [("heartbeat", heartbeat(cpu=1, mem=1)), ("submitted", task("t0", time=1)),
+            ("submitted", task("t1", time=2)), ("submitted", task("t2", time=5)), ("completed", done("t0", 3))]
+
+
+@pytest.mark.parametrize("journal", [
+    pytest.param(True, id="with the journal: the batches as they were applied, the same decisions"),
+    pytest.param(False, id="(without it, read merged by event time, t1 is placed at 3, not 5: a second placement)"),
+])
+def test_a_redis_restored_from_an_older_file_is_rebuilt_to_exactly_the_decisions_published(journal):
+    # Applied as it arrived: t1 and t2 wait; t0's completion, at clock 5, places t1 at 5.
+    # Read again in event-time order, the completion (3) comes before t2 (5) and t1 is placed
+    # at 3: another decision for a task an agent already runs. The journal holds the batches.
+    import copy
+
+    from fairstream.core.model import TaskCompleted
+
+    store, wire = MemoryStore(), Wire()
+    kafka = Partitions(wire, late_completion())
+    [heartbeat_0], [t0, t1, t2], [t0_done] = kafka.messages.values()
+
+    async def scenario():
+        p = processor(store, wire, input_log=kafka.input_log())
+        await p.handle([heartbeat_0, t0])
+        older = copy.deepcopy(store)  # the file Redis is restored from
+        await p.handle([t1, t2])
+        await p.handle([t0_done])
+        if not journal:
+            wire.journal.clear()
+        rebuilt = processor(older, wire, input_log=kafka.input_log())
+        rebuilt.consuming_from(dict(p.applied))  # Kafka's committed offsets: where the worker was
+        await rebuilt.start()
+        await rebuilt.session("c1")
+        return p, rebuilt
+
+    p, rebuilt = run(scenario())
+    by_id = {d["id"]: d for d in wire.decisions()}
+    placed = sorted((d["task"], d["time"]) for d in by_id.values() if d["kind"] == "place")
+    if journal:
+        assert placed == [("t0", 1), ("t1", 5)]
+        # And the engine is where it was: the next event decides the same in both.
+        first, again = p.sessions["c1"].engine, rebuilt.sessions["c1"].engine
+        assert (again.time, sorted(again.tasks)) == (first.time, sorted(first.tasks)) == (5, ["t1", "t2"])
+        t1_done = TaskCompleted(task="t1", time=6)
+        decided = first.step(6, [t1_done]).decisions
+        assert [d.task for d in decided] == ["t2"] and again.step(6, [t1_done]).decisions == decided
+    else:
+        assert placed == [("t0", 1), ("t1", 3), ("t1", 5)]
+
+
+def test_a_message_rejected_unapplied_is_rejected_again_when_the_store_is_rebuilt():
+    # Applying it kept failing, so it was dead-lettered without being applied (Processor.reject);
+    # the rebuild must not apply it now (t1 would be placed, a decision never taken before).
+    import copy
+
+    store, wire = MemoryStore(), Wire()
+    kafka = Partitions(wire, late_completion())
+    [heartbeat_0], [t0, t1, t2], _ = kafka.messages.values()
+
+    async def scenario():
+        p = processor(store, wire, input_log=kafka.input_log())
+        await p.handle([heartbeat_0, t0])
+        older = copy.deepcopy(store)
+        await (await p.reject(t1, "applying it failed: boom")).published
+        await p.handle([t2])
+        rebuilt = processor(older, wire, input_log=kafka.input_log())
+        rebuilt.consuming_from(dict(p.applied))
+        await rebuilt.start()
+
+    run(scenario())
+    assert [d["task"] for d in wire.decisions() if d["kind"] == "place"] == ["t0"]
+    assert [(d["offset"], d["reason"]) for d in wire.dead()] == [(1, "applying it failed: boom")] * 2
+
+
+def test_a_batch_is_in_the_journal_before_any_of_its_decisions_is_published():
+    # A decision published whose batch the journal lacks could not be rebuilt after Redis lost
+    # writes: the record's acknowledgement is waited for first.
+    wire = Wire()
+    kafka = Partitions(wire, late_completion())
+    acknowledge = asyncio.Event()
+    published_before_ack = []
+
+    async def publish(topic, key, message):
+        if topic == Topics().journal:
+            await acknowledge.wait()
+        elif not acknowledge.is_set():
+            published_before_ack.append(message)
+        return await Wire.publish(wire, topic, key, message)
+
+    async def scenario():
+        p = Processor(MemoryStore(), WorkerConfig(policy="drf").make_engine, publish, Topics(),
+                      input_log=kafka.input_log())
+        handled = asyncio.create_task(p.handle([*kafka.messages["nodes.heartbeats:0"], *kafka.messages["tasks.submitted:0"]]))
+        await until(lambda: p._lock.locked() and not handled.done())
+        for _ in range(20):  # event-loop turns: the batch is committed and waits for the record
+            await asyncio.sleep(0)
+        acknowledge.set()
+        await handled
+
+    run(scenario())
+    assert published_before_ack == []
+    assert [d["task"] for d in wire.decisions() if d["kind"] == "place"] == ["t0"]
+    assert [record["read"] for record in wire.journal] == [[["nodes.heartbeats:0", 0, 0], ["tasks.submitted:0", 0, 2]]]
+
+
 def test_a_restarted_worker_whose_store_kept_everything_reads_nothing_again():
     store, wire = MemoryStore(), Wire()
     kafka = Partitions(wire, a_day_of_work())
 
     async def scenario():
-        await consume(processor(store, wire, input_log=SimpleNamespace(read=kafka.read_again)), kafka, batches=5)
+        await consume(processor(store, wire, input_log=kafka.input_log()), kafka, batches=5)
         committed = dict(kafka.read)
-        p = processor(store, wire, input_log=SimpleNamespace(read=kafka.read_again))
+        p = processor(store, wire, input_log=kafka.input_log())
         p.consuming_from(committed)
         await consume(p, kafka)
         return p

@@ -1,4 +1,5 @@
-"""The topics of one deployment: four inputs keyed by cluster id, decisions, dead letters."""
+"""The topics of one deployment: four inputs keyed by cluster id, decisions, dead letters, and
+the worker's journal of what it applied (``streams/journal.py``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ class Topics:
     decisions: str = "allocations.decisions"
     deadletter: str = "events.deadletter"
     config: str = "tenants.config"  # a cluster's tenant tree, changed while it runs
+    journal: str = "worker.journal"  # the batches the worker applied, in order: for a rebuild
 
     def with_prefix(self, prefix: str) -> "Topics":
         """``prefix.tasks.submitted`` and so on: several deployments on one Kafka."""
@@ -29,4 +31,4 @@ class Topics:
     @property
     def names(self) -> tuple[str, ...]:
         """Every topic the worker reads or writes."""
-        return (*self.inputs, self.decisions, self.deadletter)
+        return (*self.inputs, self.decisions, self.deadletter, self.journal)
