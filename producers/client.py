@@ -24,6 +24,7 @@ from typing import Any, AsyncIterator
 
 from fairstream.core.model import ModelError
 from fairstream.wire.kafka import kafka_security
+from fairstream.wire.retry import waiting_for
 from fairstream.wire.topics import Topics
 
 
@@ -54,17 +55,9 @@ class Publisher:
     async def send_raw(self, topic: str, key: str, value: bytes) -> None:
         from aiokafka.errors import LeaderNotAvailableError, NotLeaderForPartitionError
 
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.outage_s
-        while True:
-            try:
-                await self.producer.send_and_wait(topic, value=value, key=key.encode())
-                return
-            except (LeaderNotAvailableError, NotLeaderForPartitionError):
-                # No leader took the batch, so it was not written: sending again cannot double it.
-                if loop.time() > deadline:
-                    raise
-                await asyncio.sleep(0.5)
+        # No leader took the batch, so it was not written: sending again cannot double it.
+        await waiting_for(lambda: self.producer.send_and_wait(topic, value=value, key=key.encode()), None,
+                          (LeaderNotAvailableError, NotLeaderForPartitionError), (0.5, 0.5), give_up_after=self.outage_s)
 
     async def send(self, topic: str, message: dict[str, Any] | list[dict[str, Any]]) -> None:
         """One message: an event (a JSON object) or several of one cluster (a JSON array), keyed by

@@ -1,5 +1,8 @@
 """fairstream.streams: the Faust worker (``fairstream worker``; docs/architecture.md).
 
-A thin adapter: decode and validate an event from Kafka, call ``Engine.step``, publish the
-decisions; events the engine rejects go to the dead-letter topic with the reason.
+A thin adapter: the Faust agents (``app``) hand batches of input to one pipeline
+(``processor``) of named stages: decode (``decoding``), admit and step each cluster's engine
+(``stepping``, ``stepper``, ``session``), persist to the store, publish (``publishing``, with the
+journal of ``journal``); ``rebuild`` reads again from Kafka what a store that lost writes lacks.
+Events that cannot be applied go to the dead-letter topic with the reason.
 """

@@ -20,7 +20,8 @@ from fairstream.wire.jsoncodec import dumps, loads
 from fairstream.streams.config import WorkerConfig
 from fairstream.wire.events import MAX_REASON
 from fairstream.state.store import StaleLog
-from fairstream.streams.processor import Applied, Incoming, Processor, backoff, waiting_for
+from fairstream.streams.processor import Applied, Incoming, Processor
+from fairstream.wire.retry import backoff, waiting_for
 from fairstream.streams.transport import kafka_transport
 
 log = structlog.get_logger("fairstream.worker")

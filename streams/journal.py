@@ -31,7 +31,7 @@ from collections import deque
 from typing import TYPE_CHECKING, AsyncIterator, Iterable
 
 if TYPE_CHECKING:
-    from fairstream.streams.processor import Incoming
+    from fairstream.streams.incoming import Incoming
 
 JOURNAL_KEY = "journal"
 

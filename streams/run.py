@@ -116,7 +116,7 @@ def prepare_topics(config: WorkerConfig, retry_delays: tuple[float, float] = (0.
 
     from fairstream.core.model import ModelError
     from fairstream.wire.kafka import ensure_topics
-    from fairstream.streams.processor import waiting_for
+    from fairstream.wire.retry import waiting_for
 
     partitions = asyncio.run(waiting_for(lambda: ensure_topics(config.broker, config.topics.names, config.partitions),
                                          "worker.broker_unavailable", KafkaConnectionError, retry_delays,

@@ -232,7 +232,7 @@ def test_a_quiet_cluster_shows_its_last_state_after_the_interval():
         await processor.handle([message("completed", 0, {"cluster": "c1", "task": "maps-0", "time": 2,
                                                           "status": "succeeded"})])
         written_then = Visibility(store.view_reader()).tenants("c1")["time"]
-        processor.explain_interval = 0.0  # the interval has passed
+        processor.stepping.explain_interval = 0.0  # the interval has passed
         flushed = await processor.flush_explanations()
         return written_then, flushed
 

@@ -525,7 +525,7 @@ def test_faust_agents_hand_messages_to_the_processor_via_test_context():
         config = WorkerConfig(policy="drf")
         app, proc = create_app(config, MemoryStore())
         wire = Wire()
-        proc.publish = wire.publish
+        proc.outputs.publish = wire.publish
         agents = {a.name.rsplit(".", 1)[-1]: a for a in app.agents.values()}
         async with agents["heartbeat"].test_context() as hb:
             await hb.put(json.dumps(heartbeat()).encode(), key=b"c1")
@@ -1278,12 +1278,7 @@ def test_outputs_whose_publishing_fails_are_sent_again_before_their_input_is_ack
 
     async def scenario():
         p = processor(store, wire)
-        p_published = p._published
-
-        async def quick(outbox, acks, outcome):  # retry at once rather than after 0.1 s
-            await p_published(outbox, acks, outcome, retry_delays=(0.001, 0.001))
-
-        p._published = quick
+        p.outputs.retry_delays = (0.001, 0.001)  # retry at once rather than after 0.1 s
         await p.handle([wire.msg("heartbeat", heartbeat()), wire.msg("submitted", task("t1"))])
         return await store.outbox()
 
@@ -1402,7 +1397,7 @@ def test_the_worker_command_line_chooses_where_snapshots_are_encoded(flags, back
     config = worker_config_from_command_line(*flags)
     assert config.background_snapshots is background
     processor = create_app(config, MemoryStore())[1]
-    assert processor.background_snapshots is background
+    assert processor.stepping.background_snapshots is background
 
 
 @pytest.mark.parametrize("flags, wait_s, min_bytes", [
@@ -1519,7 +1514,7 @@ def test_a_message_whose_application_keeps_failing_is_dead_lettered_as_an_intern
 
 
 def test_waiting_for_a_service_retries_what_it_is_told_to_and_nothing_else():
-    from fairstream.streams.processor import waiting_for
+    from fairstream.wire.retry import waiting_for
 
     attempts = []
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 import numpy as np
 
 from fairstream.core import native
+from fairstream.core.admission import Admission, EventRejected, admit, new_tree, orderings_problem, split_task_id
 from fairstream.core.accounting import Accounting
 from fairstream.core.jobs import JobUsage
 from fairstream.core.model import (
@@ -68,10 +69,6 @@ RECHECK_MIN = 1.0
 MAX_PASSES = 8
 
 
-class EventRejected(ModelError):
-    """An event that cannot be applied; the message is the dead-letter reason."""
-
-
 class PolicyViolation(RuntimeError):
     """A policy returned a decision that would break an invariant (a bug, never input)."""
 
@@ -81,55 +78,6 @@ class StepResult:
     decisions: list[Decision] = field(default_factory=list)
     rejected: list[tuple[Event, str]] = field(default_factory=list)
     finished: list[Task] = field(default_factory=list)
-
-
-@dataclass
-class _Earlier:
-    """What the events before one in ``Engine.admissible`` submitted, completed and introduced."""
-
-    submitted: set[str] = field(default_factory=set)
-    completed: set[str] = field(default_factory=set)
-    nodes: set[str] = field(default_factory=set)
-    requests: dict[str, int] = field(default_factory=dict)  # request id -> count: its tasks, as a range
-
-    def add(self, event: Event) -> None:
-        if isinstance(event, TaskSubmitted):
-            if event.count is None:
-                self.submitted.add(event.task)
-            else:
-                self.requests[event.task] = event.count
-        elif isinstance(event, TaskCompleted):
-            self.completed.add(event.task)
-        elif isinstance(event, NodeHeartbeat):
-            self.nodes.add(event.node)
-
-    def submitted_task(self, task: str) -> bool:
-        """``task`` was submitted by an earlier event, on its own or in a request."""
-        if task in self.submitted:
-            return True
-        found = _split_task_id(task) if self.requests else None
-        return found is not None and found[1] < self.requests.get(found[0], 0)
-
-
-_NOTHING_EARLIER = _Earlier()
-
-
-class Admission:
-    """``Engine.admission()``: events checked one at a time, without changing the engine."""
-
-    def __init__(self, engine: "Engine") -> None:
-        self.engine = engine
-        self.earlier = _Earlier()
-
-    def check(self, event: Event) -> str | None:
-        """Why applying ``event`` after those passed before would reject it, or None (it is
-        then counted as passed)."""
-        try:
-            self.engine._admit(event, self.earlier)
-        except ModelError as exc:
-            return str(exc)
-        self.earlier.add(event)
-        return None
 
 
 class Engine:
@@ -216,7 +164,7 @@ class Engine:
         for leaf in tree.leaves:
             self.accounting.add_tenant(leaf, tree.path(leaf))
         self._refresh_shares()
-        problem = self._orderings_problem(tree)
+        problem = orderings_problem(self.spec, tree)
         if problem is not None:
             raise ModelError(problem)
 
@@ -728,115 +676,19 @@ class Engine:
     def admission_tree(self, event: TenantsChanged) -> TenantTree:
         """The tree ``event`` would give this engine, checked as ``step`` would (``EventRejected``
         if it would be rejected); nothing changes ("what if" without mutation)."""
-        return self._new_tree(event)
+        return new_tree(self, event)
 
-    def admission(self) -> "Admission":
+    def admission(self) -> Admission:
         """Checks events one at a time against this state, each as if those it passed before
-        were applied: the same checks ``step`` applies (``_admit``), so a driver can keep an
-        event that would be rejected out of a step, and its time off the clock."""
+        were applied: the same checks ``step`` applies (``core/admission.py``), so a driver can
+        keep an event that would be rejected out of a step, and its time off the clock."""
         return Admission(self)
-
-    def _admit(self, event: Event, earlier: "_Earlier | None" = None):
-        """Raise ``ModelError`` if ``event`` cannot be applied to this state with ``earlier``'s
-        events applied too; returns what the check parsed (a submission's demand vector and
-        constraints, a heartbeat's capacity vector)."""
-        earlier = earlier or _NOTHING_EARLIER
-        if isinstance(event, TaskSubmitted):
-            task = event.task
-            if event.count is None:
-                if self._known(task, earlier):
-                    raise EventRejected(f"task {task!r}: duplicate submission")
-            else:
-                if not isinstance(event.count, int) or isinstance(event.count, bool) or not 1 <= event.count <= MAX_COUNT:
-                    raise EventRejected(f"count: must be an integer from 1 to {MAX_COUNT}, got {event.count!r}")
-                if task in self.requests or task in earlier.requests:
-                    raise EventRejected(f"task {task!r}: duplicate submission (a request of that id is pending)")
-                taken = self._taken_id(task, event.count, earlier)
-                if taken is not None:
-                    raise EventRejected(f"task {taken!r}: duplicate submission")
-            if not self.tree.is_leaf(event.tenant):
-                if event.tenant in self.tree.specs:
-                    raise EventRejected(f"tenant {event.tenant!r}: a queue with children; tasks go to leaves")
-                if not self.auto_tenants:
-                    raise EventRejected(f"tenant {event.tenant!r}: unknown tenant")
-            demand = self.resources.vector(event.demand, where="demand")
-            if not demand.any():
-                raise EventRejected("demand: must ask for some resource (all zero)")
-            estimate = event.estimate
-            if estimate is not None and (estimate.__class__ not in (int, float) or not 0 <= estimate < math.inf):
-                raise EventRejected(f"estimate: must be a finite number of seconds >= 0, got {estimate!r}")
-            return demand, Constraints.from_json(event.constraints)
-        if isinstance(event, TaskCompleted):
-            task = event.task
-            if task in earlier.completed or task in self.finished_ids and task not in self.tasks:
-                raise EventRejected(f"task {task!r}: already completed")
-            if task not in self.tasks and not earlier.submitted_task(task) and self._in_request(task) is None:
-                raise EventRejected(f"task {task!r}: completion of an unknown task")
-            return None
-        if isinstance(event, NodeHeartbeat):
-            if event.weights is not None:
-                weights = self.resources.vector(event.weights, where="weights")
-                zero = [name for name in event.weights if weights[self.resources.index(name)] <= 0]
-                if zero:
-                    raise EventRejected(f"weights.{zero[0]}: must be above 0")
-            return self.resources.vector(event.capacity, where="capacity")
-        if isinstance(event, NodeLost):
-            if event.node not in self.node_row and event.node not in earlier.nodes:
-                raise EventRejected(f"node {event.node!r}: unknown node")
-            return None
-        if isinstance(event, TenantsChanged):
-            return self._new_tree(event)
-        raise EventRejected(f"unknown event type {type(event).__name__}")
-
-    def _new_tree(self, event: TenantsChanged) -> TenantTree:
-        """The tree ``event`` asks for, checked against this state; ``EventRejected`` (the old
-        tree stays) if it is no tree, moves a tenant to another parent, or leaves a tenant with
-        running or pending tasks out (without ``auto_tenants``) or makes it a queue. With
-        ``auto_tenants``, such a tenant left out stays a leaf under the root, weight 1, as it
-        would join."""
-        try:
-            tree = TenantTree.from_specs([dataclasses.replace(spec) for spec in event.tenants])
-            for spec in event.tenants:
-                if spec.max_resources:
-                    self.resources.vector(spec.max_resources, where=f"tenants[{spec.id}].max_resources")
-        except ModelError as exc:
-            raise EventRejected(f"tenants: {exc}") from None
-        for spec in event.tenants:
-            old = self.tree.specs.get(spec.id)
-            if old is not None and old.parent != spec.parent:
-                raise EventRejected(f"tenants[{spec.id}].parent: {spec.parent!r}, was {old.parent!r}: a tenant cannot "
-                                    "move to another parent while the cluster runs")
-        for ledger in self.accounting.ledgers:
-            if not ledger.active:
-                continue
-            if ledger.name not in tree.specs:
-                if not self.auto_tenants:
-                    raise EventRejected(f"tenants: {ledger.name!r} has running or pending tasks and is not in the "
-                                        "new tree")
-                tree.ensure_leaf(ledger.name)
-            elif not tree.is_leaf(ledger.name):
-                raise EventRejected(f"tenants[{ledger.name}]: has running or pending tasks, so it cannot become a "
-                                    "queue with children")
-        problem = self._orderings_problem(tree)
-        if problem is not None:
-            raise EventRejected(problem)
-        return tree
-
-    def _orderings_problem(self, tree: TenantTree) -> str | None:
-        """Why this policy cannot honour the tree's queue orderings, or None: a queue's ordering
-        of its children needs a policy that walks the tree (``PolicySpec.hierarchical``)."""
-        queues = list(tree.queue_orderings)
-        if not queues or self.spec.hierarchical:
-            return None
-        return (f"tenants[{queues[0]}].ordering: orders a queue's children, which only a hierarchical policy "
-                f"(hltrf) does; {self.spec.name} shares the cluster among leaves by their effective weights "
-                "(set ordering on leaves, for their jobs)")
 
     def _configure(self, event: TenantsChanged) -> None:
         """Apply a new tenant tree: accumulated usage, quanta and running tasks are kept; new
         leaves get accounting of their own; every share is computed again."""
         old = self.tree
-        self.tree = self._admit(event)
+        self.tree = admit(self, event)
         self._track_jobs(old)
         for leaf in self.tree.leaves:
             self.accounting.add_tenant(leaf, self.tree.path(leaf))
@@ -888,31 +740,9 @@ class Engine:
                 del self.job_usage[tenant]
         self._maybe_idle.clear()
 
-    def _known(self, task: str, earlier: "_Earlier") -> bool:
-        """``task`` is pending, running, recently finished, or pending in a request."""
-        return (task in self.tasks or task in self.finished_ids or earlier.submitted_task(task)
-                or task in earlier.completed or self._in_request(task) is not None)
-
-    def _taken_id(self, request: str, count: int, earlier: "_Earlier") -> str | None:
-        """A task id of request ``request`` of ``count`` tasks that is already known, or None.
-        Walks the request's ids or the known ids, whichever are fewer: a request of a million
-        tasks costs no more than the tasks the engine holds."""
-        known = (self.tasks, self.finished_ids, earlier.submitted, earlier.completed)
-        if count <= sum(len(ids) for ids in known):
-            for k in range(count):
-                if self._known(request_task_id(request, k), earlier):
-                    return request_task_id(request, k)
-            return None
-        for ids in known:
-            for task in ids:
-                found = _split_task_id(task)
-                if found is not None and found[0] == request and found[1] < count:
-                    return task
-        return None  # pending requests' ids: another request of this id is refused above
-
-    def _in_request(self, task: str) -> tuple[Task, int] | None:
+    def in_request(self, task: str) -> tuple[Task, int] | None:
         """The pending request that holds ``task`` (``<request>-<k>``, not yet placed) and k."""
-        found = _split_task_id(task) if self.requests else None
+        found = split_task_id(task) if self.requests else None
         request = self.requests.get(found[0]) if found is not None else None
         if request is None:
             return None
@@ -922,7 +752,7 @@ class Engine:
         return (request, k) if k < request.index + request.count + len(request.cancelled) else None
 
     def _submit(self, event: TaskSubmitted) -> Task:
-        demand, constraints = self._admit(event)
+        demand, constraints = admit(self, event)
         if self.tree.ensure_leaf(event.tenant):
             self.accounting.add_tenant(event.tenant, self.tree.path(event.tenant))
             self._refresh_shares()  # at once: the new tenant's PAR below reads shares
@@ -971,7 +801,7 @@ class Engine:
         return shape
 
     def _complete(self, event: TaskCompleted) -> Task:
-        self._admit(event)
+        admit(self, event)
         if event.task not in self.tasks:
             return self._cancel_in_request(event)
         task = self.tasks[event.task]
@@ -1011,7 +841,7 @@ class Engine:
     def _cancel_in_request(self, event: TaskCompleted) -> Task:
         """A task of a pending request completed (killed or failed) before it ran: the
         request holds one task less."""
-        request, k = self._in_request(event.task)
+        request, k = self.in_request(event.task)
         self.finished_ids[event.task] = event.time
         if k == request.index:
             self._advance_request(request)
@@ -1043,7 +873,7 @@ class Engine:
             self._unschedulable.discard(request.id)
 
     def _heartbeat(self, event: NodeHeartbeat) -> None:
-        capacity = self._admit(event)
+        capacity = admit(self, event)
         labels = dict(event.labels or {})
         row = self.node_row.get(event.node)
         if event.weights is not None:  # named resources change; the others keep theirs (1 on a new node)
@@ -1105,7 +935,7 @@ class Engine:
         return self._alive[: len(self.nodes)]
 
     def _lose(self, event: NodeLost) -> list[Decision]:
-        self._admit(event)
+        admit(self, event)
         row = self.node_row[event.node]
         node = self.nodes[row]
         if not node.alive:
@@ -1158,7 +988,7 @@ class Engine:
         task = self.tasks.get(decision.task)
         request = None
         if task is None:
-            found = self._in_request(decision.task)
+            found = self.in_request(decision.task)
             if found is None or found[1] != found[0].index:
                 raise PolicyViolation(f"{decision.policy} placed task {decision.task!r} that is not pending")
             request = found[0]
@@ -1220,15 +1050,6 @@ def _over(used: list[float], demand: list[float], capacity: list[float]) -> bool
         if have + want > room + EPSILON:
             return True
     return False
-
-
-def _split_task_id(task: str) -> tuple[str, int] | None:
-    """``("j1-m", 3)`` for ``"j1-m-3"``: the request and index a task id would have (the
-    index written as ``request_task_id`` writes it), or None."""
-    base, dash, number = task.rpartition("-")
-    if not dash or not number.isdigit() or (number[0] == "0" and len(number) > 1) or not number.isascii():
-        return None
-    return base, int(number)
 
 
 def _grouped(decisions: list[Decision], requests: list[str | None]) -> list[Decision]:

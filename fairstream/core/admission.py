@@ -1,0 +1,219 @@
+"""Admission: whether an event can be applied to an engine's state, and what its check parsed,
+without changing anything ("what if" without mutation). ``Engine.step`` applies an event only
+after ``admit`` passed it (a rejected one is a dead letter with the reason); a driver checks a
+batch ahead with ``Admission`` (``Engine.admission``), each event as if those it passed were
+applied, so one that would be rejected stays out of a step and its time off the clock.
+
+Reads the engine's state (tasks, requests, finished ids, the tree, nodes, the tenants'
+ledgers) and never writes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from fairstream.core.model import (
+    MAX_COUNT,
+    Constraints,
+    Event,
+    ModelError,
+    NodeHeartbeat,
+    NodeLost,
+    TaskCompleted,
+    TaskSubmitted,
+    TenantsChanged,
+    request_task_id,
+)
+from fairstream.core.tenants import TenantTree
+
+if TYPE_CHECKING:
+    from fairstream.core.engine import Engine
+    from fairstream.policies.base import PolicySpec
+
+
+class EventRejected(ModelError):
+    """An event that cannot be applied; the message is the dead-letter reason."""
+
+
+@dataclass
+class Earlier:
+    """What the events before one in ``Admission`` submitted, completed and introduced."""
+
+    submitted: set[str] = field(default_factory=set)
+    completed: set[str] = field(default_factory=set)
+    nodes: set[str] = field(default_factory=set)
+    requests: dict[str, int] = field(default_factory=dict)  # request id -> count: its tasks, as a range
+
+    def add(self, event: Event) -> None:
+        if isinstance(event, TaskSubmitted):
+            if event.count is None:
+                self.submitted.add(event.task)
+            else:
+                self.requests[event.task] = event.count
+        elif isinstance(event, TaskCompleted):
+            self.completed.add(event.task)
+        elif isinstance(event, NodeHeartbeat):
+            self.nodes.add(event.node)
+
+    def submitted_task(self, task: str) -> bool:
+        """``task`` was submitted by an earlier event, on its own or in a request."""
+        if task in self.submitted:
+            return True
+        found = split_task_id(task) if self.requests else None
+        return found is not None and found[1] < self.requests.get(found[0], 0)
+
+
+NOTHING_EARLIER = Earlier()
+
+
+class Admission:
+    """``Engine.admission()``: events checked one at a time, without changing the engine."""
+
+    def __init__(self, engine: "Engine") -> None:
+        self.engine = engine
+        self.earlier = Earlier()
+
+    def check(self, event: Event) -> str | None:
+        """Why applying ``event`` after those passed before would reject it, or None (it is
+        then counted as passed)."""
+        try:
+            admit(self.engine, event, self.earlier)
+        except ModelError as exc:
+            return str(exc)
+        self.earlier.add(event)
+        return None
+
+
+def admit(engine: "Engine", event: Event, earlier: "Earlier | None" = None):
+    """Raise ``ModelError`` if ``event`` cannot be applied to this state with ``earlier``'s
+    events applied too; returns what the check parsed (a submission's demand vector and
+    constraints, a heartbeat's capacity vector)."""
+    earlier = earlier or NOTHING_EARLIER
+    if isinstance(event, TaskSubmitted):
+        task = event.task
+        if event.count is None:
+            if known(engine, task, earlier):
+                raise EventRejected(f"task {task!r}: duplicate submission")
+        else:
+            if not isinstance(event.count, int) or isinstance(event.count, bool) or not 1 <= event.count <= MAX_COUNT:
+                raise EventRejected(f"count: must be an integer from 1 to {MAX_COUNT}, got {event.count!r}")
+            if task in engine.requests or task in earlier.requests:
+                raise EventRejected(f"task {task!r}: duplicate submission (a request of that id is pending)")
+            taken = taken_id(engine, task, event.count, earlier)
+            if taken is not None:
+                raise EventRejected(f"task {taken!r}: duplicate submission")
+        if not engine.tree.is_leaf(event.tenant):
+            if event.tenant in engine.tree.specs:
+                raise EventRejected(f"tenant {event.tenant!r}: a queue with children; tasks go to leaves")
+            if not engine.auto_tenants:
+                raise EventRejected(f"tenant {event.tenant!r}: unknown tenant")
+        demand = engine.resources.vector(event.demand, where="demand")
+        if not demand.any():
+            raise EventRejected("demand: must ask for some resource (all zero)")
+        estimate = event.estimate
+        if estimate is not None and (estimate.__class__ not in (int, float) or not 0 <= estimate < math.inf):
+            raise EventRejected(f"estimate: must be a finite number of seconds >= 0, got {estimate!r}")
+        return demand, Constraints.from_json(event.constraints)
+    if isinstance(event, TaskCompleted):
+        task = event.task
+        if task in earlier.completed or task in engine.finished_ids and task not in engine.tasks:
+            raise EventRejected(f"task {task!r}: already completed")
+        if task not in engine.tasks and not earlier.submitted_task(task) and engine.in_request(task) is None:
+            raise EventRejected(f"task {task!r}: completion of an unknown task")
+        return None
+    if isinstance(event, NodeHeartbeat):
+        if event.weights is not None:
+            weights = engine.resources.vector(event.weights, where="weights")
+            zero = [name for name in event.weights if weights[engine.resources.index(name)] <= 0]
+            if zero:
+                raise EventRejected(f"weights.{zero[0]}: must be above 0")
+        return engine.resources.vector(event.capacity, where="capacity")
+    if isinstance(event, NodeLost):
+        if event.node not in engine.node_row and event.node not in earlier.nodes:
+            raise EventRejected(f"node {event.node!r}: unknown node")
+        return None
+    if isinstance(event, TenantsChanged):
+        return new_tree(engine, event)
+    raise EventRejected(f"unknown event type {type(event).__name__}")
+
+
+def new_tree(engine: "Engine", event: TenantsChanged) -> TenantTree:
+    """The tree ``event`` asks for, checked against this state; ``EventRejected`` (the old
+    tree stays) if it is no tree, moves a tenant to another parent, or leaves a tenant with
+    running or pending tasks out (without ``auto_tenants``) or makes it a queue. With
+    ``auto_tenants``, such a tenant left out stays a leaf under the root, weight 1, as it
+    would join."""
+    try:
+        tree = TenantTree.from_specs([dataclasses.replace(spec) for spec in event.tenants])
+        for spec in event.tenants:
+            if spec.max_resources:
+                engine.resources.vector(spec.max_resources, where=f"tenants[{spec.id}].max_resources")
+    except ModelError as exc:
+        raise EventRejected(f"tenants: {exc}") from None
+    for spec in event.tenants:
+        old = engine.tree.specs.get(spec.id)
+        if old is not None and old.parent != spec.parent:
+            raise EventRejected(f"tenants[{spec.id}].parent: {spec.parent!r}, was {old.parent!r}: a tenant cannot "
+                                "move to another parent while the cluster runs")
+    for ledger in engine.accounting.ledgers:
+        if not ledger.active:
+            continue
+        if ledger.name not in tree.specs:
+            if not engine.auto_tenants:
+                raise EventRejected(f"tenants: {ledger.name!r} has running or pending tasks and is not in the "
+                                    "new tree")
+            tree.ensure_leaf(ledger.name)
+        elif not tree.is_leaf(ledger.name):
+            raise EventRejected(f"tenants[{ledger.name}]: has running or pending tasks, so it cannot become a "
+                                "queue with children")
+    problem = orderings_problem(engine.spec, tree)
+    if problem is not None:
+        raise EventRejected(problem)
+    return tree
+
+
+def orderings_problem(spec: "PolicySpec", tree: TenantTree) -> str | None:
+    """Why this policy cannot honour the tree's queue orderings, or None: a queue's ordering
+    of its children needs a policy that walks the tree (``PolicySpec.hierarchical``)."""
+    queues = list(tree.queue_orderings)
+    if not queues or spec.hierarchical:
+        return None
+    return (f"tenants[{queues[0]}].ordering: orders a queue's children, which only a hierarchical policy "
+            f"(hltrf) does; {spec.name} shares the cluster among leaves by their effective weights "
+            "(set ordering on leaves, for their jobs)")
+
+
+def known(engine: "Engine", task: str, earlier: Earlier) -> bool:
+    """``task`` is pending, running, recently finished, or pending in a request."""
+    return (task in engine.tasks or task in engine.finished_ids or earlier.submitted_task(task)
+            or task in earlier.completed or engine.in_request(task) is not None)
+
+
+def taken_id(engine: "Engine", request: str, count: int, earlier: Earlier) -> str | None:
+    """A task id of request ``request`` of ``count`` tasks that is already known, or None.
+    Walks the request's ids or the known ids, whichever are fewer: a request of a million
+    tasks costs no more than the tasks the engine holds."""
+    held = (engine.tasks, engine.finished_ids, earlier.submitted, earlier.completed)
+    if count <= sum(len(ids) for ids in held):
+        for k in range(count):
+            if known(engine, request_task_id(request, k), earlier):
+                return request_task_id(request, k)
+        return None
+    for ids in held:
+        for task in ids:
+            found = split_task_id(task)
+            if found is not None and found[0] == request and found[1] < count:
+                return task
+    return None  # pending requests' ids: another request of this id is refused above
+
+
+def split_task_id(task: str) -> tuple[str, int] | None:
+    """``("j1-m", 3)`` for ``"j1-m-3"``: the request and index a task id would have (the
+    index written as ``request_task_id`` writes it), or None."""
+    base, dash, number = task.rpartition("-")
+    if not dash or not number.isdigit() or (number[0] == "0" and len(number) > 1) or not number.isascii():
+        return None
+    return base, int(number)

@@ -1,0 +1,69 @@
+"""Reading again what the state store lost (a Redis restarted empty or restored from an older
+file), from Kafka: the input, in the batches the journal holds (``streams/journal.py``), then
+what no record holds merged in event-time order (docs/architecture.md, "Redis durability")."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Awaitable, Callable
+
+import structlog
+
+from fairstream.streams.decoding import first_time
+from fairstream.streams.incoming import Incoming, InputLog
+from fairstream.streams.journal import RangeBuffer, unique_records
+from fairstream.wire.topics import Topics
+
+log = structlog.get_logger("fairstream.worker")
+
+BATCH = 500  # messages per commit of what no journal record holds
+
+
+async def read_again(input_log: InputLog, ranges: dict[str, tuple[int, int]], journal_from: dict[str, int],
+                     apply: Callable[[list[Incoming]], Awaitable[None]],
+                     reject: Callable[[Incoming, str], Awaitable[None]], topics: Topics, max_bytes: int) -> int:
+    """Apply again ``ranges`` (per position: the store's offset, and where the worker believed it
+    was) with ``apply`` (a batch: applied, committed and published) and ``reject`` (a message the
+    journal says was rejected unapplied, with the reason); the journal is read from
+    ``journal_from`` (the store's offsets in it). Returns how many messages were read.
+
+    First the journal's batches, in its order: each applied as it was first, so it decides
+    exactly what was published, with the same ids. Then what no record holds (input the worker
+    read but had not committed, or older than the journal's retention): the input topics merged
+    in event-time order (heartbeats, then submissions, then completions, then tenant trees at one
+    time), each partition in its own order, so a completion comes after the submission it ends."""
+    log.warning("worker.reading_again", ranges={p: list(r) for p, r in sorted(ranges.items())})
+    held = RangeBuffer(input_log.read(ranges), ranges)
+    journaled = 0
+    async for record, runs in unique_records(input_log.journal(journal_from)):
+        messages = await held.take(runs)
+        if not messages:
+            continue
+        journaled += 1
+        if record.get("rejected") is None:
+            await apply(messages)
+            continue
+        if messages[:-1]:  # (input before it that no record holds)
+            await apply(messages[:-1])
+        await reject(messages[-1], str(record["rejected"]))
+    queues: dict[str, deque] = {position: deque() for position in ranges}
+    reading = set(ranges)  # positions with more to come
+    rank = {topics.heartbeats: 0, topics.submitted: 1, topics.completed: 2}
+    batch: list[Incoming] = []
+    async for position, messages, done in held.rest():
+        queues[position].extend((first_time(m, max_bytes), rank.get(m.topic, 3), m.offset, m) for m in messages)
+        if done:
+            reading.discard(position)
+        # The earliest head goes next, once every position that may still send has one.
+        while not any(not queues[p] for p in reading):
+            heads = [queue for queue in queues.values() if queue]
+            if not heads:
+                break
+            batch.append(min(heads, key=lambda queue: queue[0][:3]).popleft()[3])
+            if len(batch) >= BATCH:
+                await apply(batch)
+                batch = []
+    if batch:
+        await apply(batch)
+    log.warning("worker.read_again", messages=held.read, journaled_batches=journaled)
+    return held.read
