@@ -48,7 +48,7 @@ import msgpack
 import numpy as np
 
 from fairstream.core.accounting import Accounting, AccountingConfig, QuantumTree, RecentTasks, TenantLedger, _Running
-from fairstream.core.preemption import PreemptionRule
+from fairstream.core.preemption import PreemptionRule, Starvation
 from fairstream.core.engine import Engine
 from fairstream.core.flex import FlexModel, Tree
 from fairstream.core.model import (
@@ -65,16 +65,18 @@ from fairstream.core.model import (
 )
 from fairstream.policies import REGISTRY
 from fairstream.policies.base import PolicySpec
-from fairstream.core.jobs import JobUsage
+from fairstream.core.jobs import Jobs, JobUsage
 from fairstream.core.snapshot import PendingQueue, Reservation, TaskList
 from fairstream.core.tenants import TenantTree
 
 MAGIC = b"FSENGINE"
-VERSION = 11  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
+VERSION = 12  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
 # 6: nodes' resource weights (LTRF formula 9); 7: queues' max_resources and max_running; 8: queues' ordering;
 # 9: whether a starved tenant has victims left (the preemption re-check, ``Engine.wake_at``) and the
 # node reservation (``Engine.reservation``); 10: tasks' run-time estimates (``Task.estimate``, backfill);
-# 11: constraints' max_per_node (``Constraints.max_per_node``; such a task's shape is its job's)
+# 11: constraints' max_per_node (``Constraints.max_per_node``; such a task's shape is its job's);
+# 12: the engine's jobs and starvation watch as parts of their own (``Engine.jobs``: ``core.jobs.Jobs``;
+# ``Engine.starvation``: ``core.preemption.Starvation``)
 
 REF, LIST, TUPLE, DICT, SET, FROZENSET, OBJECT, ARRAY, ENUM, ORDERED, POLICY, NUMBER = range(12)
 
@@ -125,7 +127,7 @@ CLASSES: tuple[_Class, ...] = (
     _Class(Engine, "resources tree spec params auto_tenants accounting time nodes node_row _capacity _used _alive "
                    "_node_ids _node_labels _shares_stale tasks requests finished_ids finished_retention pending _seq _shapes "
                    "_unschedulable _to_check _nodes_changed _verdicts _grown _touched _passed _fresh _shape_demands "
-                   "preemption starved_since _victims_exist reservation running_jobs job_usage _maybe_idle",
+                   "preemption starvation reservation jobs",
            derived="_node_view _tenant_view _shape_holders _running_on _job_rows _backfill _waiting", rebuild=_rebuild_engine),  # the snapshot's node and tenant views and waiting queues, the indexes of what runs where and the reserved task's start, made again on use
     _Class(ResourceSpace, "names _position"),
     _Class(TenantTree, "specs children effective_share has_limits orders_jobs _paths", derived="queue_orderings",
@@ -136,6 +138,7 @@ CLASSES: tuple[_Class, ...] = (
            derived="_index _arrivals"),  # the top-up index, rebuilt on first use; a count of first arrivals
     _Class(AccountingConfig, "round_length discount quantum adaptive_quantum resource half_life"),
     _Class(PreemptionRule, "threshold timeout"),
+    _Class(Starvation, "rule since victims_exist"),
     _Class(Reservation, "node tenant shape task"),
     _Class(QuantumTree, "initial adaptive quantum _children_sum _children_count _finished version"),
     _Class(TenantLedger, "name pending running first_arrival round_arrival pseudo_accumulated pseudo_at "
@@ -148,6 +151,7 @@ CLASSES: tuple[_Class, ...] = (
     _Class(Constraints, "nodes labels max_per_node"),
     _Class(PendingQueue, "groups count jobs"),
     _Class(JobUsage, "allocation offset"),
+    _Class(Jobs, "n_resources running usage maybe_idle"),
     _Class(TaskList, "tasks head count"),
     _Class(FlexModel, "classes trees metadata source"),
     _Class(Tree, "children_left children_right feature threshold leaf_class"),

@@ -213,7 +213,7 @@ def test_a_tenant_held_by_its_own_max_share_is_not_starved():
     e.step(3, [])
     # A's fair share: 0.5 (capped by max_share); it holds 40 (one task; a second would be 80).
     assert e.accounting.allocation[:, 0].tolist() == [40.0, 60.0]
-    assert "A" not in e.starved_since
+    assert "A" not in e.starvation.since
 
 
 # ------------------------------------------------------------------- 4. ties after a timeout

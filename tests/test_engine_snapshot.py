@@ -208,7 +208,7 @@ def test_an_engine_read_back_while_a_tenant_is_starved_preempts_as_the_one_writt
     written.step(0, [node("n", cpu=10), TaskSubmitted(0, "a", "ja", "A", {"cpu": 1}, None, 10)])
     written.step(100, [TaskSubmitted(100, "b", "jb", "B", {"cpu": 1}, None, 10)])
     read = decode_engine(encode_engine(written))
-    assert read.starved_since == written.starved_since == {"B": 100}
+    assert read.starvation.since == written.starvation.since == {"B": 100}
     assert read.step(130, []).decisions == written.step(130, []).decisions
 
 

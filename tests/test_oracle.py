@@ -163,7 +163,7 @@ def checking_every_pass(simulator: Simulator) -> Simulator:
 
 def _pending_task(engine: Engine, task_id: str):
     """The pending task ``task_id`` (a request's: the request) before the pass's decisions apply."""
-    return engine.tasks.get(task_id) or engine._in_request(task_id)[0]
+    return engine.tasks.get(task_id) or engine.in_request(task_id)[0]
 
 
 def reserved_room_goes_to_the_reserved_shape_only(engine: Engine, snapshot, decisions) -> None:
@@ -219,7 +219,7 @@ def no_starved_tenant_left_while_a_node_could_be_freed_for_it(engine: Engine, re
 
     rule, now = engine.preemption, engine.time
     fair, shares = oracle.engine_fair_shares(engine), oracle.engine_shares(engine)
-    starved = [t for t, since in engine.starved_since.items() if since < now and now - since >= rule.timeout - 1e-9
+    starved = [t for t, since in engine.starvation.since.items() if since < now and now - since >= rule.timeout - 1e-9
                and shares.get(t, 0.0) < rule.threshold * fair.get(t, 0.0) - 1e-9]
     if not starved:
         return

@@ -117,7 +117,7 @@ def placements_keep_max_per_node(engine, decisions) -> None:
         if decision.kind is DecisionKind.PREEMPT:
             since[key] = since.get(key, 0) - 1
         elif decision.kind is DecisionKind.PLACE:
-            task = engine.tasks.get(decision.task) or engine._in_request(decision.task)[0]
+            task = engine.tasks.get(decision.task) or engine.in_request(decision.task)[0]
             most = task.constraints.to_json().get("max_per_node")
             if most is not None:
                 on_node = running_of_job(engine, *key) + since.get(key, 0)
@@ -513,7 +513,7 @@ def test_preemption_never_takes_a_tenant_below_its_share_nor_acts_without_a_star
             for victim in {d.tenant for d in preempts}:
                 assert ratios[acc.row[victim]] >= 1 - 1e-6, f"{victim} taken below its fair share at t={now}"
         starved_before.clear()
-        starved_before.update(engine.starved_since)
+        starved_before.update(engine.starvation.since)
 
     simulator = Simulator(parse_scenario(document), policy, params, on_step=check)
     simulator.run()

@@ -72,7 +72,7 @@ def test_ltrf_among_jobs_pays_back_a_job_that_ran_less():
 
 def test_a_jobs_usage_is_kept_while_it_waits_and_forgotten_when_nothing_of_it_runs_or_waits():
     e, _ = history_then_two_jobs("ltrf")
-    usage = e.job_usage["A"]
+    usage = e.jobs.usage["A"]
     assert set(usage) == {"j1", "j2"}  # both have tasks waiting
     # j1 at 10: nothing running, 2 tasks x 1 GB x 10 s used (closed form: allocation 0, offset 20).
     assert usage["j1"].accumulated(10.0).tolist() == [20.0] and usage["j1"].allocation.tolist() == [0.0]
@@ -80,8 +80,8 @@ def test_a_jobs_usage_is_kept_while_it_waits_and_forgotten_when_nothing_of_it_ru
     done = [TaskCompleted(20, t.id) for t in list(e.tasks.values()) if t.job == "j2"]
     done += [TaskCompleted(20, f"b{k}") for k in (3, 4)]
     e.step(20, done)  # j2's two running tasks end, its two waiting ones are cancelled
-    assert "j2" not in e.job_usage["A"] and "j1" in e.job_usage["A"]
-    assert "j2" not in e.job_usage["A"]
+    assert "j2" not in e.jobs.usage["A"] and "j1" in e.jobs.usage["A"]
+    assert "j2" not in e.jobs.usage["A"]
 
 
 def test_a_request_with_a_count_is_taken_task_by_task_in_the_jobs_order():
@@ -196,7 +196,7 @@ def test_an_ordering_set_while_jobs_run_starts_from_what_they_run_now():
                          submit("a3", "A", 10, job="j1"), submit("b1", "A", 10, job="j2")])
     assert not result.rejected
     assert placed_jobs(result) == {"j2": 1}
-    assert e.job_usage["A"]["j1"].accumulated(10.0).tolist() == [20.0]
+    assert e.jobs.usage["A"]["j1"].accumulated(10.0).tolist() == [20.0]
 
 
 def test_an_engine_read_back_orders_jobs_as_the_one_written():

@@ -27,7 +27,7 @@ import numpy as np
 from fairstream.core import native
 from fairstream.core.admission import Admission, EventRejected, admit, new_tree, orderings_problem, split_task_id
 from fairstream.core.accounting import Accounting
-from fairstream.core.jobs import JobUsage
+from fairstream.core.jobs import Jobs, orders_jobs
 from fairstream.core.model import (
     EPSILON,
     CompletionStatus,
@@ -50,19 +50,13 @@ from fairstream.core.model import (
     event_time,
     request_task_id,
 )
-from fairstream.core.fairness import fair_shares, resource_shares
-from fairstream.core.placement import Cycle
-from fairstream.core.preemption import PreemptionRule, RunningTask, share_ratios, starved_past_timeout
+from fairstream.core.fairness import fair_shares
+from fairstream.core.preemption import PreemptionRule, RunningTask, Starvation, starved_past_timeout
 from fairstream.core.snapshot import EMPTY_MAPPING, JobRows, Later, NodeAllocation, PendingQueue, Reservation, Snapshot
 from fairstream.core.tenants import TenantTree
 
 if TYPE_CHECKING:  # the core never imports the policies: the engine is handed one
     from fairstream.policies.base import PolicySpec
-
-
-#: The shortest wait between two preemption checks for a tenant starved past its timeout
-#: (``Engine.wake_at``), in seconds of event time, when preemption_timeout is shorter.
-RECHECK_MIN = 1.0
 
 
 #: Passes at one instant at most: a pass that preempted is followed by another (``Engine.schedule``).
@@ -104,8 +98,8 @@ class Engine:
         # Preemption toward fair share (``fairstream.core.preemption``): the policy's rule, or
         # None when off; then since when each starved tenant has been starved (event time).
         self.preemption: PreemptionRule | None = policy.preemption_rule(self.params)
-        self.starved_since: dict[str, float] = {}
-        self._victims_exist = False  # after the last pass: some tenant is above its fair share
+        # Who is starved since when, and whether preemption could still serve them (core/preemption.py).
+        self.starvation = Starvation(self.preemption) if self.preemption is not None else None
         # The node reserved for the first waiting task that fitted nowhere (``reservation=on``),
         # and with backfill the time its task can start there (``backfill_until``), kept while
         # the reservation and the tasks on its node stay as they are.
@@ -133,12 +127,10 @@ class Engine:
         # The snapshot's ``pending``: the queues with tasks, in ``pending``'s order; made again
         # (a new dict: snapshots keep theirs) only when a queue empties or fills.
         self._waiting: dict[str, PendingQueue] | None = None
-        # Per leaf, its jobs with running tasks and how many (a queue's max_running counts them).
-        self.running_jobs: dict[str, dict[str, int]] = {}
-        # Per leaf that orders its jobs (fair, drf, ltrf), its jobs' running demand and
+        # Per leaf, its jobs with running tasks and how many (a queue's max_running counts them),
+        # and for a leaf that orders its jobs (fair, drf, ltrf), their running demand and
         # accumulated usage (``fairstream.core.jobs``); a job leaves once nothing of it runs or waits.
-        self.job_usage: dict[str, dict[str, JobUsage]] = {}
-        self._maybe_idle: set[tuple[str, str]] = set()  # (leaf, job) that stopped or lost a task this step
+        self.jobs = Jobs(len(resources))
         self._seq = 0
         self._shapes: dict[tuple, int] = {}
         # Tasks no live node could ever hold (reported once), tasks to check, and whether the
@@ -274,12 +266,12 @@ class Engine:
                 result.rejected.append((event, str(exc)))
         if self._shares_stale:
             self._refresh_shares()
-        if self._maybe_idle:
-            self._forget_idle_jobs()
+        if self.jobs.maybe_idle:
+            self.jobs.forget_idle(self.pending)
         result.decisions.extend(self._report_unschedulable())
         result.decisions.extend(self.schedule())
-        if self.preemption is not None:
-            self._track_starvation()
+        if self.starvation is not None:
+            self.starvation.track(self)
         return result
 
     def wake_at(self) -> float | None:
@@ -290,13 +282,22 @@ class Engine:
         order of victims moves with time (LTRF's long-term usage), so a victim that was not
         ahead of it may be now. The simulator steps the engine then, as the worker's heartbeats
         step it, so both take the same preemptions."""
-        if self.preemption is None or self.time is None:
+        if self.starvation is None or self.time is None:
             return None
-        due = [since + self.preemption.timeout for since in self.starved_since.values()]
-        later = [t for t in due if t > self.time]
-        if len(later) < len(due) and self._victims_exist:
-            later.append(self.time + max(self.preemption.timeout, RECHECK_MIN))
-        return min(later) if later else None
+        return self.starvation.wake_at(self.time)
+
+    @property
+    def starved_since(self) -> Mapping[str, float]:
+        """Per starved tenant, since when (the starvation watch's; empty without a preemption rule)."""
+        return self.starvation.since if self.starvation is not None else EMPTY_MAPPING
+
+    def verdict(self, shape: int) -> str | None:
+        """Why no live node could ever hold a task of ``shape`` (as last checked), or None."""
+        return self._verdicts.get(shape)
+
+    def shape_demands(self, shapes: list[int]) -> np.ndarray:
+        """The demand vectors of ``shapes``, one row each."""
+        return self._shape_demands[shapes]
 
     def fair_shares(self, tree: TenantTree | None = None) -> np.ndarray:
         """Every tenant row's fair share now (``fairness.fair_shares``) in the policy's measure,
@@ -320,36 +321,6 @@ class Engine:
             if task is not None and task.state is TaskState.PENDING:
                 pending[acc.row[task.tenant]] -= task.demand * task.count
         return np.maximum(pending, 0.0, out=pending)
-
-    def _track_starvation(self) -> None:
-        """After a pass: a tenant with pending work some live node could hold within its limits,
-        below the rule's threshold x its fair share, is starved since now unless it already was;
-        any other tenant is not."""
-        acc, rule = self.accounting, self.preemption
-        fair = self.fair_shares()
-        ratios = share_ratios(acc.allocation, acc.capacity, fair, acc.config.resource)
-        starved = {}
-        cycle = None
-        for tenant, queue in self.pending.items():
-            if not queue.count or ratios[acc.row[tenant]] >= rule.threshold - EPSILON:
-                continue
-            if not any(self._verdicts.get(shape) is None for shape in queue.groups):
-                continue  # no node could ever hold any of it
-            if self.tree.has_limits:  # held by its own max_share, max_resources or max_running: not starved
-                cycle = cycle or Cycle(self.snapshot(), self.policy)
-                if not any(cycle.within_caps(tenant, task) for task in cycle.shape_heads(tenant, every_shape=True)):
-                    continue
-            starved[tenant] = self.starved_since.get(tenant, self.time)
-        self.starved_since = starved
-        # Could preemption still serve one of them? Only if some tenant is above its fair share
-        # by at least the smallest task a starved tenant waits with (in the policy's measure).
-        self._victims_exist = False
-        if starved:
-            shares = resource_shares(acc.allocation, acc.capacity, acc.config.resource)
-            surplus = float((shares - fair).max()) if len(fair) else 0.0
-            demands = self._shape_demands[[shape for t in starved for shape in self.pending[t].groups]]
-            smallest = float(resource_shares(demands, acc.capacity, acc.config.resource).min())
-            self._victims_exist = surplus >= smallest - EPSILON
 
     def _running_tasks(self) -> tuple[RunningTask, ...]:
         return tuple(RunningTask(task.id, task.job, task.tenant, self.node_row[task.node], task.demand, task.demand_map,
@@ -609,9 +580,9 @@ class Engine:
             self._node_view = (tuple(self._node_ids), tuple(MappingProxyType(labels) for labels in self._node_labels))
         node_ids, node_labels = self._node_view
         starved_since, running_tasks = EMPTY_MAPPING, None
-        if self.starved_since:
-            starved_since = MappingProxyType(dict(self.starved_since))
-            if starved_past_timeout(self.starved_since, now, self.preemption):
+        if self.starvation is not None and self.starvation.since:
+            starved_since = MappingProxyType(dict(self.starvation.since))
+            if starved_past_timeout(self.starvation.since, now, self.preemption):
                 running_tasks = self._running_tasks()
         return Snapshot(
             time=now,
@@ -641,8 +612,8 @@ class Engine:
             job_rows=JobRows(self._jobs_on_nodes),
             starved_since=starved_since,
             running_tasks=running_tasks,
-            running_jobs=self.running_jobs if self.tree.has_limits else EMPTY_MAPPING,
-            job_usage=self.job_usage if self.tree.orders_jobs else EMPTY_MAPPING,
+            running_jobs=self.jobs.running if self.tree.has_limits else EMPTY_MAPPING,
+            job_usage=self.jobs.usage if self.tree.orders_jobs else EMPTY_MAPPING,
             pending_demand=self.waiting_demand() if self.preemption is not None else None,  # the fair share's
             reservation=self.reservation,
             reserving=self.reserving,
@@ -689,56 +660,12 @@ class Engine:
         leaves get accounting of their own; every share is computed again."""
         old = self.tree
         self.tree = admit(self, event)
-        self._track_jobs(old)
+        self.jobs.retrack(self.tree, old, [t for t in self.tasks.values() if t.state is TaskState.RUNNING])
         for leaf in self.tree.leaves:
             self.accounting.add_tenant(leaf, self.tree.path(leaf))
             self.accounting.quanta.initialise(self.tree.path(leaf))
         self._refresh_shares()
         self._touched.update(self.pending)  # every tenant's key may have moved: all are candidates
-
-    def _track_jobs(self, old: TenantTree) -> None:
-        """After a tree change: leaves that now order their jobs start from their running tasks
-        (usage of tasks that ended before is not known); leaves that no longer do forget theirs."""
-        for leaf in list(self.job_usage):
-            if not self._orders_jobs(leaf):
-                del self.job_usage[leaf]
-        new = {leaf for leaf in self.tree.leaves if self._orders_jobs(leaf)
-               and not (old.is_leaf(leaf) and old.job_ordering(leaf) != "fifo")}
-        if not new:
-            return
-        for task in self.tasks.values():
-            if task.state is TaskState.RUNNING and task.tenant in new:
-                self._job_started(task, task.start)
-
-    def _orders_jobs(self, leaf: str) -> bool:
-        return self.tree.orders_jobs and self.tree.is_leaf(leaf) and self.tree.job_ordering(leaf) != "fifo"
-
-    def _job_started(self, task: Task, time: float) -> None:
-        jobs = self.job_usage.setdefault(task.tenant, {})
-        usage = jobs.get(task.job)
-        if usage is None:
-            usage = jobs[task.job] = JobUsage(len(self.resources))
-        usage.start(task.demand, time)
-
-    def _forget_idle_job(self, tenant: str, job: str) -> None:
-        """A task of the job stopped or left the queue: its usage may be dropped at the end of
-        the instant's events (a job whose maps end as its reduces are queued is not idle)."""
-        if tenant in self.job_usage:
-            self._maybe_idle.add((tenant, job))
-
-    def _forget_idle_jobs(self) -> None:
-        """Drop the usage of jobs of which, after this instant's events, nothing runs or waits."""
-        for tenant, job in sorted(self._maybe_idle):
-            jobs = self.job_usage.get(tenant)
-            if jobs is None or job not in jobs:
-                continue
-            queue = self.pending.get(tenant)
-            if job in self.running_jobs.get(tenant, ()) or (queue is not None and job in queue.jobs):
-                continue
-            del jobs[job]
-            if not jobs:
-                del self.job_usage[tenant]
-        self._maybe_idle.clear()
 
     def in_request(self, task: str) -> tuple[Task, int] | None:
         """The pending request that holds ``task`` (``<request>-<k>``, not yet placed) and k."""
@@ -814,7 +741,7 @@ class Engine:
             task.state = TaskState.DONE
             self._dequeue(task)
             self.accounting.on_cancel_pending(row, task.demand)
-            self._forget_idle_job(task.tenant, task.job)
+            self.jobs.left(task.tenant, task.job)
             return task
         node = self.node_row[task.node]
         self.used[node] -= task.demand
@@ -823,20 +750,9 @@ class Engine:
         self._grown.add(node)
         self._touched.add(task.tenant)
         task.state = TaskState.DONE
-        self._job_stopped(task, event.time)
+        self.jobs.stopped(task.tenant, task.job, task.demand, event.time)
         self.accounting.on_finish(row, task.running_entry, event.time, self.tree)
         return task
-
-    def _job_stopped(self, task: Task, time: float) -> None:
-        """One running task of ``task``'s job stopped at ``time`` (finished, requeued or preempted)."""
-        jobs = self.running_jobs[task.tenant]
-        jobs[task.job] -= 1
-        if not jobs[task.job]:
-            del jobs[task.job]
-        usage = self.job_usage.get(task.tenant)
-        if usage is not None and task.job in usage:
-            usage[task.job].stop(task.demand, time)
-            self._forget_idle_job(task.tenant, task.job)
 
     def _cancel_in_request(self, event: TaskCompleted) -> Task:
         """A task of a pending request completed (killed or failed) before it ran: the
@@ -851,7 +767,7 @@ class Engine:
         self._retire_request(request)
         self._dequeue(request)
         self.accounting.on_cancel_pending(self.accounting.row[request.tenant], request.demand)
-        self._forget_idle_job(request.tenant, request.job)
+        self.jobs.left(request.tenant, request.job)
         task = _task_of(request, event.task)
         task.state = TaskState.DONE
         return task
@@ -970,7 +886,7 @@ class Engine:
         self.accounting.on_requeue(self.accounting.row[task.tenant], task.running_entry, time)
         task.state, task.node, task.start, task.running_entry = TaskState.PENDING, None, None, None
         self._enqueue(task)  # before the job stops: it waits, so its usage is kept
-        self._job_stopped(task, time)
+        self.jobs.stopped(task.tenant, task.job, task.demand, time)
         self._touched.add(task.tenant)
         self._fresh.add(task.shape)
 
@@ -1010,10 +926,8 @@ class Engine:
         self._used[row] += task.demand
         self._tasks_changed_on(row, task, started=True)
         task.state, task.node, task.start = TaskState.RUNNING, node.id, decision.time
-        jobs = self.running_jobs.setdefault(task.tenant, {})
-        jobs[task.job] = jobs.get(task.job, 0) + 1
-        if self.tree.orders_jobs and self._orders_jobs(task.tenant):
-            self._job_started(task, decision.time)
+        self.jobs.started(task.tenant, task.job, task.demand, decision.time,
+                          self.tree.orders_jobs and orders_jobs(self.tree, task.tenant))
         if request is None:
             self._unschedulable.discard(task.id)
             self._dequeue(task)
