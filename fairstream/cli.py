@@ -209,6 +209,18 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def session_seconds(text: str) -> float:
+    """An argparse type: a Kafka session timeout in seconds, within what a broker allows by
+    default (group.min.session.timeout.ms 6 s, group.max.session.timeout.ms 30 min)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 6.0 <= value <= 1800.0:
+        raise argparse.ArgumentTypeError(f"must be from 6 to 1800 seconds (the broker's default bounds), got {text}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a whole number above zero."""
     try:
@@ -809,6 +821,10 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--fetch-min-bytes", type=int, default=worker_defaults.fetch_min_bytes,
                         help="bytes of records the broker gathers before it answers a fetch (within --fetch-max-wait); "
                              "1 answers at the first record, at the cost of many small fetches under load")
+    worker.add_argument("--session-timeout", type=session_seconds, default=worker_defaults.session_timeout,
+                        help="seconds without the worker's heartbeats before Kafka gives its partitions to the group's "
+                             "other workers: how long a worker killed without leaving holds them (Kafka's "
+                             "session.timeout.ms; the broker allows 6 to 1,800 by default)")
     worker.add_argument("--batch-window", type=float, default=worker_defaults.batch_window,
                         help="longest a batch waits for input Kafka already holds for the agent (a batch goes as soon as "
                              "the previous one is applied, with what arrived meanwhile, up to 500 messages)")

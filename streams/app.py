@@ -47,6 +47,8 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         # Unacknowledged messages are redelivered and skipped by the store's offsets, and a
         # batch's commit is fenced (Processor), so nothing depends on that wait.
         stream_wait_empty=False,
+        broker_session_timeout=config.session_timeout,
+        broker_heartbeat_interval=min(3.0, config.session_timeout / 3),  # Kafka: below a third of it
         consumer_auto_offset_reset="earliest",
         datadir=config.faust_data_dir(),
         **config.kafka_options,

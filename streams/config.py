@@ -33,6 +33,10 @@ class WorkerConfig:
     batch_window: float = 0.01  # longest a batch waits for input Kafka already holds (GroupCommit)
     fetch_max_wait: float = 0.01  # longest the broker may hold a fetch (streams/transport.py)
     fetch_min_bytes: int = 8192  # records the broker gathers for a fetch within that wait
+    # Seconds without the worker's heartbeats before Kafka gives its partitions to the group's
+    # other workers (Kafka's session.timeout.ms, Faust's broker_session_timeout): how long a
+    # worker killed without leaving the group holds its partitions.
+    session_timeout: float = 60.0
     max_lateness: float = 60.0
     max_ahead: float = 86400.0  # seconds an event may be ahead of its cluster's clock (plus its producer's progress)
     node_timeout: float = math.inf

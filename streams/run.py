@@ -74,6 +74,7 @@ def config_from_args(args) -> WorkerConfig:
         batch_window=args.batch_window,
         fetch_max_wait=args.fetch_max_wait,
         fetch_min_bytes=args.fetch_min_bytes,
+        session_timeout=args.session_timeout,
         data_dir=args.data_dir,
         background_snapshots=not args.snapshot_inline,
         log_retention=math.inf if args.log_retention is None else args.log_retention,

@@ -283,7 +283,9 @@ async def first_wave(topics):
 def test_kill_9_and_restart_loses_nothing_places_nothing_twice_and_replays_to_the_same_decisions(tmp_path):
     app_id = f"t{uuid.uuid4().hex[:8]}"
     topics = Topics().with_prefix(app_id)
-    worker = Worker(app_id, tmp_path).start()
+    # Kafka gives the killed worker's partitions to the restarted one once its session expired:
+    # 10 s, not the default 60 (what the kill -9 drill waits out, with the defaults).
+    worker = Worker(app_id, tmp_path, "--session-timeout", "10").start()
     try:
         before = asyncio.run(first_wave(topics))
         worker.kill9()
@@ -296,7 +298,7 @@ def test_kill_9_and_restart_loses_nothing_places_nothing_twice_and_replays_to_th
                 await publish_wave(pub, 1, 6)
 
         asyncio.run(while_down())
-        worker = Worker(app_id, tmp_path).start()
+        worker = Worker(app_id, tmp_path, "--session-timeout", "10").start()
         after = asyncio.run(collect(topics.decisions, lambda ms: len(placed(ms)) >= 16))
     finally:
         worker.stop()

@@ -1410,6 +1410,15 @@ def test_the_worker_command_line_sets_how_the_consumer_fetches(flags, wait_s, mi
     assert (config.fetch_max_wait, config.fetch_min_bytes) == (wait_s, min_bytes)
 
 
+@pytest.mark.parametrize("flags, session_s, heartbeat_s", [
+    pytest.param([], 60.0, 3.0, id="by default Kafka waits 60 s for a silent worker, heartbeats every 3 s"),
+    pytest.param(["--session-timeout", "6"], 6.0, 2.0, id="a shorter session heartbeats within a third of it"),
+])
+def test_the_worker_command_line_sets_how_long_kafka_waits_for_a_silent_worker(flags, session_s, heartbeat_s):
+    app = create_app(worker_config_from_command_line(*flags), MemoryStore())[0]
+    assert (app.conf.broker_session_timeout, app.conf.broker_heartbeat_interval) == (session_s, heartbeat_s)
+
+
 def test_the_worker_command_line_has_no_defaults_of_its_own(monkeypatch):
     # Every default is WorkerConfig's (streams/config.py): a value changed there is the
     # command line's too, rather than a second copy drifting apart from the first.
