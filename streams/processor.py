@@ -163,13 +163,14 @@ class Processor:
 
     async def _apply_now(self, messages: list[Incoming]) -> None:
         """Apply, commit and publish ``messages`` while the lock is held (a rebuild)."""
-        outcome, outbox, acks = await self._handle(messages)
-        await acknowledged_all(acks)
-        await self.store.clear_outbox([outbox])
+        await self._settle(*await self._handle(messages))
 
     async def _reject_now(self, message: Incoming, reason: str) -> None:
         """``reject`` ``message`` and publish it while the lock is held (a rebuild)."""
-        outcome, outbox, acks = await self._rejected(message, reason)
+        await self._settle(*await self._rejected(message, reason))
+
+    async def _settle(self, outcome: BatchOutcome, outbox: list[tuple[str, dict]], acks: list) -> None:
+        """Wait for the broker to have a batch's outputs and clear them from the outbox."""
         await acknowledged_all(acks)
         await self.store.clear_outbox([outbox])
 

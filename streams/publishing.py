@@ -12,6 +12,7 @@ from typing import Awaitable, Callable
 
 import structlog
 
+from fairstream.state.store import OutboxEntry
 from fairstream.streams.journal import JOURNAL_KEY
 from fairstream.wire.jsoncodec import loads
 from fairstream.wire.retry import backoff, waiting_for
@@ -22,7 +23,6 @@ log = structlog.get_logger("fairstream.worker")
 # publish(topic, key, message) enqueues the message (in call order) and returns an awaitable that
 # resolves when the broker has it, or None when there is nothing to wait for.
 Publish = Callable[[str, str, dict], Awaitable["Awaitable | None"]]
-OutboxEntry = tuple[str, dict]
 
 
 class Outputs:
