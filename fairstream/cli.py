@@ -577,7 +577,7 @@ DRILLS = ("poison", "oversize", "far-future", "kill-9", "redis-empty", "redis-ol
 
 
 def cmd_drill(args) -> int:
-    from fairstream.producers.drill import FAULTS, print_table, run_drill
+    from fairstream.lab.drill import FAULTS, print_table, run_drill
 
     unknown = [name for name in args.names if name not in FAULTS]
     if unknown:

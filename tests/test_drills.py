@@ -1,4 +1,4 @@
-"""The chaos drills (``producers/drill.py``) on the real Kafka and Redis of
+"""The chaos drills (``fairstream/lab/drill.py``) on the real Kafka and Redis of
 ``scripts/services.sh``, each small enough for CI: a worker in a process of its own, the emulator
 playing a busy cluster, one bad thing meanwhile. Each checks what an operator would: every task
 placed once and completed, no node over-committed, every hostile message dead-lettered with its
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fairstream.cli import DRILLS
-from fairstream.producers.drill import CLUSTER, FAULTS, run_drill
+from fairstream.lab.drill import CLUSTER, FAULTS, run_drill
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -56,7 +56,7 @@ def test_the_kafka_restart_drill_says_in_one_line_when_services_refuse(monkeypat
     import asyncio
 
     from fairstream.core.model import ModelError
-    from fairstream.producers import drill
+    from fairstream.lab import drill
 
     async def decided(ctx, count):
         return None

@@ -332,7 +332,7 @@ async def fault_planted_snapshot(ctx: Context) -> None:
 
 async def fault_kafka_restart(ctx: Context) -> None:
     # The broker of scripts/services.sh (this project's checkout), stopped and started with its data.
-    script = Path(__file__).resolve().parents[1] / "scripts" / "services.sh"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "services.sh"
     if not script.exists():
         raise ModelError(f"the kafka-restart drill restarts the broker with {script}, which this install lacks")
     await _after_decisions(ctx, 10)
@@ -383,6 +383,11 @@ def run_drill(name: str, broker: str = "127.0.0.1:9092", redis_url: str = "redis
         report.over_committed = len(emulated.over_committed)
         report.lost = tasks - emulated.completed
         report.messages = emulated.submitted + emulated.completed + ctx.hostile
+        # The emulator ends with its last task, while the worker may still be on input after it
+        # (a hostile message published last) or publishing what it committed: wait for both.
+        behind = asyncio.run(_until_caught_up(broker, topics, worker.redis_url, app_id, timeout=60))
+        if behind:
+            report.notes.append(f"the worker did not catch up within 60 s: {behind}")
         worker.stop()
         decisions = asyncio.run(_read(broker, topics.decisions))
         dead = asyncio.run(_read(broker, topics.deadletter))
@@ -447,6 +452,36 @@ async def _play(scenario, topics, broker, speed, timeout, decided: _DecisionCoun
         stop.set()
         faulting.cancel()
         await asyncio.gather(follower, faulting, return_exceptions=True)
+
+
+async def _until_caught_up(broker: str, topics: Topics, redis_url: str, app_id: str, timeout: float) -> str:
+    """Wait until the worker's store has applied every input message Kafka holds and its outbox
+    is empty (everything it committed published). Returns "" then, else what is still behind."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from fairstream.state.store import RedisStore, redis_client
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=broker, group_id=None, enable_auto_commit=False, **kafka_security())
+    await consumer.start()
+    client = redis_client(redis_url)
+    store = RedisStore(client, prefix=app_id)
+    deadline = time.monotonic() + timeout
+    try:
+        counts = await ensure_topics(broker, list(topics.inputs))
+        ends = await consumer.end_offsets([TopicPartition(t, p) for t in topics.inputs for p in range(counts[t])])
+        wanted = {f"{tp.topic}:{tp.partition}": end for tp, end in ends.items() if end}
+        while True:
+            applied, outbox = await store.offsets(), await store.outbox()
+            behind = {position: end - applied.get(position, 0) for position, end in wanted.items()
+                      if applied.get(position, 0) < end}
+            if not behind and not outbox:
+                return ""
+            if time.monotonic() > deadline:
+                return f"unapplied per partition {behind}, {len(outbox)} batches unpublished"
+            await asyncio.sleep(0.1)
+    finally:
+        await consumer.stop()
+        await client.aclose()
 
 
 async def _read(broker: str, topic: str) -> list[tuple[float, dict]]:
