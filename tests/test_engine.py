@@ -50,6 +50,18 @@ def test_a_fifo_reason_names_the_arrival_it_places_not_the_one_passed_over():
     assert placed.reason == f"fifo: earliest pending task (arrival #{e.tasks['b-small'].seq})"
 
 
+def test_fifo_serves_a_tenant_whose_head_was_passed_over_by_its_next_arrival_not_the_head():
+    # Arrivals: A's big task (#a, fits nowhere), B's big one (#b, its shape: passed over
+    # untried), C's small (#c), B's small (#d); room for one small task. B came into the pass
+    # keyed by #b, but its head is #d once #a fails: C's #c goes first. (Found by the property
+    # test of candidate passes: a pass over all tenants placed the later arrival.)
+    e = engine(tree("A", "B", "C"), "fifo")
+    e.step(0, [node("n1", mem=4), submit("hold", "A", 0, mem=3)])
+    result = e.step(1, [submit("a-big", "A", 1, mem=2), submit("b-big", "B", 1, mem=2), submit("c-small", "C", 1),
+                        submit("b-small", "B", 1)])
+    assert [d.task for d in result.decisions if d.kind is DecisionKind.PLACE] == ["c-small"]
+
+
 @pytest.mark.parametrize(
     "event, reason",
     [

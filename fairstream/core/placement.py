@@ -882,6 +882,12 @@ def serve_in_order(
     blocked_key = None  # the key its tenant had when the pass's first blocked task fitted nowhere
     while heap:
         tenant_key, tenant = heapq.heappop(heap)
+        if key_reads_queue and (now := key(cycle, tenant)) != tenant_key:
+            # Another tenant's task that fitted nowhere marked its shape too big, and this
+            # tenant's head had that shape: its head, so its key, moved on meanwhile. Served
+            # on the old key it would go before tenants whose heads came earlier.
+            heapq.heappush(heap, (now, tenant))
+            continue
         # Until the tenant is served its key stays what it was (keys read allocations and
         # charges, which only a placement changes), so it stays the smallest: its next task is
         # tried at once, without a trip through the heap. Not so if the key reads the queue's
