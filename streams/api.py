@@ -18,20 +18,17 @@ each with ``{"error": "..."}`` in one line.
 
 from __future__ import annotations
 
+import asyncio
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources as package_files
-from typing import Any
-from urllib.parse import parse_qs, unquote, urlparse
+from typing import Any, Callable
+
+from aiohttp import web
 
 from fairstream.state.store import ViewReader
 from fairstream.wire.visibility import (DEFAULT_PAGE_SIZE, DocumentError, cluster_summary, clusters_document,
                                         events_document, history_document, pending_by_tenant, pending_document,
                                         queues_document, tenants_document)
-
-WEB_FILES = {"/": ("index.html", "text/html; charset=utf-8"), "/lines.js": ("lines.js", "text/javascript")}
-
 
 class NotFound(DocumentError):
     """An unknown cluster, tenant or task (404)."""
@@ -110,42 +107,6 @@ class Visibility:
         return history_document(cluster, self._status(cluster), self.reader.history(cluster))
 
 
-def answer(visibility: Visibility, path: str, query: dict[str, list[str]]) -> tuple[int, dict]:
-    """(HTTP status, JSON document) for a ``/v1`` GET."""
-    parts = [unquote(p) for p in path.strip("/").split("/")]
-    one = {k: v[-1] for k, v in query.items()}
-    try:
-        if parts == ["v1", "clusters"]:
-            return 200, visibility.clusters()
-        if len(parts) == 4 and parts[:2] == ["v1", "clusters"]:
-            cluster, what = parts[2], parts[3]
-            if what == "tenants":
-                return 200, visibility.tenants(cluster)
-            if what == "history":
-                return 200, visibility.history(cluster)
-            if what == "queues":
-                return 200, visibility.queues(cluster)
-            if what == "events":
-                return 200, visibility.events(cluster)
-            if what == "pending":
-                try:
-                    page, size = int(one.get("page", 1)), int(one.get("size", DEFAULT_PAGE_SIZE))
-                except ValueError:
-                    raise DocumentError("page and size must be whole numbers") from None
-                group = one.get("group", "false")
-                if group not in ("true", "false", "1", "0"):
-                    raise DocumentError(f"group {group}: true or false")
-                return 200, visibility.pending(cluster, one.get("tenant"), one.get("task"), page, size,
-                                               one.get("reason"), group in ("true", "1"))
-        return 404, {"error": f"{path}: no such resource (see /v1/clusters)"}
-    except NotFound as exc:
-        return 404, {"error": str(exc)}
-    except DocumentError as exc:
-        return 400, {"error": str(exc)}
-    except Exception as exc:  # noqa: BLE001 - Redis down or unreachable: say so, keep serving
-        return 503, {"error": f"the state store cannot be read: {exc}"}
-
-
 INITIAL = b'<script id="initial" type="application/json">null</script>'
 
 
@@ -159,45 +120,98 @@ def with_initial_data(page: bytes, visibility: Visibility, cluster: str | None) 
     return page.replace(INITIAL, b'<script id="initial" type="application/json">' + data.encode() + b"</script>")
 
 
-def serve_http(registry, redis_url: str, prefix: str, port: int, address: str = "127.0.0.1") -> ThreadingHTTPServer:
-    """Start the endpoint on ``address:port`` in a daemon thread (``OSError`` if the port is
-    taken); returns the server (``shutdown()`` stops it)."""
+def http_app(registry, visibility: Visibility) -> web.Application:
+    """The endpoint as an aiohttp application: ``/metrics`` from ``registry``, the page, and
+    the ``/v1`` documents of ``visibility``. Its reads of the store are blocking (a Redis
+    client's), so each runs in a thread: a slow Redis never holds the worker's event loop."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+    routes = web.RouteTableDef()
+
+    @routes.get("/metrics")
+    async def metrics(request: web.Request) -> web.Response:
+        # In a thread too: a scrape of many tenants' gauges would hold the loop (the consumer
+        # lag it reports only reads, ``streams.app.consumer_lag``).
+        return _respond(200, CONTENT_TYPE_LATEST, await asyncio.to_thread(generate_latest, registry))
+
+    @routes.get("/")
+    async def page(request: web.Request) -> web.Response:
+        body = package_files.files("fairstream.streams").joinpath("web", "index.html").read_bytes()
+        # The first paint has data: the documents ride in the page.
+        body = await asyncio.to_thread(with_initial_data, body, visibility, request.query.get("cluster"))
+        return _respond(200, "text/html; charset=utf-8", body)
+
+    @routes.get("/lines.js")
+    async def lines(request: web.Request) -> web.Response:
+        body = package_files.files("fairstream.streams").joinpath("web", "lines.js").read_bytes()
+        return _respond(200, "text/javascript", body)
+
+    @routes.get("/v1/clusters")
+    async def clusters(request: web.Request) -> web.Response:
+        return await _document(visibility.clusters)
+
+    @routes.get("/v1/clusters/{cluster}/{what:tenants|history|queues|events}")
+    async def of_cluster(request: web.Request) -> web.Response:
+        return await _document(getattr(visibility, request.match_info["what"]), request.match_info["cluster"])
+
+    @routes.get("/v1/clusters/{cluster}/pending")
+    async def pending(request: web.Request) -> web.Response:
+        # A key given twice: its last value; one given blank: as if not given.
+        one = {key: value for key in request.query if (value := request.query.getall(key)[-1])}
+        try:
+            page, size = int(one.get("page", 1)), int(one.get("size", DEFAULT_PAGE_SIZE))
+        except ValueError:
+            return _error(400, "page and size must be whole numbers")
+        group = one.get("group", "false")
+        if group not in ("true", "false", "1", "0"):
+            return _error(400, f"group {group}: true or false")
+        return await _document(visibility.pending, request.match_info["cluster"], one.get("tenant"), one.get("task"),
+                               page, size, one.get("reason"), group in ("true", "1"))
+
+    @routes.route("*", "/{anything:.*}")
+    async def elsewhere(request: web.Request) -> web.Response:
+        return _error(404, f"{request.path}: no such resource (see /v1/clusters)")
+
+    app = web.Application()
+    app.add_routes(routes)
+    return app
+
+
+async def _document(read: Callable[..., dict], *args) -> web.Response:
+    """``read(*args)`` in a thread, answered as JSON: 404 for what is unknown, 400 for a bad
+    query, 503 when the store cannot be read, each ``{"error": "..."}`` in one line."""
+    try:
+        return _respond(200, "application/json", json.dumps(await asyncio.to_thread(read, *args)).encode())
+    except NotFound as exc:
+        return _error(404, str(exc))
+    except DocumentError as exc:
+        return _error(400, str(exc))
+    except Exception as exc:  # noqa: BLE001 - Redis down or unreachable: say so, keep serving
+        return _error(503, f"the state store cannot be read: {exc}")
+
+
+def _error(status: int, message: str) -> web.Response:
+    return _respond(status, "application/json", json.dumps({"error": message}).encode())
+
+
+def _respond(status: int, kind: str, body: bytes) -> web.Response:
+    return web.Response(status=status, body=body, headers={"Content-Type": kind, "Cache-Control": "no-store"})
+
+
+async def serve_http(registry, redis_url: str, prefix: str, port: int, address: str = "127.0.0.1") -> web.AppRunner:
+    """Serve ``http_app`` on ``address:port`` on the running event loop (``OSError`` if the
+    port is taken); returns its runner (``await runner.cleanup()`` stops it)."""
     from fairstream.state.store import redis_client
 
-    visibility = Visibility(ViewReader(redis_client(redis_url, sync=True), prefix))
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the standard library's name
-            url = urlparse(self.path)
-            if url.path == "/metrics":
-                self._send(200, CONTENT_TYPE_LATEST, generate_latest(registry))
-            elif url.path in WEB_FILES:
-                name, kind = WEB_FILES[url.path]
-                body = package_files.files("fairstream.streams").joinpath("web", name).read_bytes()
-                if name == "index.html":  # the first paint has data: the documents ride in the page
-                    body = with_initial_data(body, visibility, parse_qs(url.query).get("cluster", [None])[-1])
-                self._send(200, kind, body)
-            else:
-                status, document = answer(visibility, url.path, parse_qs(url.query))
-                self._send(status, "application/json", json.dumps(document).encode())
-
-        def _send(self, status: int, kind: str, body: bytes) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-store")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args) -> None:  # noqa: A002 - quiet: the worker logs with structlog
-            pass
-
-    server = ThreadingHTTPServer((address, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="fairstream-http", daemon=True).start()
-    return server
+    runner = web.AppRunner(http_app(registry, Visibility(ViewReader(redis_client(redis_url, sync=True), prefix))),
+                           access_log=None)  # quiet: the worker logs with structlog
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, address, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
 
 
-__all__ = ["Visibility", "answer", "serve_http", "NotFound"]
+__all__ = ["Visibility", "http_app", "serve_http", "NotFound"]

@@ -114,7 +114,7 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
             try:
                 from fairstream.streams.api import serve_http
 
-                serve_http(processor.metrics.registry, config.redis_url, config.app_id, config.metrics_port,
+                await serve_http(processor.metrics.registry, config.redis_url, config.app_id, config.metrics_port,
                            config.metrics_address)
             except OSError as exc:  # e.g. a second worker on the same machine
                 structlog.get_logger("fairstream.worker").warning(

@@ -15,7 +15,7 @@ from fairstream.core.explain import WaitReason, explain
 from fairstream.sim.scenario import parse_scenario
 from fairstream.sim.simulator import Simulator
 from fairstream.state.store import MemoryStore
-from fairstream.streams.api import Visibility, answer
+from fairstream.streams.api import Visibility, http_app
 from fairstream.streams.config import WorkerConfig
 from fairstream.streams.processor import Incoming, Processor
 from fairstream.wire.topics import Topics
@@ -241,6 +241,20 @@ def test_a_quiet_cluster_shows_its_last_state_after_the_interval():
     assert Visibility(store.view_reader()).tenants("c1")["time"] == 2.0
 
 
+def http_get(visibility: Visibility, path: str, query: dict[str, list[str]]) -> tuple[int, dict]:
+    """(status, JSON body) of a GET of the worker's HTTP endpoint (``http_app``), served on
+    loopback over ``visibility``."""
+    from aiohttp.test_utils import TestClient, TestServer
+    from prometheus_client import CollectorRegistry
+
+    async def get():
+        async with TestClient(TestServer(http_app(CollectorRegistry(), visibility))) as client:
+            response = await client.get(path, params=[(k, v) for k, values in query.items() for v in values])
+            return response.status, await response.json()
+
+    return asyncio.run(get())
+
+
 @pytest.mark.parametrize("path, query, status, error", [
     pytest.param("/v1/clusters/c9/tenants", {}, 404, "cluster c9: unknown", id="an unknown cluster is 404"),
     pytest.param("/v1/clusters/c1/pending", {"tenant": ["Z"]}, 404, "tenant Z: not a tenant",
@@ -255,8 +269,21 @@ def test_a_quiet_cluster_shows_its_last_state_after_the_interval():
 def test_the_api_answers_a_bad_query_in_one_line_with_its_status(path, query, status, error):
     store = MemoryStore()
     big_request_cluster(store, explain_interval=0.0)
-    code, document = answer(Visibility(store.view_reader()), path, query)
+    code, document = http_get(Visibility(store.view_reader()), path, query)
     assert code == status and error in document["error"] and "\n" not in document["error"]
+
+
+def test_a_store_that_cannot_be_read_is_503_in_one_line_and_the_endpoint_keeps_serving():
+    class Down:  # a ViewReader whose Redis refuses connections
+        def clusters(self, *args):
+            raise ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+        field = fields = recent = history = clusters
+
+    visibility = Visibility(Down())
+    for path in ("/v1/clusters", "/v1/clusters/c1/tenants", "/v1/clusters/c1/pending"):
+        code, document = http_get(visibility, path, {})
+        assert code == 503 and document["error"].startswith("the state store cannot be read: Error 111"), path
 
 
 def test_a_tenant_with_nothing_pending_has_an_empty_page():
@@ -375,9 +402,9 @@ def test_the_api_groups_and_filters_on_request():
     store = MemoryStore()
     big_request_cluster(store, explain_interval=0.0)
     visibility = Visibility(store.view_reader())
-    code, document = answer(visibility, "/v1/clusters/c1/pending", {"reason": ["behind_tenants"], "group": ["true"]})
+    code, document = http_get(visibility, "/v1/clusters/c1/pending", {"reason": ["behind_tenants"], "group": ["true"]})
     assert code == 200 and document["grouped"] and [e["id"] for e in document["entries"]] == ["maps"]
-    code, document = answer(visibility, "/v1/clusters/c1/pending", {"group": ["maybe"]})
+    code, document = http_get(visibility, "/v1/clusters/c1/pending", {"group": ["maybe"]})
     assert code == 400 and "group maybe: true or false" in document["error"]
 
 
