@@ -66,7 +66,7 @@ ensure_tools() {
   command -v kcat >/dev/null || { log "installing kcat"; apt_install kcat; }
   command -v openssl >/dev/null || { log "installing openssl"; apt_install openssl; }
   command -v java >/dev/null || { log "installing a Java runtime"; apt_install openjdk-17-jre-headless; }
-  # A real headless browser for the web page's test (tests/test_web_page.py).
+  # A real headless browser for the web page's test (tests/live/test_visibility_live.py).
   { command -v chromium >/dev/null && command -v chromedriver >/dev/null; } \
     || { log "installing chromium and chromium-driver"; apt_install chromium chromium-driver; }
   if [ ! -f "$kafka_dir/libs/.complete" ]; then

@@ -2,7 +2,7 @@
 placement constraints (Wang, Li, Liang and Li, SIGMETRICS'16, section 2 and Table 1).
 
 Used to check the sharing properties of the *rules* themselves by brute force on small
-instances (``tests/test_tsf.py``), apart from what whole tasks do to them in the scheduler.
+instances (``tests/policies/test_tsf.py``), apart from what whole tasks do to them in the scheduler.
 
 An instance is ``capacity`` (machines x resources), ``demands`` (jobs x resources) and
 ``allowed`` (jobs x machines, bool). An allocation is ``x`` (jobs x machines): how many tasks of

@@ -9,7 +9,7 @@ recorded input replayed by the simulator giving exactly the decisions it publish
 Redis drills run a Redis of their own (``redis-server`` on a free port), the others the one
 given.
 
-``fairstream drill`` runs them and prints a table; ``tests/test_drills.py`` runs each small
+``fairstream drill`` runs them and prints a table; ``tests/live/test_drills.py`` runs each small
 in CI; docs/benchmarks.md ("Drills") has the figures.
 """
 

@@ -14,7 +14,7 @@
 //! pass runs instead).
 //!
 //! The Python pass is the reference: every rule here names the Python it follows, and
-//! `tests/test_native.py` checks the two give the same decisions.
+//! `tests/core/test_native.py` checks the two give the same decisions.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, HashSet};

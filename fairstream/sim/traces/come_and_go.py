@@ -4,7 +4,7 @@ Table 1 (ICS'14 section 3; TSC Table 1) has 100 resources and two users of equal
 little at first and B takes what A leaves, then both ask for more than their share. Memoryless
 fair sharing lends A's unused share to B and never pays it back (totals 160 and 240 after four
 steps); LTRF serves the user with less accumulated usage first and ends with 200 each
-(``tests/test_ltrf_table1.py``).
+(``tests/policies/test_ltrf_table1.py``).
 
 Here the same shape on a cluster: ``nodes`` nodes of 4 GB, memory only (as YARN 2.2 scheduled
 it in both LTRF papers), every task 1 GB for ``task_seconds``.

@@ -3,7 +3,7 @@
 The rule: a task with ``max_per_node: m`` goes only to a node where its job (same tenant, same
 job id) runs fewer than ``m`` tasks, counting every running task of the job there and those the
 same pass placed before it. It composes with the other features (the property tests in
-tests/test_properties.py and tests/test_oracle.py check it with every feature on); these are the
+tests/core/test_properties.py and tests/core/test_oracle.py check it with every feature on); these are the
 cases an operator would work out by hand.
 """
 
@@ -106,7 +106,7 @@ def test_a_task_held_only_by_its_jobs_limit_gets_no_reservation():
 
 
 def test_backfill_does_not_put_a_task_on_the_reserved_node_where_its_job_runs_its_most():
-    # Found by the property test (tests/test_oracle.py): B's 4-GB task has n0 reserved, until
+    # Found by the property test (tests/core/test_oracle.py): B's 4-GB task has n0 reserved, until
     # A's j0 ends at 10 by its estimate. A's j1 (estimate 1: it would end at 2) fits the room
     # left there and would backfill, but j already runs its one task per node on n0.
     e = engine(tree("A", "B"), "drf", reservation="backfill")

@@ -21,7 +21,7 @@ from fairstream.streams.config import WorkerConfig
 from fairstream.wire.topics import Topics
 from fairstream.streams.processor import Incoming, Processor
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "examples" / "two-tenants.json"
 TRACE = ROOT / "tests" / "data" / "FB-2009_samples_24_times_1hr_1.head60.tsv"
 POLICIES = sorted(REGISTRY)

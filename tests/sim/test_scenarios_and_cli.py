@@ -14,7 +14,7 @@ from fairstream.sim.scenario import load_scenario, parse_scenario
 from fairstream.sim.traces import load_trace
 from fairstream.sim.traces.macro import macro_benchmark
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 ISSUE_EXAMPLE = {
     "resources": ["cpu", "mem"],
     "nodes": [{"id": "n1", "capacity": {"cpu": 9, "mem": 12}, "labels": {"gpu": "no"}}],
@@ -137,7 +137,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-TRACE = str(Path(__file__).parent / "data" / "FB-2009_samples_24_times_1hr_1.head60.tsv")
+TRACE = str(Path(__file__).parents[1] / "data" / "FB-2009_samples_24_times_1hr_1.head60.tsv")
 
 
 @pytest.mark.parametrize("argv, service", [
@@ -341,7 +341,7 @@ def test_demo_prints_the_per_queue_table_and_writes_figures(tmp_path, capsys):
 
 
 def test_explain_prints_qknobler_theory_and_simulate_records_it_with_the_measured_soft_fairness(tmp_path, capsys):
-    example = Path(__file__).parents[1] / "examples" / "qknobler-example1.json"
+    example = Path(__file__).parents[2] / "examples" / "qknobler-example1.json"
     assert main(["explain", "--scenario", str(example), "--rho", "0", "--rho", "0.5"]) == 0
     theory = json.loads(capsys.readouterr().out)
     # Example 1: phi = 11/12, which is also Theorem 2's sharing-incentive knob (weights sum to 1).
@@ -462,7 +462,7 @@ def test_python_m_fairstream_outside_its_environment_says_what_to_run_in_one_lin
     base = getattr(sys, "_base_executable", sys.executable)
     if subprocess.run([base, "-c", "import numpy"], capture_output=True).returncode == 0:
         pytest.skip(f"{base} has numpy: no interpreter without the dependencies to try")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     done = subprocess.run([base, "-m", "fairstream", "policies"], capture_output=True, text=True, cwd=tmp_path,
                           env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr and done.stderr.count("\n") == 1

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fairstream.streams.prometheus import WorkerMetrics
 
-DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "fairstream.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "fairstream.json"
 SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
             "gauge": ("",), "unknown": ("",)}
 

@@ -1,4 +1,4 @@
-"""Every feature on at once, held to a slow reference (tests/oracle.py): random trees with
+"""Every feature on at once, held to a slow reference (tests/core/oracle.py): random trees with
 weights, min_share, max_share, max_resources, max_running and leaf orderings, requests,
 constraints, preemption, half-life, a live tenants config and a lost node, for every policy
 that accepts them. After every pass:

@@ -26,7 +26,7 @@ from fairstream.sim.traces.google import load_google
 from fairstream.sim.traces.swim import load_swim
 from tests.builders import engine, node, tree
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SWIM = ROOT / "tests" / "data" / "FB-2009_samples_24_times_1hr_1.head60.tsv"
 GOOGLE = ROOT / "tests" / "data" / "google-task_events-part-00001.head3000.csv.gz"
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from fairstream.cli import DRILLS
 from fairstream.lab.drill import CLUSTER, FAULTS, run_drill
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.live
 

@@ -17,7 +17,7 @@ from fairstream.policies import REGISTRY
 from fairstream.sim.scenario import load_scenario
 from fairstream.sim.simulator import Simulator
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def codes(decisions) -> Counter:

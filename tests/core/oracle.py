@@ -2,7 +2,7 @@
 
 Plain Python on plain floats, recomputed from scratch from an engine's tasks: no numpy, no
 incremental state, no engine helper. The property tests hold ``fairness.fair_shares`` and the
-engine's passes to it (tests/test_oracle.py)."""
+engine's passes to it (tests/core/test_oracle.py)."""
 
 from __future__ import annotations
 

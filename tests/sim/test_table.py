@@ -15,7 +15,7 @@ from fairstream.core.model import ModelError
 from fairstream.sim.traces.google import load_google
 from fairstream.sim.traces.table import TableWorkload, load_table, read_mapping, read_node_table
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 GOOGLE = DATA / "google-task_events-part-00001.head3000.csv.gz"
 ALIBABA = DATA / "alibaba-2017-batch_task.head300.csv"
 MACHINES = DATA / "alibaba-2018-machine_meta.head60.csv"

@@ -17,7 +17,7 @@ import yaml
 
 from fairstream.cli import build_parser
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
 FAIRSTREAM_SERVICES = [name for name, service in SERVICES.items() if service.get("build")]

@@ -17,7 +17,7 @@ import pytest
 from fairstream.producers.client import Publisher, read_topic
 from fairstream.wire.topics import Topics
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BROKER = "127.0.0.1:9092"
 REDIS = "redis://127.0.0.1:6379/0"
 

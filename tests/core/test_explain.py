@@ -437,7 +437,7 @@ def test_the_queue_tree_shows_weights_limits_shares_and_what_holds_each_queue():
 
 
 def test_the_worker_keeps_recent_preemptions_and_configuration_changes_for_the_page():
-    # The preemption of test_worker_offline's metrics test, seen as the page lists it: newest
+    # The preemption of tests/worker/test_operations.py's metrics test, seen as the page lists it: newest
     # first, a rejected configuration with its reason.
     store = MemoryStore()
     config = WorkerConfig(policy="drf", params={"preemption": "on", "preemption_timeout": "1"}, resources=("cpu",))
@@ -469,7 +469,7 @@ def test_the_page_comes_with_its_data_so_the_first_paint_shows_it():
 
     store = MemoryStore()
     big_request_cluster(store, explain_interval=0.0)
-    page = (Path(__file__).resolve().parents[1] / "streams" / "web" / "index.html").read_bytes()
+    page = (Path(__file__).resolve().parents[2] / "streams" / "web" / "index.html").read_bytes()
     assert INITIAL in page
     served = with_initial_data(page, Visibility(store.view_reader()), None)
     data = json.loads(served.split(b'<script id="initial" type="application/json">')[1].split(b"</script>")[0])

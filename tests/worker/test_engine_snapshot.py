@@ -21,7 +21,7 @@ from fairstream.state.engine_snapshot import CLASSES, MAGIC, VERSION, SnapshotEr
 
 from builders import engine, node, submit, tree
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "examples" / "two-tenants.json"
 
 
@@ -64,7 +64,7 @@ def test_an_engine_read_back_keeps_each_jobs_tasks_per_node():
 
 READ_BACK_IN_ANOTHER_PROCESS = """
 import sys
-sys.path.insert(0, "tests")
+sys.path[:0] = ["tests", "tests/worker"]
 from test_engine_snapshot import fresh, recorded_steps
 from fairstream.policies import REGISTRY
 from fairstream.state.engine_snapshot import decode_engine, encode_engine
