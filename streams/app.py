@@ -203,9 +203,10 @@ class KafkaInputLog:
                     for r in records:
                         if r.offset < left[tp]:
                             try:
-                                yield loads(r.value) if r.value is not None else None
+                                record = loads(r.value) if r.value is not None else None
                             except ValueError:
-                                yield None
+                                record = None
+                            yield f"{topic}:{tp.partition}", r.offset, record
                     if await consumer.position(tp) >= left[tp]:
                         del left[tp]
         finally:

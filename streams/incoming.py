@@ -37,8 +37,9 @@ class InputLog(Protocol):
         ``(position, messages in offset order, whether the position is done)``."""
         ...
 
-    def journal(self, start: dict[str, int]) -> AsyncIterator[object]:
+    def journal(self, start: dict[str, int]) -> AsyncIterator[tuple[str, int, object]]:
         """The journal's records (``streams/journal.py``) from offset ``start[position]`` of each
         of its positions (from its beginning where none is given) to its end as of the call,
-        each position in order, decoded from JSON (what is not JSON: None)."""
+        each position in order: ``(position, offset, the record decoded from JSON)`` (what is
+        not JSON: None)."""
         ...

@@ -69,16 +69,17 @@ def record_runs(record: object) -> list[tuple[str, int, int]] | None:
     return out
 
 
-async def unique_records(records: AsyncIterator[object]) -> AsyncIterator[tuple[dict, list[tuple[str, int, int]]]]:
-    """``records`` as read from the journal, each batch once (its first copy), with its runs;
-    what is not a journal record is left out."""
+async def unique_records(records: AsyncIterator[tuple[str, int, object]]) -> AsyncIterator[tuple[dict, list[tuple[str, int, int]], str, int]]:
+    """``records`` as read from the journal (``InputLog.journal``: position, offset, record),
+    each batch once (its first copy): ``(record, its runs, its position, its offset)``; what
+    is not a journal record is left out."""
     seen: set[str] = set()
-    async for record in records:
+    async for position, offset, record in records:
         runs = record_runs(record)
         if runs is None or record["id"] in seen:
             continue
         seen.add(record["id"])
-        yield record, runs
+        yield record, runs, position, offset
 
 
 class RangeBuffer:

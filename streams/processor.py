@@ -161,13 +161,14 @@ class Processor:
     def _journal_position(self, position: str) -> bool:
         return position.rpartition(":")[0] == self.topics.journal
 
-    async def _apply_now(self, messages: list[Incoming]) -> None:
-        """Apply, commit and publish ``messages`` while the lock is held (a rebuild)."""
-        await self._settle(*await self._handle(messages))
+    async def _apply_now(self, messages: list[Incoming], journaled: tuple[str, int] | None) -> None:
+        """Apply, commit and publish ``messages`` while the lock is held (a rebuild);
+        ``journaled``: the journal position and offset to commit, for a batch of the journal."""
+        await self._settle(*await self._handle(messages, journaled))
 
-    async def _reject_now(self, message: Incoming, reason: str) -> None:
+    async def _reject_now(self, message: Incoming, reason: str, journaled: tuple[str, int]) -> None:
         """``reject`` ``message`` and publish it while the lock is held (a rebuild)."""
-        await self._settle(*await self._rejected(message, reason))
+        await self._settle(*await self._rejected(message, reason, journaled))
 
     async def _settle(self, outcome: BatchOutcome, outbox: list[tuple[str, dict]], acks: list) -> None:
         """Wait for the broker to have a batch's outputs and clear them from the outbox."""
@@ -229,14 +230,14 @@ class Processor:
             published = asyncio.get_running_loop().create_task(self.outputs.published(outbox, acks, outcome))
         return Applied(outcome, published)
 
-    async def _rejected(self, message: Incoming, reason: str) -> tuple[BatchOutcome, list[tuple[str, dict]], list]:
+    async def _rejected(self, message: Incoming, reason: str, journaled: tuple[str, int] | None = None,
+                        ) -> tuple[BatchOutcome, list[tuple[str, dict]], list]:
         """``reject`` with the lock held: commit and enqueue; returns the outcome, the outbox and
-        the acknowledgements to wait for."""
+        the acknowledgements to wait for. ``journaled``: as for ``_handle``."""
         commit = BatchCommit()
         commit.offsets[message.position] = max(self.applied.get(message.position, 0), message.offset + 1)
         if self.input_log is not None:
-            commit.outbox.append((self.topics.journal, journal_record(uuid.uuid4().hex, [message], rejected=reason)))
-            commit.offsets.update(self.outputs.journaled)
+            self._journal(commit, [message], journaled, rejected=reason)
         letter = DeadLetter(message.topic, message.partition, message.offset, reason, message.raw)
         log.error("worker.internal_error", topic=message.topic, partition=message.partition,
                   offset=message.offset, reason=reason)
@@ -247,6 +248,18 @@ class Processor:
         self.applied.update(commit.offsets)
         return BatchOutcome(dead_letters=1, reasons=[reason]), commit.outbox, await self.outputs.enqueue(commit.outbox)
 
+    def _journal(self, commit: BatchCommit, applying: list[Incoming], journaled: tuple[str, int] | None,
+                 rejected: str | None = None) -> None:
+        """The journal's part of ``commit``: a new batch's record, first in the outbox (published,
+        and acknowledged, before the batch's decisions) with the journal offsets acknowledged so
+        far; a batch applied again from its record (``journaled``) only the offset read to."""
+        if journaled is None:
+            commit.outbox.append((self.topics.journal, journal_record(uuid.uuid4().hex, applying, rejected=rejected)))
+            commit.offsets.update(self.outputs.journaled)
+        else:
+            position, offset = journaled
+            commit.offsets[position] = offset
+
     def _count(self, messages: list[Incoming], received: float, published: asyncio.Future) -> None:
         if published.cancelled() or published.exception() is not None:
             return
@@ -255,16 +268,16 @@ class Processor:
             metrics.events.labels(topic).inc(count)
         metrics.latency.observe(time.perf_counter() - received)
 
-    async def _handle(self, messages: list[Incoming]) -> tuple[BatchOutcome, list[tuple[str, dict]], list]:
+    async def _handle(self, messages: list[Incoming], journaled: tuple[str, int] | None = None,
+                      ) -> tuple[BatchOutcome, list[tuple[str, dict]], list]:
         """The pipeline, with the lock held: decode, step, persist, publish; returns the outcome,
-        the outbox and the acknowledgements to wait for."""
+        the outbox and the acknowledgements to wait for. ``journaled``: the batch is applied
+        again from the journal (a rebuild), which is read up to this position and offset."""
         decoded = decode_batch(messages, self.applied, self.max_bytes)
         outcome = BatchOutcome(skipped=decoded.skipped)
         commit = BatchCommit(offsets=decoded.offsets)
         if decoded.applying and self.input_log is not None:
-            # First in the outbox: published, and acknowledged, before the batch's decisions.
-            commit.outbox.append((self.topics.journal, journal_record(uuid.uuid4().hex, decoded.applying)))
-            commit.offsets.update(self.outputs.journaled)
+            self._journal(commit, decoded.applying, journaled)
         try:
             fork_after_commit = await self.stepping.step(self.sessions_held, decoded.by_cluster, commit, outcome,
                                                          decoded.dead)

@@ -20,12 +20,20 @@ BATCH = 500  # messages per commit of what no journal record holds
 
 
 async def read_again(input_log: InputLog, ranges: dict[str, tuple[int, int]], journal_from: dict[str, int],
-                     apply: Callable[[list[Incoming]], Awaitable[None]],
-                     reject: Callable[[Incoming, str], Awaitable[None]], topics: Topics, max_bytes: int) -> int:
+                     apply: Callable[[list[Incoming], tuple[str, int] | None], Awaitable[None]],
+                     reject: Callable[[Incoming, str, tuple[str, int]], Awaitable[None]], topics: Topics,
+                     max_bytes: int) -> int:
     """Apply again ``ranges`` (per position: the store's offset, and where the worker believed it
     was) with ``apply`` (a batch: applied, committed and published) and ``reject`` (a message the
     journal says was rejected unapplied, with the reason); the journal is read from
     ``journal_from`` (the store's offsets in it). Returns how many messages were read.
+
+    A batch applied again from a journal record is not journaled again: ``apply`` and
+    ``reject`` are given the journal position and the offset to commit as read with it, just
+    past that record (before it, for input the record holds ahead of a rejected message). So a
+    rebuild cut short (the store failing again) goes on from the record it had reached: had it
+    committed the worker's latest journal offset, the next rebuild would read no record and
+    merge the rest by event time, deciding otherwise than was published.
 
     First the journal's batches, in its order: each applied as it was first, so it decides
     exactly what was published, with the same ids. Then what no record holds (input the worker
@@ -35,17 +43,17 @@ async def read_again(input_log: InputLog, ranges: dict[str, tuple[int, int]], jo
     log.warning("worker.reading_again", ranges={p: list(r) for p, r in sorted(ranges.items())})
     held = RangeBuffer(input_log.read(ranges), ranges)
     journaled = 0
-    async for record, runs in unique_records(input_log.journal(journal_from)):
+    async for record, runs, position, offset in unique_records(input_log.journal(journal_from)):
         messages = await held.take(runs)
         if not messages:
             continue
         journaled += 1
         if record.get("rejected") is None:
-            await apply(messages)
+            await apply(messages, (position, offset + 1))
             continue
         if messages[:-1]:  # (input before it that no record holds)
-            await apply(messages[:-1])
-        await reject(messages[-1], str(record["rejected"]))
+            await apply(messages[:-1], (position, offset))
+        await reject(messages[-1], str(record["rejected"]), (position, offset + 1))
     queues: dict[str, deque] = {position: deque() for position in ranges}
     reading = set(ranges)  # positions with more to come
     rank = {topics.heartbeats: 0, topics.submitted: 1, topics.completed: 2}
@@ -61,9 +69,9 @@ async def read_again(input_log: InputLog, ranges: dict[str, tuple[int, int]], jo
                 break
             batch.append(min(heads, key=lambda queue: queue[0][:3]).popleft()[3])
             if len(batch) >= BATCH:
-                await apply(batch)
+                await apply(batch, None)
                 batch = []
     if batch:
-        await apply(batch)
+        await apply(batch, None)
     log.warning("worker.read_again", messages=held.read, journaled_batches=journaled)
     return held.read

@@ -58,12 +58,13 @@ def test_no_record_read_from_the_journal_raises(record):
 def test_a_batch_in_the_journal_twice_counts_once_its_first_copy():
     async def read():
         async def records():
-            for record in [{"id": "b1", "read": [["s:0", 0, 1]]}, "noise", {"id": "b2", "read": []},
-                           {"id": "b1", "read": [["s:0", 7, 8]]}]:
-                yield record
-        return [(record["id"], runs) async for record, runs in unique_records(records())]
+            for offset, record in enumerate([{"id": "b1", "read": [["s:0", 0, 1]]}, "noise", {"id": "b2", "read": []},
+                                             {"id": "b1", "read": [["s:0", 7, 8]]}]):
+                yield "j:0", offset, record
+        return [(record["id"], runs, position, offset)
+                async for record, runs, position, offset in unique_records(records())]
 
-    assert asyncio.run(read()) == [("b1", [("s:0", 0, 1)]), ("b2", [])]
+    assert asyncio.run(read()) == [("b1", [("s:0", 0, 1)], "j:0", 0), ("b2", [], "j:0", 2)]
 
 
 def test_input_read_again_is_taken_by_runs_with_what_no_record_holds_before_them_and_the_rest_in_order():

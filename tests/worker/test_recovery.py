@@ -251,8 +251,9 @@ class Partitions:
                 yield position, chunk, done
 
     async def journal(self, start):
-        for record in self.wire.journal[start.get("worker.journal:0", 0):]:
-            yield record
+        first = start.get("worker.journal:0", 0)
+        for offset, record in enumerate(self.wire.journal[first:], first):
+            yield "worker.journal:0", offset, record
 
     def input_log(self):
         return SimpleNamespace(read=self.read_again, journal=self.journal)
@@ -451,6 +452,52 @@ def test_a_redis_restored_from_an_older_file_is_rebuilt_to_exactly_the_decisions
         assert [d.task for d in decided] == ["t2"] and again.step(6, [t1_done]).decisions == decided
     else:
         assert placed == [("t0", 1), ("t1", 3), ("t1", 5)]
+
+
+def test_a_rebuild_cut_short_by_the_store_goes_on_from_the_journal_record_it_had_reached():
+    # Found by the redis-older drill in CI: the running worker rebuilt from an older Redis, and
+    # the store failed after the first batch it applied again. That commit had recorded the
+    # journal as read up to the worker's latest record (all of it), so the second rebuild read
+    # no record and merged the rest by event time: t0's completion (3) before t2 (5), t1 placed
+    # at 3 where the journal's order placed it at 5 (published). A batch applied again from the
+    # journal records the journal as read just past its own record.
+    import copy
+
+    class FlakyStore(MemoryStore):
+        """Once armed, its commit of t2's batch fails once (Redis went away again)."""
+
+        armed = False
+
+        async def commit(self, batch):
+            if self.armed and batch.offsets.get("tasks.submitted:0") == 3:
+                self.armed = False
+                raise ConnectionError("Connection closed by server.")
+            await super().commit(batch)
+
+    store, wire = FlakyStore(), Wire()
+    kafka = Partitions(wire, late_completion() + [("completed", done("t1", 6))])
+    [heartbeat_0], [t0, t1, t2], [t0_done, t1_done] = kafka.messages.values()
+
+    async def scenario():
+        p = processor(store, wire, input_log=kafka.input_log())
+        await p.handle([heartbeat_0, t0])
+        older = copy.deepcopy(store)  # the file Redis is restored from
+        for batch in ([t1], [t2], [t0_done]):
+            await p.handle(batch)
+        p.store, older.armed = older, True
+        for attempt in range(4):  # the agent tries its batch again after each failure
+            try:
+                await p.handle([t1_done])
+                break
+            except Exception:  # noqa: BLE001 - the log found shorter, then the store gone once
+                continue
+        return p
+
+    p = run(scenario())
+    by_id = {d["id"]: d for d in wire.decisions()}
+    assert sorted((d["task"], d["time"]) for d in by_id.values() if d["kind"] == "place") == [
+        ("t0", 1), ("t1", 5), ("t2", 6)]
+    assert sorted(p.sessions["c1"].engine.finished_ids) == ["t0", "t1"]
 
 
 def test_a_message_rejected_unapplied_is_rejected_again_when_the_store_is_rebuilt():
