@@ -66,17 +66,19 @@ from fairstream.core.model import (
 from fairstream.policies import REGISTRY
 from fairstream.policies.base import PolicySpec
 from fairstream.core.jobs import Jobs, JobUsage
+from fairstream.core.nodes import Nodes
 from fairstream.core.snapshot import PendingQueue, Reservation, TaskList
 from fairstream.core.tenants import TenantTree
 
 MAGIC = b"FSENGINE"
-VERSION = 12  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
+VERSION = 13  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
 # 6: nodes' resource weights (LTRF formula 9); 7: queues' max_resources and max_running; 8: queues' ordering;
 # 9: whether a starved tenant has victims left (the preemption re-check, ``Engine.wake_at``) and the
 # node reservation (``Engine.reservation``); 10: tasks' run-time estimates (``Task.estimate``, backfill);
 # 11: constraints' max_per_node (``Constraints.max_per_node``; such a task's shape is its job's);
 # 12: the engine's jobs and starvation watch as parts of their own (``Engine.jobs``: ``core.jobs.Jobs``;
-# ``Engine.starvation``: ``core.preemption.Starvation``)
+# ``Engine.starvation``: ``core.preemption.Starvation``); 13: the node registry as a part of its own
+# (``Engine.registry``: ``core.nodes.Nodes``)
 
 REF, LIST, TUPLE, DICT, SET, FROZENSET, OBJECT, ARRAY, ENUM, ORDERED, POLICY, NUMBER = range(12)
 
@@ -92,13 +94,16 @@ def _rebuild_demand(obj: Task) -> None:
 
 
 def _rebuild_engine(obj: Engine) -> None:
-    obj._node_view = None
     obj._tenant_view = None
     obj._shape_holders = None
     obj._running_on = None
     obj._job_rows = None
     obj._backfill = None
     obj._waiting = None
+
+
+def _rebuild_nodes(obj: Nodes) -> None:
+    obj._view = None
 
 
 def _rebuild_tree(obj: TenantTree) -> None:
@@ -124,11 +129,10 @@ class _Class:
 
 # Version 2 (requests: Task.count, index, cancelled). Changing a list (a field added, removed or renamed) changes the format: raise VERSION.
 CLASSES: tuple[_Class, ...] = (
-    _Class(Engine, "resources tree spec params auto_tenants accounting time nodes node_row _capacity _used _alive "
-                   "_node_ids _node_labels _shares_stale tasks requests finished_ids finished_retention pending _seq _shapes "
+    _Class(Engine, "resources tree spec params auto_tenants accounting time registry _shares_stale tasks requests finished_ids finished_retention pending _seq _shapes "
                    "_unschedulable _to_check _nodes_changed _verdicts _grown _touched _passed _fresh _shape_demands "
                    "preemption starvation reservation jobs",
-           derived="_node_view _tenant_view _shape_holders _running_on _job_rows _backfill _waiting", rebuild=_rebuild_engine),  # the snapshot's node and tenant views and waiting queues, the indexes of what runs where and the reserved task's start, made again on use
+           derived="_tenant_view _shape_holders _running_on _job_rows _backfill _waiting", rebuild=_rebuild_engine),  # the snapshot's node and tenant views and waiting queues, the indexes of what runs where and the reserved task's start, made again on use
     _Class(ResourceSpace, "names _position"),
     _Class(TenantTree, "specs children effective_share has_limits orders_jobs _paths", derived="queue_orderings",
            rebuild=_rebuild_tree),  # from the specs
@@ -145,6 +149,8 @@ CLASSES: tuple[_Class, ...] = (
                          "waiting_since recent"),
     _Class(RecentTasks, "demand weighted entries boundary done round_start"),
     _Class(_Running, "start done recent values counted_values", derived="demand", rebuild=_rebuild_running),
+    _Class(Nodes, "nodes row storage_capacity storage_used storage_alive ids labels", derived="_view",
+           rebuild=_rebuild_nodes),  # the snapshot's view of the nodes, made again on use
     _Class(Node, "id capacity labels alive last_heartbeat weights"),
     _Class(Task, "id job tenant submit constraints duration estimate seq demand_map state node start running_entry shape "
                  "demand_values count index cancelled", derived="demand", rebuild=_rebuild_demand),

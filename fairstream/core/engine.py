@@ -28,6 +28,7 @@ from fairstream.core import native
 from fairstream.core.admission import Admission, EventRejected, admit, new_tree, orderings_problem, split_task_id
 from fairstream.core.accounting import Accounting
 from fairstream.core.jobs import Jobs, orders_jobs
+from fairstream.core.nodes import Nodes
 from fairstream.core.model import (
     EPSILON,
     CompletionStatus,
@@ -106,16 +107,8 @@ class Engine:
         self.reservation: Reservation | None = None
         self._backfill: tuple[Reservation, float | None] | None = None
         self.time: float | None = None
-        self.nodes: list[Node] = []
-        self.node_row: dict[str, int] = {}
-        # Node arrays have spare rows (they grow by doubling); use the sliced properties.
-        self._capacity = np.zeros((0, len(resources)))
-        self._used = np.zeros((0, len(resources)))
-        self._alive = np.zeros(0, dtype=bool)
-        self._node_ids: list[str] = []
-        self._node_labels: list[dict[str, str]] = []
+        self.registry = Nodes(len(resources))  # the nodes, their rows, capacity, use and liveness
         self._tenant_view: tuple | None = None  # the snapshot's tenant names, rows and arrivals
-        self._node_view: tuple[tuple[str, ...], tuple[Mapping[str, str], ...]] | None = None  # the snapshot's
         self._shares_stale = False
         self.tasks: dict[str, Task] = {}  # pending and running tasks
         self.requests: dict[str, Task] = {}  # requests with tasks still pending, by request id
@@ -369,7 +362,8 @@ class Engine:
 
     def _allowed(self, constraints: Constraints, rows) -> np.ndarray:
         """Per node row of ``rows``: do ``constraints`` allow it?"""
-        return np.array([constraints.allows(self._node_ids[r], self._node_labels[r]) for r in rows], dtype=bool)
+        ids, labels = self.registry.ids, self.registry.labels
+        return np.array([constraints.allows(ids[r], labels[r]) for r in rows], dtype=bool)
 
     def _why_unschedulable(self, task: Task, live: np.ndarray, capacity: np.ndarray) -> tuple[ReasonCode, str] | None:
         eligible = self._allowed(task.constraints, live)
@@ -408,7 +402,7 @@ class Engine:
         fields = {}
         if self.spec.tenant_local:
             if self._passed and not self.tree.has_limits:
-                alive = self._alive  # (the storage: the ``alive`` view made once, not per row)
+                alive = self.registry.storage_alive  # (the storage: not a view made per row)
                 grown = np.array(sorted(row for row in self._grown if alive[row]), dtype=np.int64)
                 candidates, grown_demands = self._candidates(grown)
                 fields = dict(candidates=candidates, grown_rows=grown, fresh_shapes=frozenset(self._fresh),
@@ -467,9 +461,9 @@ class Engine:
         full = () if most is None else [row for row, running in
                                         self._jobs_on_nodes().get((tenant, entry.job), {}).items() if running >= most]
         held = self.reservation
-        if (held is not None and held.tenant == tenant and held.shape == entry.shape and self._alive[held.node]
+        if (held is not None and held.tenant == tenant and held.shape == entry.shape and self.registry.storage_alive[held.node]
                 and all(have >= want - EPSILON  # (plain floats: numpy costs more on two or three)
-                        for have, want in zip(self._capacity[held.node].tolist(), entry.demand.tolist()))
+                        for have, want in zip(self.registry.storage_capacity[held.node].tolist(), entry.demand.tolist()))
                 and held.node not in full):
             task_id = entry.task_ids(0, 1)[0]
             if task_id != held.task:
@@ -576,9 +570,7 @@ class Engine:
                                            for l in acc.ledgers]))
             self._tenant_view[3].flags.writeable = False
         _, names, rows, arrival = self._tenant_view
-        if self._node_view is None:  # made again only when a node joins or its labels change
-            self._node_view = (tuple(self._node_ids), tuple(MappingProxyType(labels) for labels in self._node_labels))
-        node_ids, node_labels = self._node_view
+        node_ids, node_labels = self.registry.view()
         starved_since, running_tasks = EMPTY_MAPPING, None
         if self.starvation is not None and self.starvation.since:
             starved_since = MappingProxyType(dict(self.starvation.since))
@@ -800,64 +792,48 @@ class Engine:
             if row is not None:
                 self.nodes[row].weights = None if (node_weights == 1.0).all() else node_weights
         if row is None:
-            self.node_row[event.node] = len(self.nodes)
             weights = None if event.weights is None or (node_weights == 1.0).all() else node_weights
-            self.nodes.append(Node(event.node, capacity, labels, True, event.time, weights))
-            self._node_ids.append(event.node)
-            self._node_labels.append(labels)
-            self._node_view = None
-            self._grow_node_arrays()
-            row = len(self.nodes) - 1
+            row = self.registry.join(Node(event.node, capacity, labels, True, event.time, weights))
         else:
-            node = self.nodes[row]
-            changed = node.alive is False or not np.array_equal(node.capacity, capacity)
-            node.capacity, node.alive, node.last_heartbeat = capacity, True, event.time
-            if event.labels is not None and labels != node.labels:
-                node.labels = labels
-                self._node_labels[row] = labels
-                self._node_view = None
-                self._nodes_changed = True  # constraints may now match elsewhere
+            changed, relabelled = self.registry.update(row, capacity, None if event.labels is None else labels,
+                                                       event.time)
+            if relabelled:  # constraints may now match elsewhere
+                self._nodes_changed = True
                 self._grown.add(row)
             if not changed:
                 return
         self._nodes_changed = True
         self._grown.add(row)
-        self.capacity[row] = capacity
-        self.alive[row] = True
         self._shares_stale = True
 
-    def _grow_node_arrays(self) -> None:
-        """Room for one more node; arrays grow by doubling so n heartbeats cost O(n)."""
-        n = len(self.nodes)
-        if n > len(self._capacity):
-            size = max(16, 2 * len(self._capacity))
-            width = len(self.resources)
-            self._capacity = np.vstack([self._capacity, np.zeros((size - len(self._capacity), width))])
-            self._used = np.vstack([self._used, np.zeros((size - len(self._used), width))])
-            self._alive = np.concatenate([self._alive, np.zeros(size - len(self._alive), dtype=bool)])
+    @property
+    def nodes(self) -> list[Node]:
+        """Every node seen, by row (``registry``)."""
+        return self.registry.nodes
+
+    @property
+    def node_row(self) -> dict[str, int]:
+        return self.registry.row
 
     @property
     def capacity(self) -> np.ndarray:
-        """Node x resource capacity (a view: writes go to the engine's storage)."""
-        return self._capacity[: len(self.nodes)]
+        """Node x resource capacity (a view: writes go to the registry's storage)."""
+        return self.registry.capacity
 
     @property
     def used(self) -> np.ndarray:
         """Node x resource allocated to running tasks (a view)."""
-        return self._used[: len(self.nodes)]
+        return self.registry.used
 
     @property
     def alive(self) -> np.ndarray:
-        return self._alive[: len(self.nodes)]
+        return self.registry.alive
 
     def _lose(self, event: NodeLost) -> list[Decision]:
         admit(self, event)
         row = self.node_row[event.node]
-        node = self.nodes[row]
-        if not node.alive:
+        if not self.registry.lose(row):
             return []
-        node.alive = False
-        self.alive[row] = False
         self._nodes_changed = True
         if self.reservation is not None and self.reservation.node == row:
             self.reservation = None
@@ -921,9 +897,10 @@ class Engine:
         if most is not None and self._jobs_on_nodes().get((task.tenant, task.job), {}).get(row, 0) >= most:
             raise PolicyViolation(f"{decision.policy} placed {task.id} on {node.id}, where job {task.job} already runs "
                                   f"its max_per_node {most}")
-        if _over(self._used[row].tolist(), task.demand.tolist(), self._capacity[row].tolist()):
+        used = self.registry.storage_used
+        if _over(used[row].tolist(), task.demand.tolist(), self.registry.storage_capacity[row].tolist()):
             raise PolicyViolation(f"{decision.policy} over-commits node {node.id} with {task.id}")
-        self._used[row] += task.demand
+        used[row] += task.demand
         self._tasks_changed_on(row, task, started=True)
         task.state, task.node, task.start = TaskState.RUNNING, node.id, decision.time
         self.jobs.started(task.tenant, task.job, task.demand, decision.time,

@@ -43,9 +43,7 @@ def expected_starts(engine: "Engine", wanted: Iterable[str], max_steps: int = MA
     wanted = set(wanted)
     if not wanted or engine.time is None or len(engine.tasks) > max_tasks or not has_estimates(engine):
         return {}
-    # The node view is a cache of read-only label views (which cannot be copied): the copy
-    # makes its own on its first pass.
-    future = copy.deepcopy(engine, {id(engine._node_view): None})
+    future = copy.deepcopy(engine)
     now = future.time
     ends: list[tuple[float, int, str, float]] = []  # (end, seq, task, its start): stale if it started again
 

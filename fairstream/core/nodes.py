@@ -1,0 +1,109 @@
+"""The engine's node registry: every node seen, by row, with its capacity, what runs on it and
+whether it is alive, as node x resource arrays the passes read.
+
+A node keeps its row for good (a lost node is marked dead, not removed), so a row named in a
+decision, a reservation or a snapshot stays that node. The arrays have spare rows and grow by
+doubling, so joining n nodes costs O(n); ``capacity``, ``used`` and ``alive`` are the sliced
+views, ``storage_*`` the arrays themselves for hot paths that index one row.
+"""
+
+from __future__ import annotations
+
+import copy
+from types import MappingProxyType
+from typing import Mapping
+
+import numpy as np
+
+from fairstream.core.model import Node
+
+
+class Nodes:
+    """The nodes of one cluster (``Engine.registry``). Changes only through ``join``,
+    ``update`` and ``lose``, which say what the engine must act on."""
+
+    def __init__(self, n_resources: int) -> None:
+        self.nodes: list[Node] = []
+        self.row: dict[str, int] = {}  # node id -> row
+        self.storage_capacity = np.zeros((0, n_resources))
+        self.storage_used = np.zeros((0, n_resources))
+        self.storage_alive = np.zeros(0, dtype=bool)
+        self.ids: list[str] = []
+        self.labels: list[dict[str, str]] = []
+        # The snapshot's node ids and read-only labels, made again only when a node joins or
+        # its labels change.
+        self._view: tuple[tuple[str, ...], tuple[Mapping[str, str], ...]] | None = None
+
+    def __deepcopy__(self, memo: dict) -> "Nodes":
+        # The view holds read-only label mappings, which cannot be copied: the copy makes its own.
+        twin = memo[id(self)] = Nodes.__new__(Nodes)
+        for name, value in self.__dict__.items():
+            setattr(twin, name, None if name == "_view" else copy.deepcopy(value, memo))
+        return twin
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def capacity(self) -> np.ndarray:
+        """Node x resource capacity (a view: writes go to the storage)."""
+        return self.storage_capacity[: len(self.nodes)]
+
+    @property
+    def used(self) -> np.ndarray:
+        """Node x resource allocated to running tasks (a view)."""
+        return self.storage_used[: len(self.nodes)]
+
+    @property
+    def alive(self) -> np.ndarray:
+        return self.storage_alive[: len(self.nodes)]
+
+    def view(self) -> tuple[tuple[str, ...], tuple[Mapping[str, str], ...]]:
+        """(node ids, their labels read-only), by row: what a snapshot shows of the nodes."""
+        if self._view is None:
+            self._view = (tuple(self.ids), tuple(MappingProxyType(labels) for labels in self.labels))
+        return self._view
+
+    def join(self, node: Node) -> int:
+        """Add ``node`` (alive, with its capacity) in the next row; returns the row."""
+        row = len(self.nodes)
+        self.row[node.id] = row
+        self.nodes.append(node)
+        self.ids.append(node.id)
+        self.labels.append(node.labels)
+        self._view = None
+        if row >= len(self.storage_capacity):
+            size, width = max(16, 2 * len(self.storage_capacity)), self.storage_capacity.shape[1]
+            grow = size - len(self.storage_capacity)
+            self.storage_capacity = np.vstack([self.storage_capacity, np.zeros((grow, width))])
+            self.storage_used = np.vstack([self.storage_used, np.zeros((grow, width))])
+            self.storage_alive = np.concatenate([self.storage_alive, np.zeros(grow, dtype=bool)])
+        self.storage_capacity[row] = node.capacity
+        self.storage_alive[row] = True
+        return row
+
+    def update(self, row: int, capacity: np.ndarray, labels: dict[str, str] | None, time: float) -> tuple[bool, bool]:
+        """A heartbeat of the node in ``row``: it is alive with ``capacity`` and, unless None,
+        ``labels``. Returns (its capacity or liveness changed, its labels changed)."""
+        node = self.nodes[row]
+        changed = node.alive is False or not np.array_equal(node.capacity, capacity)
+        node.capacity, node.alive, node.last_heartbeat = capacity, True, time
+        relabelled = labels is not None and labels != node.labels
+        if relabelled:
+            node.labels = labels
+            self.labels[row] = labels
+            self._view = None
+        if changed:
+            self.storage_capacity[row] = capacity
+            self.storage_alive[row] = True
+        return changed, relabelled
+
+    def lose(self, row: int) -> bool:
+        """The node in ``row`` is lost: dead (the engine then requeues its tasks, which frees
+        what they used). Returns False if it was dead already."""
+        node = self.nodes[row]
+        if not node.alive:
+            return False
+        node.alive = False
+        self.storage_alive[row] = False
+        return True
