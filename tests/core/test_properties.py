@@ -441,9 +441,30 @@ LEFT_OUT_TENANT_FIRST_IN_LINE = {
 }
 
 
+# Found by the test below (shrunk by hand): at t=7 u0's task of 4 cpu fits nowhere, and u2's
+# head (t12) has that shape, so it is passed over untried; a pass over all tenants served u2 on
+# its head's arrival and placed its t14 before u3's earlier t11-2 (FIFO's order); a pass over
+# candidate tenants, without u0, tried t12 itself and re-keyed u2.
+FIFO_HEAD_PASSED_OVER = {
+    "resources": ["cpu", "mem"],
+    "nodes": [{"id": "n0", "capacity": {"cpu": 3, "mem": 2}}, {"id": "n1", "capacity": {"cpu": 4, "mem": 8}},
+              {"id": "n2", "capacity": {"cpu": 1, "mem": 8}}],
+    "tenants": [{"id": "u0"}, {"id": "u1"}, {"id": "u2", "ordering": "ltrf"}, {"id": "u3"}],
+    "tasks": [{"id": "t4", "job": "j1", "tenant": "u2", "submit": 5, "duration": 2, "demand": {"cpu": 0, "mem": 3}},
+              {"id": "t6", "job": "j0", "tenant": "u0", "submit": 2, "duration": 1, "demand": {"cpu": 4, "mem": 1}},
+              {"id": "t11", "job": "j2", "tenant": "u3", "submit": 5, "duration": 5, "demand": {"cpu": 0, "mem": 3},
+               "count": 5},
+              {"id": "t12", "job": "j0", "tenant": "u2", "submit": 2, "duration": 4, "demand": {"cpu": 4, "mem": 1}},
+              {"id": "t14", "job": "j2", "tenant": "u2", "submit": 5, "duration": 4, "demand": {"cpu": 0, "mem": 4}},
+              {"id": "t20", "job": "j2", "tenant": "u0", "submit": 0, "duration": 5, "demand": {"cpu": 2, "mem": 3}},
+              {"id": "t22", "job": "j1", "tenant": "u0", "submit": 0, "duration": 3, "demand": {"cpu": 3, "mem": 3}}],
+}
+
+
 @SETTINGS
 @given(document=scenarios(), policy=st.sampled_from(TENANT_LOCAL), lost_at=st.none() | st.integers(1, 8))
 @example(document=LEFT_OUT_TENANT_FIRST_IN_LINE, policy="drf", lost_at=None)
+@example(document=FIFO_HEAD_PASSED_OVER, policy="fifo", lost_at=3)
 def test_passes_over_the_tenants_that_may_place_decide_exactly_as_passes_over_all(document, policy, lost_at):
     assert decisions_of(document, policy, False, lost_at) == decisions_of(document, policy, True, lost_at)
 
