@@ -198,12 +198,16 @@ def cmd_simulate(args) -> int:
     return 0
 
 
-def positive_seconds(text: str) -> float:
-    """An argparse type: a number of seconds above zero."""
+def _seconds(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a number of seconds above zero."""
+    value = _seconds(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be above 0 seconds, got {text}")
     return value
@@ -212,10 +216,7 @@ def positive_seconds(text: str) -> float:
 def session_seconds(text: str) -> float:
     """An argparse type: a Kafka session timeout in seconds, within what a broker allows by
     default (group.min.session.timeout.ms 6 s, group.max.session.timeout.ms 30 min)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    value = _seconds(text)
     if not 6.0 <= value <= 1800.0:
         raise argparse.ArgumentTypeError(f"must be from 6 to 1800 seconds (the broker's default bounds), got {text}")
     return value

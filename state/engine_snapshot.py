@@ -129,10 +129,10 @@ class _Class:
 
 # Version 2 (requests: Task.count, index, cancelled). Changing a list (a field added, removed or renamed) changes the format: raise VERSION.
 CLASSES: tuple[_Class, ...] = (
-    _Class(Engine, "resources tree spec params auto_tenants accounting time registry _shares_stale tasks requests finished_ids finished_retention pending _seq _shapes "
-                   "_unschedulable _to_check _nodes_changed _verdicts _grown _touched _passed _fresh _shape_demands "
-                   "preemption starvation reservation jobs",
-           derived="_tenant_view _shape_holders _running_on _job_rows _backfill _waiting", rebuild=_rebuild_engine),  # the snapshot's node and tenant views and waiting queues, the indexes of what runs where and the reserved task's start, made again on use
+    _Class(Engine, "resources tree spec params auto_tenants accounting time registry _shares_stale tasks requests "
+                   "finished_ids finished_retention pending _seq _shapes _unschedulable _to_check _nodes_changed "
+                   "_verdicts _grown _touched _passed _fresh _shape_demands preemption starvation reservation jobs",
+           derived="_tenant_view _shape_holders _running_on _job_rows _backfill _waiting", rebuild=_rebuild_engine),  # the snapshot's tenant view and waiting queues, the indexes of what runs where and the reserved task's start, made again on use
     _Class(ResourceSpace, "names _position"),
     _Class(TenantTree, "specs children effective_share has_limits orders_jobs _paths", derived="queue_orderings",
            rebuild=_rebuild_tree),  # from the specs

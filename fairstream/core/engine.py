@@ -793,18 +793,18 @@ class Engine:
                 self.nodes[row].weights = None if (node_weights == 1.0).all() else node_weights
         if row is None:
             weights = None if event.weights is None or (node_weights == 1.0).all() else node_weights
-            row = self.registry.join(Node(event.node, capacity, labels, True, event.time, weights))
+            row, changed = self.registry.join(Node(event.node, capacity, labels, True, event.time, weights)), True
         else:
             changed, relabelled = self.registry.update(row, capacity, None if event.labels is None else labels,
                                                        event.time)
-            if relabelled:  # constraints may now match elsewhere
-                self._nodes_changed = True
-                self._grown.add(row)
-            if not changed:
+            if not (changed or relabelled):
                 return
+        # Its room, or where constraints match (new labels), changed: every pending task is
+        # checked again and the node watched by the next pass.
         self._nodes_changed = True
         self._grown.add(row)
-        self._shares_stale = True
+        if changed:
+            self._shares_stale = True
 
     @property
     def nodes(self) -> list[Node]:
