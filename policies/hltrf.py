@@ -25,7 +25,8 @@ import numpy as np
 
 from fairstream.core.fairness import fair_key, normalised_usage, resource_share
 from fairstream.core.model import ROOT, Decision, ReasonCode
-from fairstream.core.placement import Cycle, TenantOrder, ordering_resource
+from fairstream.core.placement import Cycle, TenantOrder
+from fairstream.core.queues import ordering_resource
 from fairstream.core.snapshot import Snapshot
 from fairstream.core.preemption import reclaim, snapshot_fair_shares
 from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, RESERVATION_PARAM, LongTermUsage, long_term_accounting, preemption_rule

@@ -67,18 +67,25 @@ from fairstream.policies import REGISTRY
 from fairstream.policies.base import PolicySpec
 from fairstream.core.jobs import Jobs, JobUsage
 from fairstream.core.nodes import Nodes
-from fairstream.core.snapshot import PendingQueue, Reservation, TaskList
+from fairstream.core.candidates import Changes
+from fairstream.core.reservation import Reservations
+from fairstream.core.snapshot import PendingQueue, Reservation, SnapshotBuilder, TaskList
+from fairstream.core.verdicts import Verdicts
+from fairstream.core.workload import Workload
 from fairstream.core.tenants import TenantTree
 
 MAGIC = b"FSENGINE"
-VERSION = 13  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
+VERSION = 14  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
 # 6: nodes' resource weights (LTRF formula 9); 7: queues' max_resources and max_running; 8: queues' ordering;
 # 9: whether a starved tenant has victims left (the preemption re-check, ``Engine.wake_at``) and the
 # node reservation (``Engine.reservation``); 10: tasks' run-time estimates (``Task.estimate``, backfill);
 # 11: constraints' max_per_node (``Constraints.max_per_node``; such a task's shape is its job's);
 # 12: the engine's jobs and starvation watch as parts of their own (``Engine.jobs``: ``core.jobs.Jobs``;
 # ``Engine.starvation``: ``core.preemption.Starvation``); 13: the node registry as a part of its own
-# (``Engine.registry``: ``core.nodes.Nodes``)
+# (``Engine.registry``: ``core.nodes.Nodes``); 14: the engine as a facade over parts: its tasks, requests,
+# queues and shapes (``Engine.workload``: ``core.workload.Workload``), unschedulable verdicts
+# (``core.verdicts.Verdicts``), a tenant-local pass's changes (``core.candidates.Changes``) and the
+# reservation (``core.reservation.Reservations``)
 
 REF, LIST, TUPLE, DICT, SET, FROZENSET, OBJECT, ARRAY, ENUM, ORDERED, POLICY, NUMBER = range(12)
 
@@ -94,12 +101,15 @@ def _rebuild_demand(obj: Task) -> None:
 
 
 def _rebuild_engine(obj: Engine) -> None:
-    obj._tenant_view = None
-    obj._shape_holders = None
-    obj._running_on = None
-    obj._job_rows = None
+    obj._snapshots = SnapshotBuilder()
+
+
+def _rebuild_workload(obj: Workload) -> None:
+    obj._waiting = obj._holders = obj._running_on = obj._job_rows = None
+
+
+def _rebuild_reservations(obj: Reservations) -> None:
     obj._backfill = None
-    obj._waiting = None
 
 
 def _rebuild_nodes(obj: Nodes) -> None:
@@ -129,10 +139,14 @@ class _Class:
 
 # Version 2 (requests: Task.count, index, cancelled). Changing a list (a field added, removed or renamed) changes the format: raise VERSION.
 CLASSES: tuple[_Class, ...] = (
-    _Class(Engine, "resources tree spec params auto_tenants accounting time registry _shares_stale tasks requests "
-                   "finished_ids finished_retention pending _seq _shapes _unschedulable _to_check _nodes_changed "
-                   "_verdicts _grown _touched _passed _fresh _shape_demands preemption starvation reservation jobs",
-           derived="_tenant_view _shape_holders _running_on _job_rows _backfill _waiting", rebuild=_rebuild_engine),  # the snapshot's tenant view and waiting queues, the indexes of what runs where and the reserved task's start, made again on use
+    _Class(Engine, "resources tree spec params auto_tenants accounting preemption starvation time registry workload "
+                   "jobs verdicts changes reservations shares_stale",
+           derived="_snapshots", rebuild=_rebuild_engine),  # the snapshot builder's tenant view, made again on use
+    _Class(Workload, "tasks requests finished_ids finished_retention pending seq shapes shape_demands",
+           derived="_waiting _holders _running_on _job_rows", rebuild=_rebuild_workload),  # indexes, made again on use
+    _Class(Verdicts, "unschedulable to_check nodes_changed by_shape"),
+    _Class(Changes, "grown touched passed fresh"),
+    _Class(Reservations, "held", derived="_backfill", rebuild=_rebuild_reservations),  # the reserved task's start
     _Class(ResourceSpace, "names _position"),
     _Class(TenantTree, "specs children effective_share has_limits orders_jobs _paths", derived="queue_orderings",
            rebuild=_rebuild_tree),  # from the specs

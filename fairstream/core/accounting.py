@@ -264,6 +264,14 @@ class TenantLedger:
         return self.pending + self.running > 0
 
 
+def decay(elapsed: float, h: float) -> tuple[float, float]:
+    """Over ``elapsed`` seconds with a half-life ``h``: the factor usage so far is kept by,
+    ``2^(-elapsed/h)``, and what a constant allocation of 1 adds meanwhile, decayed to its end,
+    ``int_0^elapsed 2^(-(elapsed - s)/h) ds = h / ln 2 (1 - 2^(-elapsed/h))``."""
+    kept = 2.0 ** (-elapsed / h)
+    return kept, h / math.log(2.0) * (1.0 - kept)
+
+
 class Accounting:
     """Current allocation and accumulated usage of every leaf tenant, as plain arrays.
 
@@ -351,7 +359,7 @@ class Accounting:
                 self.counted_usage += elapsed * counted
                 self.raw_usage += elapsed * used
             else:
-                kept, gained = self._decay(elapsed)
+                kept, gained = decay(elapsed, self.config.half_life)
                 self.counted_usage *= kept
                 self.counted_usage += gained * counted
                 self.raw_usage *= kept
@@ -363,14 +371,6 @@ class Accounting:
         counted with its node's resource weights (formula 9)."""
         used = self.allocation if self.weighted_allocation is None else self.weighted_allocation
         return used if rows is None else used[rows]
-
-    def _decay(self, elapsed: float) -> tuple[float, float]:
-        """Over ``elapsed`` seconds with a half-life ``h``: the factor usage so far is kept by,
-        ``2^(-elapsed/h)``, and what a constant allocation of 1 adds meanwhile, decayed to its
-        end, ``int_0^elapsed 2^(-(elapsed - s)/h) ds = h / ln 2 (1 - 2^(-elapsed/h))``."""
-        h = self.config.half_life
-        kept = 2.0 ** (-elapsed / h)
-        return kept, h / math.log(2.0) * (1.0 - kept)
 
     def pseudo_rows(self, rows: list[int] | None, now: float) -> np.ndarray:
         """Each tenant's PAR (formula 16) at ``now``, decayed since it was set if usage decays."""
@@ -552,7 +552,7 @@ class Accounting:
             if math.isinf(self.config.half_life):
                 counted = counted + (now - self.clock) * rate
             else:
-                kept, gained = self._decay(now - self.clock)
+                kept, gained = decay(now - self.clock, self.config.half_life)
                 counted = counted * kept + gained * rate
         return counted + self.top_ups(rows, now)
 

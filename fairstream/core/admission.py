@@ -121,7 +121,7 @@ def admit(engine: "Engine", event: Event, earlier: "Earlier | None" = None):
         task = event.task
         if task in earlier.completed or task in engine.finished_ids and task not in engine.tasks:
             raise EventRejected(f"task {task!r}: already completed")
-        if task not in engine.tasks and not earlier.submitted_task(task) and engine.in_request(task) is None:
+        if task not in engine.tasks and not earlier.submitted_task(task) and engine.workload.in_request(task) is None:
             raise EventRejected(f"task {task!r}: completion of an unknown task")
         return None
     if isinstance(event, NodeHeartbeat):
@@ -189,7 +189,7 @@ def orderings_problem(spec: "PolicySpec", tree: TenantTree) -> str | None:
 def known(engine: "Engine", task: str, earlier: Earlier) -> bool:
     """``task`` is pending, running, recently finished, or pending in a request."""
     return (task in engine.tasks or task in engine.finished_ids or earlier.submitted_task(task)
-            or task in earlier.completed or engine.in_request(task) is not None)
+            or task in earlier.completed or engine.workload.in_request(task) is not None)
 
 
 def taken_id(engine: "Engine", request: str, count: int, earlier: Earlier) -> str | None:

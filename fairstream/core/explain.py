@@ -496,7 +496,7 @@ def _pending_entries(group) -> Iterator["Task"]:
 def _shape_verdict(engine: "Engine", cycle: Cycle, quota, tenant: str, head: "Task",
                    live: np.ndarray) -> tuple[WaitReason, str] | None:
     """Why the head of one of ``tenant``'s shapes waits, unless only for room (None)."""
-    unschedulable = engine.unschedulable_reason(head.shape)
+    unschedulable = engine.verdicts.reason(head.shape)
     if unschedulable is not None:
         return WaitReason.UNSCHEDULABLE, unschedulable
     over = cycle.over_cap(tenant, head) if cycle.capped else None

@@ -15,12 +15,12 @@ from typing import Mapping
 
 import numpy as np
 
-from fairstream.core.model import Node
+from fairstream.core.model import EPSILON, Node
 
 
 class Nodes:
-    """The nodes of one cluster (``Engine.registry``). Changes only through ``join``,
-    ``update`` and ``lose``, which say what the engine must act on."""
+    """The nodes of one cluster (``Engine.registry``). Changes only through ``heartbeat``
+    (``join`` or ``update``) and ``lose``, which say what the engine must act on."""
 
     def __init__(self, n_resources: int) -> None:
         self.nodes: list[Node] = []
@@ -82,6 +82,27 @@ class Nodes:
         self.storage_alive[row] = True
         return row
 
+    def heartbeat(self, node_id: str, capacity: np.ndarray, labels: dict[str, str] | None,
+                  weights: dict[int, float] | None, time: float) -> tuple[int, bool, bool]:
+        """A heartbeat of node ``node_id``: a new node joins, a known one is updated.
+        ``labels`` None keeps its labels; ``weights`` (resource index -> weight, LTRF's formula
+        9) changes the named resources' weights, the others keep theirs (1 on a new node).
+        Returns (its row, its capacity or liveness changed (a new node: True), its labels
+        changed)."""
+        row = self.row.get(node_id)
+        node_weights = None
+        if weights is not None:
+            old = self.nodes[row].weights if row is not None else None
+            node_weights = np.ones(len(capacity)) if old is None else old.copy()
+            for index, value in weights.items():
+                node_weights[index] = value
+            node_weights = None if (node_weights == 1.0).all() else node_weights
+            if row is not None:
+                self.nodes[row].weights = node_weights
+        if row is None:
+            return self.join(Node(node_id, capacity, dict(labels or {}), True, time, node_weights)), True, False
+        return (row, *self.update(row, capacity, labels, time))
+
     def update(self, row: int, capacity: np.ndarray, labels: dict[str, str] | None, time: float) -> tuple[bool, bool]:
         """A heartbeat of the node in ``row``: it is alive with ``capacity`` and, unless None,
         ``labels``. Returns (its capacity or liveness changed, its labels changed)."""
@@ -97,6 +118,11 @@ class Nodes:
             self.storage_capacity[row] = capacity
             self.storage_alive[row] = True
         return changed, relabelled
+
+    def room_for_some(self, row: int, demands: np.ndarray) -> bool:
+        """Whether node ``row`` is alive and some row of ``demands`` fits its free room now."""
+        return bool(self.storage_alive[row]) and bool(
+            (demands <= self.storage_capacity[row] - self.storage_used[row] + EPSILON).all(axis=1).any())
 
     def lose(self, row: int) -> bool:
         """The node in ``row`` is lost: dead (the engine then requeues its tasks, which frees

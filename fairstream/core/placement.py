@@ -21,10 +21,11 @@ import numpy as np
 
 from fairstream.core import native
 from fairstream.core.fairness import BELOW_MIN_SHARE, FairKey, dominant_share, fair_key, resource_share, resource_shares
-from fairstream.core.model import EPSILON, Constraints, Decision, DecisionKind, ReasonCode, Task, TaskState, event_time
+from fairstream.core.model import EPSILON, Decision, DecisionKind, ReasonCode, Task, TaskState, event_time
+from fairstream.core.fit import NodeFit, alignment_scores
+from fairstream.core.limits import QueueLimits
+from fairstream.core.queues import QueueWalk, ordering_resource
 from fairstream.core.snapshot import Snapshot
-
-_START = (0, 0)
 
 
 class DecisionList(list):
@@ -47,12 +48,7 @@ class Cycle:
         # First fit (lowest-numbered node) unless ``affinity``: then the node whose idle
         # resources align best with the task (``alignment_scores``; QKnobler C3, Tetris).
         self.affinity = affinity
-        # First fit walks nodes in this order if a policy sets it (TSF: least contended first).
-        self.node_order: np.ndarray | None = None
         self.free = snapshot.free.copy()
-        # Rows of ``free`` as plain floats, made on first use: checking one node is then a few
-        # float compares instead of numpy calls on a 2-element array.
-        self._free_rows: dict[int, list[float]] = {}
         self.allocation = snapshot.allocation.copy()
         self.decisions = DecisionList()
         # This pass's placements, in order: (decision, tenant, entry, node row); a later stage
@@ -61,21 +57,11 @@ class Cycle:
         self._placed_after: dict[str, tuple[str, ...]] | None = None  # (``may_withdraw``)
         # The node reserved for one waiting task (``Snapshot.reservation``): no other shape goes there.
         self.reservation = snapshot.reservation
-        self._candidates: dict[tuple, list] = {}
         self._failed_shapes: set[int] = set()
         # Demands that fit on no node at all (kept minimal): anything at least as large cannot
         # fit either.
         self._too_large: list[tuple[float, ...]] = []
         self._failed_for: dict[str, set[int]] = {}
-        self._heads: dict[str, list] = {}
-        # Per (tenant, shape): the pass's cursor in the queue (``TaskList.next_from``) and how
-        # many tasks it took there.
-        self._cursor: dict[tuple[str, int], tuple[int, int]] = {}
-        self._taken: dict[tuple[str, int], int] = {}
-        self._eligible: dict[Constraints, np.ndarray] = {}
-        # Per (tenant, job) of a task with a ``max_per_node``: its running tasks per node row,
-        # this pass's placements included (``job_rows``).
-        self._job_rows: dict[tuple[str, str], dict[int, int]] = {}
         # In a pass over candidate tenants (``Snapshot.grown_demands``), the grown rows watched:
         # once none has room for a shape queued before the pass, only new shapes could still fit
         # (``out_of_room``). Not with backfill onto a reserved node (its room is outside them),
@@ -86,177 +72,37 @@ class Cycle:
         self._room_later = (snapshot.grown_demands is not None and not snapshot.fresh_shapes and not affinity
                             and (snapshot.reservation is None or snapshot.backfill_until is None))
         self._room_lost: set[int] = set()  # watched rows placed on since the last look (``out_of_room``)
-        tree = snapshot.tree
-        self._job_queues: dict[str, _JobQueue | None] = {}
-        self.capped = tree.has_limits  # min or max shares: keys and caps read the queue allocations
-        # What runs below each queue, kept through the pass when limits or a queue's ordering
-        # of its children (hltrf) read it.
-        self.tracks_groups = self.capped or bool(tree.queue_orderings)
-        self.group_allocation: dict[str, np.ndarray] = {}
-        # Queues' absolute caps (max_resources, unnamed resources unbounded) and job limits
-        # (max_running): the jobs running below each such queue, and those this pass started.
-        self.resource_caps: dict[str, np.ndarray] = {}
-        self.job_limits: dict[str, int] = {}
-        self.group_jobs: dict[str, int] = {}
-        self._started_jobs: set[tuple[str, str]] = set()
-        if self.tracks_groups:
-            for tenant, row in snapshot.rows.items():
-                if not tree.is_leaf(tenant):
-                    continue  # a tenant whose row outlived a tree change (it has no work)
-                for node in tree.path(tenant):
-                    prev = self.group_allocation.get(node)
-                    alloc = snapshot.allocation[row]
-                    self.group_allocation[node] = alloc.copy() if prev is None else prev + alloc
-        if self.capped:
-            for node, spec in tree.specs.items():
-                if spec.max_resources:
-                    cap = np.full(len(snapshot.capacity), np.inf)
-                    for name, value in spec.max_resources.items():
-                        cap[snapshot.resources.index(name)] = value
-                    self.resource_caps[node] = cap
-                if spec.max_running is not None:
-                    self.job_limits[node] = spec.max_running
-                    self.group_jobs[node] = 0
-            if self.job_limits:
-                for tenant, jobs in snapshot.running_jobs.items():
-                    if tree.is_leaf(tenant):
-                        for node in tree.path(tenant):
-                            if node in self.group_jobs:
-                                self.group_jobs[node] += len(jobs)
-        # Leaves served job by job through pass-local job queues: those that order their jobs
-        # (``TenantSpec.ordering``), and those below a max_running, where a job that may not
-        # start is passed over without holding back the running jobs' tasks of its shape.
-        self._orders_jobs = tree.orders_jobs or bool(self.job_limits)
+        # The tree's limits as this pass changes what runs below each queue (``core/limits.py``),
+        # and the pass's walk over the tenants' queues (``core/queues.py``).
+        self.limits = limits = QueueLimits(snapshot)
+        self.capped, self.tracks_groups = limits.capped, limits.tracks_groups
+        self.group_allocation, self.job_limits = limits.group_allocation, limits.job_limits
+        self.queues = queues = QueueWalk(snapshot, self._failed_shapes, self._failed_for, limits.job_limits)
+        self._orders_jobs = queues.orders_jobs
+        # What the walk answers, asked of the pass (bound here: ``next_task`` is asked per task tried).
+        self.job_queue, self.next_task, self.first_entry = queues.job_queue, queues.next_task, queues.first_entry
+        self.shape_heads, self.pending_left = queues.shape_heads, queues.pending_left
+        self.rank_in_queue = queues.rank_in_queue
+        # What the limits answer.
+        self.over_cap, self.below_min_share = limits.over_cap, limits.below_min_share
+        # Which node a task may take (``core/fit.py``), and what it answers.
+        self.nodes = nodes = NodeFit(snapshot, self.free, self.placed, affinity)
+        self.eligible, self.find_node, self.best_aligned_node = nodes.eligible, nodes.find_node, nodes.best_aligned_node
+        self.job_rows, self.below_job_limit, self.job_may_use = nodes.job_rows, nodes.below_job_limit, nodes.job_may_use
+        self.held_by_job_limit, self.nodes_held_by_job_limit = nodes.held_by_job_limit, nodes.nodes_held_by_job_limit
+        self.usable, self.kept_off_reserved_room = nodes.usable, nodes.kept_off_reserved_room
+        self.backfill_node = nodes.backfill_node
+
+    @property
+    def node_order(self) -> np.ndarray | None:
+        """The order first fit walks nodes in, if a policy sets it (TSF: least contended first)."""
+        return self.nodes.node_order
+
+    @node_order.setter
+    def node_order(self, order: np.ndarray | None) -> None:
+        self.nodes.node_order = order
 
     # ------------------------------------------------------------------- tasks
-
-    def job_queue(self, tenant: str) -> "_JobQueue | None":
-        """The pass's queue of ``tenant``'s jobs if it orders them (fair, drf, ltrf) or a queue
-        on its path limits its running jobs (then in arrival order unless it orders them), else None."""
-        queues = self._job_queues
-        if tenant in queues:
-            return queues[tenant]
-        tree = self.snapshot.tree
-        queue = None
-        if tenant in self.snapshot.pending and tree.is_leaf(tenant):
-            ordering = tree.job_ordering(tenant)
-            if ordering != "fifo" or any(node in self.job_limits for node in tree.path(tenant)):
-                queue = _JobQueue(self.snapshot, tenant, ordering)
-        queues[tenant] = queue
-        return queue
-
-    def next_task(self, tenant: str) -> Task | None:
-        """The entry (task or request) of the tenant's earliest pending task whose shape can
-        still fit, or None. A leaf that orders its jobs gives its first job's earliest such entry."""
-        if self._orders_jobs and (jobs := self.job_queue(tenant)) is not None:
-            return jobs.next_entry(self._failed_shapes, self._failed_for.get(tenant, ()))
-        heads = self._heads.get(tenant)
-        if heads is None:
-            queue = self.snapshot.pending.get(tenant)
-            heads = []
-            if queue is not None:
-                for shape, group in queue.groups.items():
-                    task, _ = group.pending_at(0)
-                    if task is not None:
-                        heads.append((task.seq, shape))
-                heapq.heapify(heads)
-            self._heads[tenant] = heads
-        failed_here = self._failed_for.get(tenant, ())
-        while heads:
-            seq, shape = heads[0]
-            if shape in self._failed_shapes or shape in failed_here:
-                heapq.heappop(heads)
-                continue
-            group = self.snapshot.pending[tenant].groups[shape]
-            task, _, _ = group.next_from(*self._cursor.get((tenant, shape), _START))
-            if task is None:
-                heapq.heappop(heads)
-                continue
-            return task
-        return None
-
-    def first_entry(self, tenant: str) -> Task | None:
-        """The tenant's next entry whatever shapes failed for other tenants in this pass: what
-        a pass over every tenant would have tried at its turn, if that came before them."""
-        if self._orders_jobs and (jobs := self.job_queue(tenant)) is not None:
-            return jobs.next_entry((), self._failed_for.get(tenant, ()))
-        heads = self.shape_heads(tenant, every_shape=True)
-        return heads[0] if heads else None
-
-    def _advance(self, tenant: str, task: Task) -> int:
-        """Take the next task of ``task``'s shape for ``tenant``; returns how many tasks of
-        the entry ``task`` this pass took before it (its place in a request)."""
-        if self._orders_jobs and (jobs := self.job_queue(tenant)) is not None:
-            self._taken[(tenant, task.shape)] = self._taken.get((tenant, task.shape), 0) + 1
-            return jobs.take(task)
-        if tenant not in self._heads:  # placed without next_task (Tetris picks tasks itself)
-            self.next_task(tenant)
-        shape = task.shape
-        group = self.snapshot.pending[tenant].groups[shape]
-        key = (tenant, shape)
-        _, offset, within = group.next_from(*self._cursor.get(key, _START))
-        self._cursor[key] = (offset, within + 1)
-        self._taken[key] = self._taken.get(key, 0) + 1
-        if within + 1 < task.count:
-            return within  # the request has more: its entry stays the shape's head, same seq
-        heads = self._heads[tenant]
-        nxt, _, _ = group.next_from(offset, within + 1)
-        if heads and heads[0][1] == shape:  # the usual case: the tenant's earliest shape was placed
-            if nxt is None:
-                heapq.heappop(heads)
-            else:
-                heapq.heapreplace(heads, (nxt.seq, shape))
-            return within
-        # Another shape was placed (Tetris): update its entry wherever it is.
-        rest = [entry for entry in heads if entry[1] != shape]
-        if nxt is not None:
-            rest.append((nxt.seq, shape))
-        heapq.heapify(rest)
-        self._heads[tenant] = rest
-        return within
-
-    def shape_heads(self, tenant: str, every_shape: bool = False) -> list[Task]:
-        """The next pending entry of each of the tenant's shapes still worth trying (with
-        ``every_shape``: also those that fitted no node's free room in this pass), in arrival order."""
-        queue = self.snapshot.pending.get(tenant)
-        if queue is None:
-            return []
-        failed_here = self._failed_for.get(tenant, ())
-        if self._orders_jobs and (jobs := self.job_queue(tenant)) is not None:
-            return jobs.shape_heads(() if every_shape else self._failed_shapes, () if every_shape else failed_here)
-        heads = []
-        for shape, group in queue.groups.items():
-            if not every_shape and (shape in self._failed_shapes or shape in failed_here):
-                continue
-            task, _, _ = group.next_from(*self._cursor.get((tenant, shape), _START))
-            if task is not None:
-                heads.append(task)
-        heads.sort(key=lambda task: task.seq)
-        return heads
-
-    def pending_left(self, tenant: str) -> int:
-        """How many of the tenant's queued tasks this pass has not placed yet."""
-        queue = self.snapshot.pending.get(tenant)
-        if queue is None:
-            return 0
-        return sum(g.count - self._taken.get((tenant, shape), 0) for shape, g in queue.groups.items())
-
-    def rank_in_queue(self, tenant: str, task: Task) -> int:
-        """How many of the tenant's tasks not yet placed arrived before ``task`` (the next task
-        of that entry: its position in the tenant's queue, counted over all shapes)."""
-        import bisect
-
-        if self._orders_jobs and (jobs := self.job_queue(tenant)) is not None:
-            return jobs.rank(task)
-        rank = 0
-        for shape, group in self.snapshot.pending[tenant].groups.items():
-            offset, within = self._cursor.get((tenant, shape), _START)
-            start = group.head + offset
-            end = bisect.bisect_left(group.tasks, task.seq, lo=start, key=lambda t: t.seq)
-            for entry in group.tasks[start:end]:
-                if entry.state is TaskState.PENDING:
-                    rank += entry.count - (within if entry is group.tasks[start] else 0)
-        return rank
 
     def skip_for(self, tenant: str, task: Task) -> None:
         """This tenant may not run tasks of this shape in this pass (a quota or cap); a task held
@@ -290,163 +136,12 @@ class Cycle:
             self._room_lost.clear()
         return not rows
 
-    # ------------------------------------------------------------------- nodes
-
-    def eligible(self, constraints: Constraints) -> np.ndarray:
-        mask = self._eligible.get(constraints)
-        if mask is None:
-            snap = self.snapshot
-            mask = np.fromiter(
-                (constraints.allows(nid, labels) for nid, labels in zip(snap.node_ids, snap.node_labels)),
-                dtype=bool,
-                count=len(snap.node_ids),
-            )
-            self._eligible[constraints] = mask
-        return mask
-
-    def job_rows(self, tenant: str, job: str) -> dict[int, int]:
-        """Node row -> how many tasks of ``tenant``'s ``job`` run there, this pass's placements
-        included (made on first ask; counts only grow in a pass, but for a withdrawal)."""
-        key = (tenant, job)
-        rows = self._job_rows.get(key)
-        if rows is None:
-            known = self.snapshot.job_rows
-            rows = self._job_rows[key] = dict(known.of(tenant, job)) if known is not None else {}
-            for _, placed_tenant, entry, node in self.placed:
-                if placed_tenant == tenant and entry.job == job:
-                    rows[node] = rows.get(node, 0) + 1
-        return rows
-
-    def below_job_limit(self, tenant: str, task: Task) -> np.ndarray | bool:
-        """The nodes where ``task``'s job runs fewer tasks than its ``max_per_node`` (True: it
-        has none)."""
-        most = task.constraints.max_per_node
-        if most is None:
-            return True
-        mask = np.ones(len(self.free), dtype=bool)
-        for row, running in self.job_rows(tenant, task.job).items():
-            if running >= most:
-                mask[row] = False
-        return mask
-
-    def _count_on(self, tenant: str, job: str, node: int, change: int) -> None:
-        rows = self._job_rows.get((tenant, job))
-        if rows is not None:  # (not asked yet: made with this pass's placements when asked)
-            rows[node] = rows.get(node, 0) + change
-
-    def usable(self, task: Task) -> np.ndarray | bool:
-        """The nodes ``task`` may take room on as far as a reservation goes: all but a node
-        reserved for another shape (True: no reservation stands in its way)."""
-        reserved = self.reservation
-        if reserved is None or reserved.shape == task.shape:
-            return True
-        mask = np.ones(len(self.free), dtype=bool)
-        mask[reserved.node] = False
-        return mask
-
-    def find_node(self, task: Task) -> int | None:
-        """First fit: the lowest-numbered node with room that the task may use, or None
-        (with ``affinity``: the best-aligned such node, lowest number on ties)."""
-        if self.affinity:
-            return self.best_aligned_node(task)
-        entry = self._candidates.get(task.shape)
-        if entry is None:
-            if not len(self.free):
-                return None
-            need = task.demand - EPSILON
-            grown = self.snapshot.grown_rows
-            if grown is not None and task.shape not in self.snapshot.fresh_shapes:
-                # It fitted no node when the last pass ended: only those that gained room may
-                # take it now (``Snapshot.grown_rows``); first fit over them is first fit.
-                fits = (self.free[grown] >= need).all(axis=1)
-                if not task.constraints.empty:
-                    fits &= self.eligible(task.constraints)[grown]
-                nodes = grown[fits]
-            else:
-                fits = (self.free >= need).all(axis=1)
-                if not task.constraints.empty:
-                    fits &= self.eligible(task.constraints)
-                nodes = np.flatnonzero(fits)
-            reserved = self.reservation
-            if reserved is not None and reserved.shape != task.shape:
-                nodes = nodes[nodes != reserved.node]
-            if self.node_order is not None:
-                rank = np.empty(len(self.node_order), dtype=np.int64)
-                rank[self.node_order] = np.arange(len(self.node_order))
-                nodes = nodes[np.argsort(rank[nodes], kind="stable")]
-            entry = self._candidates[task.shape] = [nodes.tolist(), 0, need.tolist()]
-        candidates, i, need = entry
-        rows = self._free_rows
-        most = task.constraints.max_per_node
-        # With a max_per_node, its job's tasks on a node only grow in a pass: a node where the job
-        # runs its most is passed over for good, as one without room.
-        running = self.job_rows(task.tenant, task.job) if most is not None else None
-        while i < len(candidates):
-            node = candidates[i]
-            row = rows.get(node)
-            if row is None:
-                row = rows[node] = self.free[node].tolist()
-            if all(have >= want for have, want in zip(row, need)) and (running is None or running.get(node, 0) < most):
-                entry[1] = i
-                return node
-            i += 1
-        entry[1] = i
-        return None
-
-    def best_aligned_node(self, task: Task) -> int | None:
-        if not len(self.free):
-            return None
-        fits = (self.free >= task.demand - EPSILON).all(axis=1) & self.usable(task)
-        if not task.constraints.empty:
-            fits &= self.eligible(task.constraints) & self.below_job_limit(task.tenant, task)
-        if not fits.any():
-            return None
-        scores = alignment_scores(self.free, task.demand, self.snapshot.capacity)
-        scores[~fits] = -np.inf
-        return int(np.argmax(scores))  # argmax takes the first maximum: the lowest node number
-
     # --------------------------------------------------------------- placement
 
     def within_caps(self, tenant: str, task: Task) -> bool:
         """True unless the task would lift the tenant or one of its queues over max_share or
         max_resources, or start a job beyond max_running."""
         return not self.capped or self.over_cap(tenant, task) is None
-
-    def over_cap(self, tenant: str, task: Task) -> tuple[str, str] | None:
-        """Which limit the task would take its tenant or a queue above it over (the first, top
-        down) and a sentence saying so: ``("max_share" | "max_resources" | "max_running", text)``;
-        None if none."""
-        tree, cap = self.snapshot.tree, self.snapshot.capacity
-        new_job = bool(self.job_limits) and self._new_job(tenant, task)
-        for node in tree.path(tenant):
-            limit = tree.specs[node].max_share
-            if limit < 1 and dominant_share(self.group_allocation[node] + task.demand, cap) > limit + EPSILON:
-                return "max_share", f"{node} is at its max_share {limit:g}: one more task would take it over"
-            caps = self.resource_caps.get(node)
-            if caps is not None and (self.group_allocation[node] + task.demand > caps + EPSILON).any():
-                named = {k: v for k, v in self.snapshot.resources.as_dict(caps).items() if v != np.inf}
-                return "max_resources", f"{node} is at its max_resources {named}: one more task would take it over"
-            jobs = self.job_limits.get(node)
-            if new_job and jobs is not None and self.group_jobs[node] + 1 > jobs:
-                return ("max_running", f"{node} runs {self.group_jobs[node]} jobs, its max_running: job {task.job} "
-                                       f"waits for one of them to end")
-        return None
-
-    def _new_job(self, tenant: str, task: Task) -> bool:
-        """Whether placing ``task`` starts a job that runs nothing yet."""
-        return (task.job not in self.snapshot.running_jobs.get(tenant, ())
-                and (tenant, task.job) not in self._started_jobs)
-
-    def below_min_share(self, tenant: str) -> bool:
-        """True if the tenant or one of its queues is below its guaranteed min_share."""
-        if not self.capped:
-            return False
-        tree, cap = self.snapshot.tree, self.snapshot.capacity
-        return any(
-            tree.specs[node].min_share > 0
-            and dominant_share(self.group_allocation[node], cap) < tree.specs[node].min_share - EPSILON
-            for node in tree.path(tenant)
-        )
 
     def try_place(self, tenant: str, task: Task, reason: str | Callable[[], str], code: ReasonCode) -> bool:
         """Place ``task`` if caps and some node allow it; otherwise remember why not. ``reason``
@@ -461,8 +156,8 @@ class Cycle:
                 self._blocked(tenant, task)
                 return False
         node = self.find_node(task)
-        if node is None and self.snapshot.backfill_until is not None and self._fits_reserved_room(task):
-            if self._ends_in_time(task):
+        if node is None and self.snapshot.backfill_until is not None and self.nodes.fits_reserved_room(task):
+            if self.nodes.ends_in_time(task):
                 held = self.reservation
                 self.commit(tenant, task, held.node, f"backfill: node {self.snapshot.node_ids[held.node]} is reserved "
                                                      f"for {held.tenant}'s task {held.task}, which can start there at "
@@ -496,67 +191,15 @@ class Cycle:
             return  # (kept off the reserved node's room, or its job's nodes: held by that, not short of room)
         self.decisions.blocked = (tenant, task)
 
-    def held_by_job_limit(self, task: Task) -> bool:
-        """``task`` would fit the free room of a node its constraints allow where its job
-        already runs its ``max_per_node`` (reserved for another or not: the limit holds it first)."""
-        return task.constraints.max_per_node is not None and bool(self.nodes_held_by_job_limit(task).any())
-
-    def nodes_held_by_job_limit(self, task: Task) -> np.ndarray:
-        """The nodes its constraints allow whose free room fits ``task`` but where its job runs its
-        ``max_per_node`` (a task with one)."""
-        fits = (self.free >= task.demand - EPSILON).all(axis=1) & self.eligible(task.constraints)
-        return fits & ~self.below_job_limit(task.tenant, task)
-
-    def job_may_use(self, task: Task, node: int) -> bool:
-        """Its job runs fewer than ``task``'s ``max_per_node`` tasks on ``node`` (True: it has none)."""
-        most = task.constraints.max_per_node
-        return most is None or self.job_rows(task.tenant, task.job).get(node, 0) < most
-
-    def kept_off_reserved_room(self, task: Task) -> bool:
-        """``task`` would fit the free room of the node reserved for another shape, and may not
-        backfill there."""
-        return self._fits_reserved_room(task) and not self._ends_in_time(task)
-
-    def backfill_node(self, task: Task) -> int | None:
-        """With backfill (``Snapshot.backfill_until`` set): the node reserved for another shape,
-        if ``task`` fits its free room and is expected to end by the time the reserved task
-        can start there (its estimate from now), so it does not delay it; else None."""
-        if self._ends_in_time(task) and self._fits_reserved_room(task):
-            return self.reservation.node
-        return None
-
-    def _ends_in_time(self, task: Task) -> bool:
-        until = self.snapshot.backfill_until
-        return (until is not None and task.estimate is not None
-                and event_time(self.snapshot.time + task.estimate) <= until)
-
-    def _fits_reserved_room(self, task: Task) -> bool:
-        held = self.reservation
-        snap = self.snapshot
-        return (held is not None and held.shape != task.shape
-                and all(have >= want - EPSILON for have, want in zip(self.free[held.node].tolist(), task.demand_values))
-                and task.constraints.allows(snap.node_ids[held.node], snap.node_labels[held.node])
-                and self.job_may_use(task, held.node))
-
     def commit(self, tenant: str, task: Task, node: int, reason: str, code: ReasonCode) -> None:
         self.free[node] -= task.demand
-        self._free_rows[node] = self.free[node].tolist()
+        self.nodes.took(node, tenant, task.job)
         if self._room_rows and node in self._room_rows:
             self._room_lost.add(node)
-        if self._job_rows:
-            self._count_on(tenant, task.job, node, 1)
         row = self.snapshot.rows[tenant]
         self.allocation[row] += task.demand
-        if self.capped:
-            if self.job_limits and self._new_job(tenant, task):
-                self._started_jobs.add((tenant, task.job))
-                for group in self.snapshot.tree.path(tenant):
-                    if group in self.group_jobs:
-                        self.group_jobs[group] += 1
-        if self.tracks_groups:
-            for group in self.snapshot.tree.path(tenant):
-                self.group_allocation[group] += task.demand
-        decision = self.record_placement(tenant, task, node, self._advance(tenant, task), reason, code)
+        self.limits.placed(tenant, task)
+        decision = self.record_placement(tenant, task, node, self.queues.advance(tenant, task), reason, code)
         self.placed.append((decision, tenant, task, node))
         self._placed_after = None
 
@@ -598,22 +241,18 @@ class Cycle:
         decision, tenant, entry, node = self.placed.pop(index)
         self.decisions.remove(decision)
         self.decisions.withdrawn += 1
-        if (tenant, entry.job) in self._started_jobs and not any(
-                placed[1] == tenant and placed[2].job == entry.job for placed in self.placed):
-            # It was its job's only start in this pass: the job runs nothing again (max_running).
-            self._started_jobs.discard((tenant, entry.job))
-            for group in self.snapshot.tree.path(tenant):
-                if group in self.group_jobs:
-                    self.group_jobs[group] -= 1
-        self.free[node] += entry.demand
-        self._free_rows[node] = self.free[node].tolist()
-        if self._job_rows:
-            self._count_on(tenant, entry.job, node, -1)
-        self.allocation[self.snapshot.rows[tenant]] -= entry.demand
-        if self.tracks_groups:
-            for group in self.snapshot.tree.path(tenant):
-                self.group_allocation[group] -= entry.demand
-        self._candidates.clear()
+        if not any(placed[1] == tenant and placed[2].job == entry.job for placed in self.placed):
+            self.limits.unstarted(tenant, entry.job)  # (if it was its job's only start in this pass)
+        self._give_back(node, tenant, entry.job, entry.demand)
+
+    def _give_back(self, node: int, tenant: str, job: str, demand: np.ndarray) -> None:
+        """Room ``demand`` on ``node`` and ``tenant``'s allocation come back in this pass (a
+        placement withdrawn, a running task evicted): what was worked out from less room is
+        worked out again."""
+        self.free[node] += demand
+        self.nodes.gave_back(node, tenant, job)  # (its first-fit lists were made with less room)
+        self.allocation[self.snapshot.rows[tenant]] -= demand
+        self.limits.released(tenant, demand)
         self._failed_shapes.clear()
         self._too_large.clear()
         self._room_rows, self._room_later = None, False  # room came back outside what was watched
@@ -622,136 +261,10 @@ class Cycle:
         """Preempt running ``task`` (a ``preemption.RunningTask``): its room and its tenant's
         allocation come back in this pass, and a ``PREEMPT`` decision says so."""
         node = task.node
-        self.free[node] += task.demand
-        self._free_rows[node] = self.free[node].tolist()
-        if self._job_rows:
-            self._count_on(task.tenant, task.job, node, -1)
-        self.allocation[self.snapshot.rows[task.tenant]] -= task.demand
-        if self.tracks_groups:
-            for group in self.snapshot.tree.path(task.tenant):
-                self.group_allocation[group] -= task.demand
-        self._candidates.clear()  # first-fit lists were made before this room came free
-        self._failed_shapes.clear()
-        self._too_large.clear()
-        self._room_rows, self._room_later = None, False  # room came back outside what was watched
+        self._give_back(node, task.tenant, task.job, task.demand)
         self.decisions.append(Decision(self.snapshot.time, task.id, task.job, task.tenant, self.snapshot.node_ids[node],
                                        task.demand_map, self.policy, reason, code, DecisionKind.PREEMPT,
                                        started=task.start))
-
-
-class _JobQueue:
-    """A pass's view of the jobs of one leaf that orders them (``TenantSpec.ordering``): the
-    job with the smallest key is served first, its tasks in arrival order. Keys, smallest first:
-    ``fair``: current share of the policy's resource (memory if it has none and the cluster has
-    memory, else the dominant share); ``drf``: current dominant share; ``ltrf``: accumulated usage
-    (``fairstream.core.jobs``) as a share of the policy's resource, plus one quantum of each task
-    the pass places (LTRF's charge, Algorithm 1 line 10). Ties: the job's earliest waiting task,
-    then its id. A placement raises only its own job's key."""
-
-    def __init__(self, snapshot: Snapshot, tenant: str, ordering: str) -> None:
-        self.ordering = ordering
-        self.capacity = snapshot.capacity
-        self.resource = ordering_resource(snapshot, ordering)
-        self.quantum = float(snapshot.quantum[snapshot.rows[tenant]])
-        usage = snapshot.job_usage.get(tenant, {})
-        self.entries: dict[str, list[Task]] = {}
-        for entry in snapshot.pending[tenant]:
-            self.entries.setdefault(entry.job, []).append(entry)
-        self.position: dict[str, int] = {}  # entries before it are wholly taken in this pass
-        self.taken: dict[str, int] = {}  # per entry id: tasks this pass took of it
-        self.used: dict[str, np.ndarray] = {}  # per job: allocation (fair, drf) or usage (ltrf)
-        self.current: dict[str, tuple] = {}
-        self.blocked: set[str] = set()  # jobs that may not start in this pass (max_running)
-        heap = []
-        for job, entries in self.entries.items():
-            entries.sort(key=lambda t: t.seq)
-            self.position[job] = 0
-            known = usage.get(job)
-            if known is None:
-                self.used[job] = np.zeros(len(self.capacity))
-            elif ordering == "ltrf":
-                self.used[job] = known.accumulated(snapshot.time)
-            else:
-                self.used[job] = known.allocation.copy()
-            key = self.current[job] = self._key(job)
-            heap.append((key, job))
-        heapq.heapify(heap)
-        self.heap = heap
-
-    def _key(self, job: str) -> tuple:
-        entries = self.entries[job]
-        first = entries[self.position[job]].seq if self.position[job] < len(entries) else float("inf")
-        if self.ordering == "fifo":  # the earliest waiting task first: the leaf's arrival order
-            return (0.0, first, job)
-        return (resource_share(self.used[job], self.capacity, self.resource), first, job)
-
-    def block(self, job: str) -> None:
-        """``job`` may not start in this pass (a max_running above its leaf is reached)."""
-        self.blocked.add(job)
-        self.current.pop(job, None)  # its heap entry is stale from now on
-
-    def _first_open(self, job: str, failed: set[int] | tuple, failed_here: set[int] | tuple) -> Task | None:
-        if job in self.blocked:
-            return None
-        entries, i = self.entries[job], self.position[job]
-        while i < len(entries) and self.taken.get(entries[i].id, 0) >= entries[i].count:
-            i += 1
-        self.position[job] = i
-        for entry in entries[i:]:
-            if self.taken.get(entry.id, 0) < entry.count and entry.shape not in failed and entry.shape not in failed_here:
-                return entry
-        return None
-
-    def next_entry(self, failed: set[int], failed_here: set[int] | tuple) -> Task | None:
-        heap = self.heap
-        while heap:
-            key, job = heap[0]
-            if self.current.get(job) != key:
-                heapq.heappop(heap)  # stale: the job was served since
-                continue
-            entry = self._first_open(job, failed, failed_here)
-            if entry is not None:
-                return entry
-            heapq.heappop(heap)  # nothing of it can fit in this pass
-            del self.current[job]
-        return None
-
-    def take(self, task: Task) -> int:
-        """One task of entry ``task`` placed: returns how many of it the pass took before."""
-        before = self.taken.get(task.id, 0)
-        self.taken[task.id] = before + 1
-        job = task.job
-        self.used[job] = self.used[job] + (task.demand * self.quantum if self.ordering == "ltrf" else task.demand)
-        if job in self.current or self._first_open(job, (), ()) is not None:
-            key = self.current[job] = self._key(job)
-            heapq.heappush(self.heap, (key, job))
-        return before
-
-    def jobs_in_order(self) -> list[str]:
-        return sorted(self.entries, key=self._key)
-
-    def shape_heads(self, failed: set[int] | tuple, failed_here: set[int] | tuple) -> list[Task]:
-        """The first open entry of each shape, jobs in their order (the pass's order of the leaf)."""
-        seen, heads = set(), []
-        for job in self.jobs_in_order():
-            if job in self.blocked:
-                continue
-            for entry in self.entries[job][self.position[job]:]:
-                if (entry.shape not in seen and self.taken.get(entry.id, 0) < entry.count
-                        and entry.shape not in failed and entry.shape not in failed_here):
-                    seen.add(entry.shape)
-                    heads.append(entry)
-        return heads
-
-    def rank(self, task: Task) -> int:
-        """Tasks of this leaf not yet placed that come before ``task``'s entry in its order."""
-        rank = 0
-        for job in self.jobs_in_order():
-            for entry in self.entries[job][self.position[job]:]:
-                if entry is task:
-                    return rank
-                rank += entry.count - self.taken.get(entry.id, 0)
-        return rank
 
 
 KeyFn = Callable[[Cycle, str], tuple]
@@ -776,18 +289,6 @@ class TenantOrder:
         if self.value_of is not None:
             return self.value_of(key)
         return float(key.share) if isinstance(key, FairKey) else float(key[0])
-
-
-def ordering_resource(snapshot: Snapshot, ordering: str) -> int | None:
-    """The resource a queue's ``ordering`` compares (None: the dominant share): ``drf`` the
-    dominant share; ``fair`` and ``ltrf`` the policy's resource, ``fair`` memory when the policy
-    has none and the cluster has memory (YARN's fair policy)."""
-    resource = snapshot.accounting.resource
-    if ordering == "drf":
-        return None
-    if ordering == "fair" and resource is None and "mem" in snapshot.resources.names:
-        return snapshot.resources.index("mem")
-    return resource
 
 
 def dominant_share_order(snapshot: Snapshot) -> TenantOrder:
@@ -997,15 +498,6 @@ def room_for_any(free: np.ndarray, demands: np.ndarray) -> np.ndarray:
     """Per row of ``free`` (node x resource free room): does some row of ``demands`` (demand x
     resource) fit in it?"""
     return (demands[:, None, :] <= free[None, :, :] + EPSILON).all(axis=2).any(axis=0)
-
-
-def alignment_scores(free: np.ndarray, demand: np.ndarray, capacity: np.ndarray) -> np.ndarray:
-    """Tetris's alignment score of one task against every node: the dot product of the node's
-    idle resources and the task's demand, both in units of the cluster's total capacity so that
-    no resource outweighs another by its unit (cores vs GB). QKnobler's affinity (C3) is the same
-    product."""
-    scale = np.where(capacity > 0, capacity, 1.0)
-    return (np.maximum(free, 0.0) / scale) @ (demand / scale)
 
 
 def leaf_arrival(snapshot: Snapshot, tenant: str) -> float:

@@ -111,7 +111,7 @@ class Starvation:
         for tenant, queue in engine.pending.items():
             if not queue.count or ratios[acc.row[tenant]] >= rule.threshold - EPSILON:
                 continue
-            if not any(engine.verdict(shape) is None for shape in queue.groups):
+            if not any(engine.verdicts.verdict(shape) is None for shape in queue.groups):
                 continue  # no node could ever hold any of it
             if engine.tree.has_limits:  # held by its own max_share, max_resources or max_running: not starved
                 cycle = cycle or Cycle(engine.snapshot(), engine.policy)
@@ -125,7 +125,7 @@ class Starvation:
         if starved:
             shares = resource_shares(acc.allocation, acc.capacity, acc.config.resource)
             surplus = float((shares - fair).max()) if len(fair) else 0.0
-            demands = engine.shape_demands([shape for t in starved for shape in engine.pending[t].groups])
+            demands = engine.workload.shape_demands[[shape for t in starved for shape in engine.pending[t].groups]]
             smallest = float(resource_shares(demands, acc.capacity, acc.config.resource).min())
             self.victims_exist = surplus >= smallest - EPSILON
 

@@ -9,16 +9,21 @@ what the pass costs).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from fairstream.core.accounting import AccountingConfig
 from fairstream.core.jobs import JobUsage
 from fairstream.core.model import ResourceSpace, Task, TaskState
+from fairstream.core.preemption import starved_past_timeout
 from fairstream.core.tenants import TenantTree
+
+if TYPE_CHECKING:
+    from fairstream.core.engine import Engine
 
 
 class TaskList:
@@ -314,6 +319,75 @@ class Snapshot:
     def demanding(self) -> list[str]:
         """Tenants with pending tasks, in row order."""
         return [t for t in self.tenants if t in self.pending]
+
+
+class SnapshotBuilder:
+    """The engine's part that makes each pass's ``Snapshot`` from the engine's parts. It keeps
+    the tenant names, rows and arrivals between passes (made again only when a tenant joins or
+    first arrives); what only some policies read is made on first read (``Later``) from the
+    state as it is when read, so the engine ``expire``s a snapshot before it changes that state."""
+
+    def __init__(self) -> None:
+        self._tenants: tuple | None = None  # ((tenants, first arrivals), names, rows, arrival array)
+
+    def build(self, engine: Engine, **pass_fields) -> Snapshot:
+        """The snapshot of ``engine`` now; ``pass_fields``: what the engine knows of this pass
+        only (``candidates``, ``grown_rows``, ...)."""
+        acc = engine.accounting
+        now = engine.time if engine.time is not None else 0.0
+        registry = engine.registry
+        free = registry.capacity - registry.used
+        free[~registry.alive] = -1.0
+        n = len(acc.ledgers)
+        if self._tenants is None or self._tenants[0] != (n, acc.arrivals):
+            self._tenants = ((n, acc.arrivals), [ledger.name for ledger in acc.ledgers], dict(acc.row),
+                             np.array([math.inf if l.first_arrival is None else l.first_arrival for l in acc.ledgers]))
+            self._tenants[3].flags.writeable = False
+        _, names, rows, arrival = self._tenants
+        node_ids, node_labels = registry.view()
+        workload, starvation, tree = engine.workload, engine.starvation, engine.tree
+        starved_since, running_tasks = EMPTY_MAPPING, None
+        if starvation is not None and starvation.since:
+            starved_since = MappingProxyType(dict(starvation.since))
+            if starved_past_timeout(starvation.since, now, engine.preemption):
+                running_tasks = engine.running_tasks()
+        node_row = registry.row
+        return Snapshot(
+            time=now,
+            resources=engine.resources,
+            node_ids=node_ids,
+            node_labels=node_labels,
+            free=free,
+            capacity=acc.capacity.copy(),
+            tree=tree,
+            tenants=names,
+            rows=rows,
+            share_fraction=acc.fractions.copy(),
+            allocation=acc.allocation.copy(),
+            share=acc.share.copy(),
+            accumulated=Later(lambda: acc.accumulated_rows(None, now)),
+            pseudo_accumulated=Later(lambda: acc.pseudo_rows(None, now)),
+            quantum=Later(lambda: acc.quanta_by_row().copy()),
+            arrival=arrival,
+            waiting_since=Later(lambda: np.array([math.nan if l.waiting_since is None else l.waiting_since
+                                                  for l in acc.ledgers])),
+            pending=workload.waiting(),
+            accounting=acc.config,
+            running=Later(lambda: np.array([ledger.running for ledger in acc.ledgers], dtype=float)),
+            node_capacity=registry.capacity,
+            node_allocation=(NodeAllocation(lambda row: workload.running_on(node_row).get(row, {}).values())
+                             if engine.spec.needs_node_allocation else None),
+            job_rows=JobRows(lambda: workload.job_rows(node_row)),
+            starved_since=starved_since,
+            running_tasks=running_tasks,
+            running_jobs=engine.jobs.running if tree.has_limits else EMPTY_MAPPING,
+            job_usage=engine.jobs.usage if tree.orders_jobs else EMPTY_MAPPING,
+            pending_demand=engine.waiting_demand() if engine.preemption is not None else None,  # the fair share's
+            reservation=engine.reservation,
+            reserving=engine.reserving,
+            backfill_until=engine.backfill_until(),
+            **pass_fields,
+        )
 
 
 _ARRAYS = ("free", "capacity", "share_fraction", "allocation", "share", "accumulated", "pseudo_accumulated",

@@ -104,7 +104,7 @@ def engine_fair_shares(engine) -> dict[str, float]:
     width = len(engine.resources)
     capacity = live_capacity(engine)
     demand: dict[str, list[float]] = {}
-    unschedulable = engine._unschedulable
+    unschedulable = engine.verdicts.unschedulable
     entries = list(engine.tasks.values()) + list(engine.requests.values())
     for task in entries:
         if task.state is TaskState.DONE:

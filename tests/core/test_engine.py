@@ -206,7 +206,7 @@ def test_dominant_mode_counts_accumulated_usage_as_a_dominant_share():
 
 def test_finished_tasks_are_forgotten_after_the_retention_window_but_duplicates_within_it_are_rejected():
     e = engine(tree("A"), "fifo")
-    e.finished_retention = 100
+    e.workload.finished_retention = 100
     e.step(0, [node("n1", mem=4), submit("t", "A", 0)])
     e.step(10, [TaskCompleted(10, "t")])
     assert "duplicate submission" in e.step(50, [submit("t", "A", 50)]).rejected[0][1]
@@ -302,7 +302,7 @@ def test_a_snapshot_field_made_on_first_read_shows_the_pass_and_refuses_a_read_a
     pytest.param(3.0, 1.0 + 1e-12, False, id="float dust within EPSILON is not an over-commit"),
 ])
 def test_the_engine_refuses_a_policy_that_over_commits_a_node(held, placed, refused):
-    # The engine checks every placement against its own view of the node (``Engine._start``):
+    # The engine checks every placement against its own view of the node (``transitions.start``):
     # a policy that places more than the free room raises, whatever the policy.
     e = engine(tree("A"), "fifo")
     e.step(0, [node("n0", mem=4)] + ([submit("hold", "A", 0, mem=held)] if held else []))

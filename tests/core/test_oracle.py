@@ -163,7 +163,7 @@ def checking_every_pass(simulator: Simulator) -> Simulator:
 
 def _pending_task(engine: Engine, task_id: str):
     """The pending task ``task_id`` (a request's: the request) before the pass's decisions apply."""
-    return engine.tasks.get(task_id) or engine.in_request(task_id)[0]
+    return engine.tasks.get(task_id) or engine.workload.in_request(task_id)[0]
 
 
 def reserved_room_goes_to_the_reserved_shape_only(engine: Engine, snapshot, decisions) -> None:

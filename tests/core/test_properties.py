@@ -117,7 +117,7 @@ def placements_keep_max_per_node(engine, decisions) -> None:
         if decision.kind is DecisionKind.PREEMPT:
             since[key] = since.get(key, 0) - 1
         elif decision.kind is DecisionKind.PLACE:
-            task = engine.tasks.get(decision.task) or engine.in_request(decision.task)[0]
+            task = engine.tasks.get(decision.task) or engine.workload.in_request(decision.task)[0]
             most = task.constraints.to_json().get("max_per_node")
             if most is not None:
                 on_node = running_of_job(engine, *key) + since.get(key, 0)
