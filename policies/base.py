@@ -1,9 +1,13 @@
 """The one contract every policy implements, and typed parameters.
 
 A policy is a pure function ``decide(snapshot, params) -> list[Decision]``: no Redis, Kafka,
-clock or logging inside. It is registered by name in ``fairstream.policies.REGISTRY`` with its
-parameters, their defaults and their documentation, so ``--param name=value`` is checked in
-one place and ``fairstream policies`` can list them.
+clock or logging inside. It is registered by name in ``fairstream.policies.REGISTRY`` as a
+``PolicySpec``: its parameters, their defaults and their documentation (so ``--param
+name=value`` is checked in one place and ``fairstream policies`` can list them), and three
+small records a newcomer can skip until needed: ``Ordering`` (how it chooses, for
+explanations), ``Needs`` (the accounting and preemption rule the engine keeps for it) and
+``Traits`` (what the engine may assume of its passes). A flat policy's pass is usually one call
+of ``placement.serve_in_order`` with a ``placement.Service``: its key, its reason, its charge.
 """
 
 from __future__ import annotations
@@ -79,46 +83,73 @@ class Param:
 
 
 @dataclass(frozen=True)
+class Ordering:
+    """How the policy chooses among tenants, as ``fairstream.core.explain`` tells a waiting task
+    and the operator's page shows it; nothing here changes a decision.
+
+    - ``order(snapshot, params)``: its order of tenants (``placement.TenantOrder``), the key its
+      own pass serves by. None: DRF's order stands in (``placement.dominant_share_order``), and
+      ``explain`` says so.
+    - ``quota(snapshot, params)``: a per-tenant quota its pass checks before placing (static's
+      partition): the returned ``(cycle, tenant, task)`` is False for a task over it.
+    - ``efficiency``: for a policy whose choice also weighs packing (Tetris, QKnobler, FLEX), a
+      sentence saying who gets freed room, told a waiting task instead of "behind tenants"."""
+
+    order: Callable[[Snapshot, Mapping[str, Any]], TenantOrder] | None = None
+    quota: Callable[[Snapshot, Mapping[str, Any]], Callable] | None = None
+    efficiency: str | None = None
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What the engine keeps for the policy, made from its typed parameters.
+
+    - ``accounting(resources, params)``: the accumulated-usage accounting it reads
+      (``Snapshot.accounting``); raises ModelError for a parameter the cluster cannot honour (a
+      resource it does not have). None: the defaults, which memoryless policies never read.
+    - ``preemption(params)``: the preemption rule its parameters ask for
+      (``core/preemption.py``), or None when off; the engine then watches for starved tenants."""
+
+    accounting: Callable[[ResourceSpace, Mapping[str, Any]], AccountingConfig] | None = None
+    preemption: Callable[[Mapping[str, Any]], PreemptionRule | None] | None = None
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What the engine may assume of the policy's passes, or must build for them: every flag
+    the engine branches on on a policy's behalf, declared here and nowhere else.
+
+    - ``tenant_local``: its pass serves tenants one task at a time by keys of each tenant's own
+      state until no pending task fits (``placement.serve_in_order`` without caps or quotas). A
+      tenant none of whose tasks fits any node then cannot change the pass, so the engine may
+      leave out the tenants that placed nothing last time and still fit none of the nodes that
+      gained room since (``Snapshot.candidates``): a pass costs what changed.
+    - ``hierarchical``: it walks the tenant tree queue by queue (hltrf), so a queue's
+      ``ordering`` of its children applies; flat policies refuse one.
+    - ``node_allocation``: it reads what each tenant runs on each node
+      (``Snapshot.node_allocation``), which the engine then makes for the nodes it reads."""
+
+    tenant_local: bool = False
+    hierarchical: bool = False
+    node_allocation: bool = False
+
+
+@dataclass(frozen=True)
 class PolicySpec:
-    """A registered policy: its name, pure ``decide`` function and parameters."""
+    """A registered policy: its name, pure ``decide`` function, a one-line ``summary``, typed
+    ``params`` (``check`` checks them together, and may complete them in place: FLEX loads its
+    model file; raises ModelError), and three small records: how it chooses among tenants
+    (``ordering``, for explanations), what the engine keeps for it (``needs``), and what the
+    engine may assume of its passes (``traits``)."""
 
     name: str
     decide: Callable[[Snapshot, Mapping[str, Any]], list[Decision]]
     summary: str
     params: tuple[Param, ...] = field(default_factory=tuple)
-    # The policy reads what each tenant runs on each node (``Snapshot.node_allocation``), which
-    # the engine then builds for every pass; the others skip that cost.
-    needs_node_allocation: bool = False
-    # Its pass serves tenants one task at a time, by keys of each tenant's own state, until no
-    # pending task fits (``placement.serve_in_order`` without caps or quotas). A tenant none of
-    # whose tasks fits any node then cannot change the pass, so the engine may leave out the
-    # tenants that placed nothing last time and still fit none of the nodes that gained room
-    # since (``Snapshot.candidates``): a pass costs what changed, not every waiting tenant.
-    tenant_local: bool = False
-    # The accumulated-usage accounting the policy reads (``Snapshot.accounting``), made from its
-    # typed parameters and the cluster's resources; it raises ModelError for a parameter the
-    # cluster cannot honour (a resource it does not have). None: the defaults, which memoryless
-    # policies never read (the metrics still do).
-    accounting: Callable[[ResourceSpace, Mapping[str, Any]], AccountingConfig] | None = None
-    # The preemption rule its parameters ask for (``fairstream.core.preemption``), or None when
-    # preemption is off; the engine then tracks starved tenants and wakes the simulator for them.
-    preemption: Callable[[Mapping[str, Any]], PreemptionRule | None] | None = None
-    # Checks the parameters together (one may exclude another) and may complete them in place
-    # (FLEX loads its default model file here); raises ModelError.
     check: Callable[[Mapping[str, Any]], Any] | None = None
-    # Its order of tenants (``placement.TenantOrder``), the key its own pass serves by, for
-    # "why is my task pending" (``fairstream.core.explain``). None: DRF's order stands in
-    # (``placement.dominant_share_order``), and ``explain`` says so.
-    order: Callable[[Snapshot, Mapping[str, Any]], TenantOrder] | None = None
-    # A per-tenant quota its pass checks before placing (static's partition):
-    # ``quota(snapshot, params)(cycle, tenant, task)`` is False for a task over it.
-    quota: Callable[[Snapshot, Mapping[str, Any]], Callable] | None = None
-    # For policies whose choice among tenants also weighs packing (Tetris, QKnobler, FLEX):
-    # what decides who gets freed room, said to a waiting task instead of "behind tenants".
-    efficiency: str | None = None
-    # It walks the tenant tree queue by queue (hltrf): a queue's ``ordering`` of its children
-    # applies. Flat policies divide by effective shares and refuse a queue's ordering.
-    hierarchical: bool = False
+    ordering: Ordering = Ordering()
+    needs: Needs = Needs()
+    traits: Traits = Traits()
 
     def parse_params(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         """Typed parameters from ``{"quantum": "600"}``; unknown names or bad values raise
@@ -139,11 +170,11 @@ class PolicySpec:
 
     def accounting_config(self, resources: ResourceSpace, params: Mapping[str, Any]) -> AccountingConfig:
         """The accounting this policy needs on a cluster of ``resources`` with its typed ``params``."""
-        return AccountingConfig() if self.accounting is None else self.accounting(resources, params)
+        return AccountingConfig() if self.needs.accounting is None else self.needs.accounting(resources, params)
 
     def preemption_rule(self, params: Mapping[str, Any]) -> PreemptionRule | None:
         """The preemption rule of this policy with typed ``params``, None if it has none or it is off."""
-        return None if self.preemption is None else self.preemption(params)
+        return None if self.needs.preemption is None else self.needs.preemption(params)
 
     def params_json(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Typed parameters (from ``parse_params``) as JSON, each as its ``Param`` shows it."""

@@ -17,9 +17,9 @@ import numpy as np
 
 from fairstream.core.fairness import dominant_share, fair_key
 from fairstream.core.model import Decision
-from fairstream.core.placement import Cycle, TenantOrder, leaf_arrival, serve_in_order
+from fairstream.core.placement import Cycle, Service, TenantOrder, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
-from fairstream.policies.base import PolicySpec
+from fairstream.policies.base import Ordering, PolicySpec
 
 
 def order(snapshot: Snapshot, params: Mapping[str, Any]) -> TenantOrder:
@@ -54,9 +54,10 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     def reason(c: Cycle, tenant: str, k) -> str:
         return f"cdrf: lowest dominant share of its allowed servers/weight ({k.share:.4g})"
 
-    return serve_in_order(snapshot, "cdrf", order(snapshot, params).key, reason)
+    return serve_in_order(snapshot, "cdrf", Service(order(snapshot, params).key, reason))
 
 
-SPEC = PolicySpec("cdrf", decide, "constrained DRF: dominant share of the servers a job may use", order=order)
+SPEC = PolicySpec("cdrf", decide, "constrained DRF: dominant share of the servers a job may use",
+                  ordering=Ordering(order=order))
 
 __all__ = ["SPEC", "decide"]

@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from fairstream.core.model import Decision
-from fairstream.core.placement import Cycle, FlatKey, dominant_share_order, serve_in_order
+from fairstream.core.placement import Cycle, FlatKey, Service, dominant_share_order, serve_in_order
 from fairstream.core.preemption import PreemptionRule, reclaim
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies._common import PREEMPTION_PARAMS, RESERVATION_PARAM, preemption_rule
-from fairstream.policies.base import PolicySpec
+from fairstream.policies.base import Needs, Ordering, PolicySpec, Traits
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
@@ -34,12 +34,12 @@ def dominant_share_pass(snapshot: Snapshot, policy: str, rule: PreemptionRule | 
     # which reads the pass's working state.
     flat = FlatKey(snapshot.allocation, None, compiled=rule is None)
     cycle = Cycle(snapshot, policy)
-    serve_in_order(snapshot, policy, key, reason, cycle=cycle, flat_key=flat)
+    serve_in_order(snapshot, policy, Service(key, reason, flat_key=flat), cycle=cycle)
     if rule is not None:
         reclaim(cycle, rule)  # victims: the furthest above their fair share
     return cycle.decisions
 
 
 SPEC = PolicySpec("drf", decide, "memoryless weighted dominant resource fairness", PREEMPTION_PARAMS + (RESERVATION_PARAM,),
-                  tenant_local=True, preemption=preemption_rule,
-                  order=lambda snapshot, params: dominant_share_order(snapshot))
+                  ordering=Ordering(order=lambda snapshot, params: dominant_share_order(snapshot)),
+                  needs=Needs(preemption=preemption_rule), traits=Traits(tenant_local=True))

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from fairstream.core.model import Decision
 from fairstream.core.placement import dominant_share_order
 from fairstream.core.snapshot import Snapshot
-from fairstream.policies.base import PolicySpec
+from fairstream.policies.base import Ordering, PolicySpec
 from fairstream.policies.drf import dominant_share_pass
 
 
@@ -24,6 +24,6 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
 
 
 SPEC = PolicySpec("drfh", decide, "DRF over heterogeneous servers: global dominant share, real servers (= drf)",
-                  order=lambda snapshot, params: dominant_share_order(snapshot))
+                  ordering=Ordering(order=lambda snapshot, params: dominant_share_order(snapshot)))
 
 __all__ = ["SPEC", "decide"]

@@ -11,11 +11,11 @@ from typing import Any, Mapping
 
 from fairstream.core.fairness import fair_key, resource_share
 from fairstream.core.model import Decision
-from fairstream.core.placement import Cycle, FlatKey, TenantOrder, leaf_arrival, serve_in_order
+from fairstream.core.placement import Cycle, FlatKey, Service, TenantOrder, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
 from fairstream.core.preemption import reclaim
 from fairstream.policies._common import PREEMPTION_PARAMS, RESERVATION_PARAM, RESOURCE_PARAM, preemption_rule, resource_accounting
-from fairstream.policies.base import PolicySpec
+from fairstream.policies.base import Needs, Ordering, PolicySpec, Traits
 
 
 def order(snapshot: Snapshot, params: Mapping[str, Any]) -> TenantOrder:
@@ -42,11 +42,12 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     cycle = Cycle(snapshot, "fair")
     rule = preemption_rule(params)
     flat = FlatKey(snapshot.allocation, resource, compiled=rule is None)  # (as drf)
-    serve_in_order(snapshot, "fair", key, reason, cycle=cycle, flat_key=flat)
+    serve_in_order(snapshot, "fair", Service(key, reason, flat_key=flat), cycle=cycle)
     if rule is not None:
         reclaim(cycle, rule)  # victims: the furthest above their fair share
     return cycle.decisions
 
 
 SPEC = PolicySpec("fair", decide, "memoryless weighted max-min on one resource", (RESOURCE_PARAM,) + PREEMPTION_PARAMS + (RESERVATION_PARAM,),
-                  tenant_local=True, accounting=resource_accounting, preemption=preemption_rule, order=order)
+                  ordering=Ordering(order=order), needs=Needs(accounting=resource_accounting, preemption=preemption_rule),
+                  traits=Traits(tenant_local=True))

@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from fairstream.core.model import Decision, ReasonCode
-from fairstream.core.placement import Cycle, TenantOrder, serve_in_order
+from fairstream.core.placement import Cycle, Service, TenantOrder, serve_in_order
 from fairstream.core.snapshot import Snapshot
-from fairstream.policies.base import PolicySpec
+from fairstream.policies.base import Ordering, PolicySpec, Traits
 
 
 def _key(cycle: Cycle, tenant: str) -> tuple:
@@ -25,8 +25,10 @@ def _reason(cycle: Cycle, tenant: str, key: tuple) -> str:
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
-    return serve_in_order(snapshot, "fifo", _key, _reason, key_reads_queue=True, code=ReasonCode.ARRIVAL_ORDER)
+    return serve_in_order(snapshot, "fifo", Service(_key, _reason, key_reads_queue=True, code=ReasonCode.ARRIVAL_ORDER))
 
 
-SPEC = PolicySpec("fifo", decide, "first come, first served over all tenants", tenant_local=True,
-                  order=lambda snapshot, params: TenantOrder("arrival number of its earliest pending task", _key))
+SPEC = PolicySpec("fifo", decide, "first come, first served over all tenants",
+                  ordering=Ordering(order=lambda snapshot, params: TenantOrder("arrival number of its earliest pending task",
+                                                                               _key)),
+                  traits=Traits(tenant_local=True))

@@ -20,7 +20,7 @@ from fairstream.core.flex import DEFAULT_MODEL, FlexModel, complementary_degree,
 from fairstream.core.model import Decision, ModelError
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies import drf, fair, fifo, perf
-from fairstream.policies.base import Param, PolicySpec, parse_non_negative
+from fairstream.policies.base import Ordering, Param, PolicySpec, parse_non_negative
 
 CANDIDATE_SPECS = {"fifo": fifo.SPEC, "fair": fair.SPEC, "drf": drf.SPEC, "perf": perf.SPEC}
 
@@ -89,7 +89,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
 
 SPEC = PolicySpec("flex", decide, "meta-scheduler: a decision tree picks FIFO, Fair, DRF or Perf for the workload "
                                   "and SLA", PARAMS, check=prepare,
-                  efficiency="flex runs FIFO, Fair, DRF or Perf (packing) as its decision tree picks for the "
-                             "workload")
+                  ordering=Ordering(efficiency="flex runs FIFO, Fair, DRF or Perf (packing) as its decision tree "
+                                               "picks for the workload"))
 
 __all__ = ["SPEC", "decide", "workload_degree", "sla"]

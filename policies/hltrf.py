@@ -30,7 +30,7 @@ from fairstream.core.queues import ordering_resource
 from fairstream.core.snapshot import Snapshot
 from fairstream.core.preemption import reclaim, snapshot_fair_shares
 from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, RESERVATION_PARAM, LongTermUsage, long_term_accounting, preemption_rule
-from fairstream.policies.base import Param, PolicySpec, parse_non_negative
+from fairstream.policies.base import Needs, Ordering, Param, PolicySpec, Traits, parse_non_negative
 
 
 class _TreeWalk:
@@ -210,8 +210,7 @@ SPEC = PolicySpec(
     "hierarchical LTRF with starvation timeout t_wait (H-LTRF)",
     LONG_TERM_PARAMS + (Param("t_wait", math.inf, _t_wait, "starvation timeout T_wait in seconds; inf = naive recursive approach"),) + PREEMPTION_PARAMS
     + (RESERVATION_PARAM,),
-    accounting=long_term_accounting,
-    preemption=preemption_rule,
-    order=tree_walk_order,
-    hierarchical=True,
+    ordering=Ordering(order=tree_walk_order),
+    needs=Needs(accounting=long_term_accounting, preemption=preemption_rule),
+    traits=Traits(hierarchical=True),
 )

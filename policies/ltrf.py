@@ -16,11 +16,11 @@ from typing import Any, Mapping
 
 from fairstream.core.fairness import fair_key
 from fairstream.core.model import Decision, Task
-from fairstream.core.placement import Cycle, FlatKey, TenantOrder, leaf_arrival, serve_in_order
+from fairstream.core.placement import Cycle, FlatKey, Service, TenantOrder, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
 from fairstream.core.preemption import reclaim
 from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, RESERVATION_PARAM, LongTermUsage, long_term_accounting, preemption_rule
-from fairstream.policies.base import PolicySpec
+from fairstream.policies.base import Needs, Ordering, PolicySpec, Traits
 
 
 def usage_order(snapshot: Snapshot, usage: LongTermUsage) -> TenantOrder:
@@ -54,12 +54,13 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     # (As drf; a discounted charge is not linear in the demand: the Python loop's.)
     flat = FlatKey(usage.vectors, usage.resource, charge=snapshot.quantum, extra=snapshot.pseudo_accumulated,
                    compiled=rule is None and usage.discount == 1.0)
-    serve_in_order(snapshot, "ltrf", key, reason, charge=charge, cycle=cycle, flat_key=flat)
+    serve_in_order(snapshot, "ltrf", Service(key, reason, charge=charge, flat_key=flat), cycle=cycle)
     if rule is not None:
         reclaim(cycle, rule, victim_key)
     return cycle.decisions
 
 
 SPEC = PolicySpec("ltrf", decide, "long-term max-min over accumulated usage (LTRF)", LONG_TERM_PARAMS + PREEMPTION_PARAMS + (RESERVATION_PARAM,),
-                  tenant_local=True, accounting=long_term_accounting, preemption=preemption_rule,
-                  order=lambda snapshot, params: usage_order(snapshot, LongTermUsage(snapshot)))
+                  ordering=Ordering(order=lambda snapshot, params: usage_order(snapshot, LongTermUsage(snapshot))),
+                  needs=Needs(accounting=long_term_accounting, preemption=preemption_rule),
+                  traits=Traits(tenant_local=True))

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 from fairstream.core.model import Decision
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies import tetris
-from fairstream.policies.base import PolicySpec
+from fairstream.policies.base import Ordering, PolicySpec
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
@@ -18,6 +18,6 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
 
 
 SPEC = PolicySpec("perf", decide, "pure packing: best-aligned task and node among all pending (Tetris, f = 0)",
-                  efficiency="perf gives freed room to the best-aligned pending task, whoever's it is")
+                  ordering=Ordering(efficiency="perf gives freed room to the best-aligned pending task, whoever's it is"))
 
 __all__ = ["SPEC", "decide"]

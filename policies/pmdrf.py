@@ -20,7 +20,7 @@ from fairstream.core.fairness import dominant_share, fair_key
 from fairstream.core.model import EPSILON, Decision
 from fairstream.core.placement import Cycle, leaf_arrival, order_code, room_for_any
 from fairstream.core.snapshot import Snapshot
-from fairstream.policies.base import PolicySpec
+from fairstream.policies.base import PolicySpec, Traits
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
@@ -73,6 +73,6 @@ def fits(cycle: Cycle, task, node: int) -> bool:
 
 
 SPEC = PolicySpec("pmdrf", decide, "per-machine DRF: each node shared by DRF on its own (TSF baseline)",
-                  needs_node_allocation=True)
+                  traits=Traits(node_allocation=True))
 
 __all__ = ["SPEC", "decide"]

@@ -39,10 +39,10 @@ import numpy as np
 
 from fairstream.core.fairness import dominant_share, drf_phi, fair_key, resource_shares, task_dominant_shares
 from fairstream.core.model import EPSILON, Decision, ReasonCode
-from fairstream.core.placement import Cycle, leaf_arrival, order_code, serve_in_order
+from fairstream.core.placement import Cycle, Service, leaf_arrival, order_code, serve_in_order
 from fairstream.core.snapshot import Snapshot
 from fairstream.core.solver import SolverError, solve_packing
-from fairstream.policies.base import Param, PolicySpec, parse_fraction, parse_positive
+from fairstream.policies.base import Ordering, Param, PolicySpec, parse_fraction, parse_positive
 
 PARAMS = (
     Param("rho", 0.5, parse_fraction, "the knob: the fairness stage fills each tenant to rho * s_i^max "
@@ -193,8 +193,8 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     fill = tenants_with_a_fitting_task(cycle, tenants, demands)
     if not fill:  # the usual case: skip the per-tenant loop
         return cycle.decisions
-    return serve_in_order(snapshot, "qknobler", key, reason, cycle=cycle,
-                          initial_shares=weighted_shares(), only=fill)
+    return serve_in_order(snapshot, "qknobler", Service(key, reason), cycle=cycle, only=fill,
+                          initial_shares=weighted_shares())
 
 
 def tenants_with_a_fitting_task(cycle: Cycle, tenants: list[str], demands: Demands) -> list[str]:
@@ -280,7 +280,8 @@ def water_fill(count: int, members: list[int], weights: np.ndarray, upper: np.nd
 
 
 SPEC = PolicySpec("qknobler", decide, "fairness stage to rho * DRF share, then an integer program for efficiency",
-                  PARAMS, efficiency="qknobler serves tenants in DRF order up to rho x their DRF share, then gives "
-                                     "the rest of the room by an integer program for efficiency")
+                  PARAMS, ordering=Ordering(efficiency="qknobler serves tenants in DRF order up to rho x their DRF "
+                                                       "share, then gives the rest of the room by an integer program "
+                                                       "for efficiency"))
 
 __all__ = ["SPEC", "decide", "average_demands", "water_fill"]

@@ -12,9 +12,9 @@ from typing import Any, Callable, Mapping
 
 from fairstream.core.fairness import dominant_share, fair_key
 from fairstream.core.model import EPSILON, Decision, ReasonCode, Task
-from fairstream.core.placement import Cycle, TenantOrder, leaf_arrival, serve_in_order
+from fairstream.core.placement import Cycle, Service, TenantOrder, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
-from fairstream.policies.base import PolicySpec
+from fairstream.policies.base import Ordering, PolicySpec
 
 
 def order(snapshot: Snapshot, params: Mapping[str, Any]) -> TenantOrder:
@@ -42,8 +42,9 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     def reason(cycle: Cycle, tenant: str, k) -> str:
         return "static: fits in the tenant's own partition"
 
-    return serve_in_order(snapshot, "static", order(snapshot, params).key, reason, admit=quota(snapshot, params),
-                          code=ReasonCode.PARTITION)
+    return serve_in_order(snapshot, "static", Service(order(snapshot, params).key, reason, admit=quota(snapshot, params),
+                                                     code=ReasonCode.PARTITION))
 
 
-SPEC = PolicySpec("static", decide, "static partitioning by weight (no sharing)", order=order, quota=quota)
+SPEC = PolicySpec("static", decide, "static partitioning by weight (no sharing)",
+                  ordering=Ordering(order=order, quota=quota))

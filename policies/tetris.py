@@ -26,7 +26,7 @@ from fairstream.core.fairness import dominant_share, fair_key
 from fairstream.core.model import EPSILON, Decision, ReasonCode, Task
 from fairstream.core.placement import Cycle, alignment_scores, leaf_arrival
 from fairstream.core.snapshot import Snapshot
-from fairstream.policies.base import Param, PolicySpec, parse_fraction
+from fairstream.policies.base import Ordering, Param, PolicySpec, parse_fraction
 
 PARAMS = (
     Param("f", 0.2, parse_fraction, "fairness knob: the best-aligned task is chosen among the first (1 - f) "
@@ -102,7 +102,7 @@ def best_pair(cycle: Cycle, candidates: list[tuple[str, Task]]):
 
 
 SPEC = PolicySpec("tetris", decide, "best-aligned task among the first (1 - f) of the DRF-sorted tasks", PARAMS,
-                  efficiency="tetris gives freed room to the best-aligned task among the first (1 - f) of the "
-                             "tasks in DRF order")
+                  ordering=Ordering(efficiency="tetris gives freed room to the best-aligned task among the first "
+                                               "(1 - f) of the tasks in DRF order"))
 
 __all__ = ["SPEC", "decide"]

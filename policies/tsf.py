@@ -30,9 +30,9 @@ import numpy as np
 
 from fairstream.core.fairness import fair_key, monopoly_tasks, task_share
 from fairstream.core.model import Decision, Task
-from fairstream.core.placement import Cycle, TenantOrder, leaf_arrival, serve_in_order
+from fairstream.core.placement import Cycle, Service, TenantOrder, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
-from fairstream.policies.base import Param, PolicySpec
+from fairstream.policies.base import Ordering, Param, PolicySpec
 
 
 def parse_pools(text: str) -> dict[str, float]:
@@ -122,10 +122,11 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
         return f"tsf: lowest task share/weight ({k.share:.4g}; h={h(tenant)} tasks with the whole cluster)"
 
     cycle.node_order = np.lexsort((np.arange(len(contention)), contention))  # least contended first
-    return serve_in_order(snapshot, "tsf", order.key, reason, charge=charge, cycle=cycle)
+    return serve_in_order(snapshot, "tsf", Service(order.key, reason, charge=charge), cycle=cycle)
 
 
 SPEC = PolicySpec("tsf", decide, "max-min over task shares: tasks run / tasks it could run alone without constraints",
-                  PARAMS, order=lambda snapshot, params: task_share_order(snapshot, params, Cycle(snapshot, "tsf"), {})[0])
+                  PARAMS, ordering=Ordering(order=lambda snapshot, params: task_share_order(
+                      snapshot, params, Cycle(snapshot, "tsf"), {})[0]))
 
 __all__ = ["SPEC", "decide"]

@@ -177,9 +177,9 @@ def new_tree(engine: "Engine", event: TenantsChanged) -> TenantTree:
 
 def orderings_problem(spec: "PolicySpec", tree: TenantTree) -> str | None:
     """Why this policy cannot honour the tree's queue orderings, or None: a queue's ordering
-    of its children needs a policy that walks the tree (``PolicySpec.hierarchical``)."""
+    of its children needs a policy that walks the tree (``Traits.hierarchical``)."""
     queues = list(tree.queue_orderings)
-    if not queues or spec.hierarchical:
+    if not queues or spec.traits.hierarchical:
         return None
     return (f"tenants[{queues[0]}].ordering: orders a queue's children, which only a hierarchical policy "
             f"(hltrf) does; {spec.name} shares the cluster among leaves by their effective weights "

@@ -1,6 +1,6 @@
 """The engine's part that says which tenants a pass of a tenant-local policy need consider.
 
-A tenant-local policy (``PolicySpec.tenant_local``: ``drf``, ``fair``, ``ltrf``, ``fifo``)
+A tenant-local policy (``Traits.tenant_local`` of its ``PolicySpec``: ``drf``, ``fair``, ``ltrf``, ``fifo``)
 places a tenant's task by the tenant's own key and the nodes' room, so a tenant whose shapes
 fitted no node when the last pass ended, and had no event since, cannot place anything unless
 some node gained room. ``Changes`` records what changed since the last pass (node rows that

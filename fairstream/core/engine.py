@@ -229,7 +229,7 @@ class Engine:
             self.reservations.clear()
             return [], False
         fields = {}
-        if self.spec.tenant_local:
+        if self.spec.traits.tenant_local:
             fields = self.changes.pass_fields(self.workload, self.registry, self.reservation, self.tree.has_limits)
         snapshot = self.snapshot(**fields)
         decisions = self.spec.decide(snapshot, self.params)

@@ -209,10 +209,10 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
     spec, params = engine.spec, engine.params
     snap = engine.snapshot()
     cycle = Cycle(snap, engine.policy)
-    order = spec.order(snap, params) if spec.order is not None else dominant_share_order(snap)
-    label = order.label if spec.order is not None else f"{order.label} (DRF's order, standing in: {spec.name} " \
+    order = spec.ordering.order(snap, params) if spec.ordering.order is not None else dominant_share_order(snap)
+    label = order.label if spec.ordering.order is not None else f"{order.label} (DRF's order, standing in: {spec.name} " \
                                                        f"has no tenant order of its own)"
-    quota = spec.quota(snap, params) if spec.quota is not None else None
+    quota = spec.ordering.quota(snap, params) if spec.ordering.quota is not None else None
     acc = engine.accounting
     names = engine.resources.names
     live = snap.free[:, 0] >= 0 if len(snap.free) else np.zeros(0, dtype=bool)
@@ -311,8 +311,8 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
                 return (WaitReason.PREEMPTION_PENDING,
                         f"{nowhere} for {need}; {tenant} is below {engine.preemption.threshold:g} x its fair "
                         f"share since {since:g}: preemption takes room back for it at {due:g}", None, None)
-        if spec.efficiency is not None:
-            return WaitReason.EFFICIENCY, f"{nowhere} for {need}; when room frees, {spec.efficiency}", None, None
+        if spec.ordering.efficiency is not None:
+            return WaitReason.EFFICIENCY, f"{nowhere} for {need}; when room frees, {spec.ordering.efficiency}", None, None
         first, partly = first_for(tenant, task)
         if reserved_for is not None and reserved_for.tenant == tenant and reserved_for.shape == task.shape:
             lacking = np.maximum(task.demand - snap.free[reserved_for.node], 0.0)

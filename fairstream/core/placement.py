@@ -328,38 +328,47 @@ class FlatKey:
         return shares / snapshot.share_fraction
 
 
-def serve_in_order(
-    snapshot: Snapshot,
-    policy: str,
-    key: KeyFn,
-    reason: ReasonFn,
-    charge: ChargeFn | None = None,
-    admit: Callable[[Cycle, str, Task], bool] | None = None,
-    initial_shares: np.ndarray | None = None,
-    cycle: Cycle | None = None,
-    only: list[str] | None = None,
-    key_reads_queue: bool = False,
-    code: ReasonCode = ReasonCode.FAIR_ORDER,
-    flat_key: FlatKey | None = None,
-) -> list[Decision]:
-    """The loop of every flat policy: serve the tenant with the smallest key, one task at a time.
+@dataclass(frozen=True)
+class Service:
+    """How a flat policy serves its tenants in ``serve_in_order``.
 
-    ``key(cycle, tenant)`` is recomputed after each placement or skip of that tenant (keys of
-    other tenants do not change when one tenant is served). ``charge`` updates policy-private
-    state after a placement (LTRF's accumulated usage). ``admit`` is a per-tenant quota check.
-    The loop ends when no demanding tenant has a task that fits: work conservation.
-    ``initial_shares`` (one weighted share per tenant row, as ``key`` would compute it before
-    any placement) lets the first keys be computed in one vectorised step; it is only used when
-    no tenant has a min share, since that changes the priority class. ``cycle`` continues a pass
-    that earlier stages of the policy began (``initial_shares`` must then reflect its allocation).
-    ``only`` limits the pass to these demanding tenants (the others are known to have nothing
-    that fits); by default the snapshot's ``candidates``, if the engine computed them.
-    ``key_reads_queue``: the key depends on the tenant's next pending task (FIFO), so a task
-    that cannot be placed changes it. ``code``: the decisions' reason code, but ``MIN_SHARE``
-    for a tenant served in the below-min-share class (``order_code``). ``flat_key``: what
-    ``key`` computes, as data (``initial_shares`` are then made from it if not given), so that
-    the compiled pass may make this pass (``_serve_compiled``).
+    - ``key(cycle, tenant)``: the tenant's key, smallest served first (a ``FairKey``, or a
+      tuple led by a number); recomputed after each placement or skip of that tenant (keys of
+      other tenants do not change when one tenant is served).
+    - ``reason(cycle, tenant, key)``: the decision's readable reason; ``code`` its reason code
+      (``MIN_SHARE`` instead for a tenant served in the below-min-share class: ``order_code``).
+    - ``charge(cycle, tenant, task)``: updates policy-private state after a placement (LTRF's
+      accumulated usage).
+    - ``admit(cycle, tenant, task)``: a per-tenant quota check (static's partition).
+    - ``flat_key``: what ``key`` computes, as data (``FlatKey``), so that the first keys are
+      made in one vectorised step and the compiled pass may make the pass (``_serve_compiled``).
+    - ``key_reads_queue``: the key depends on the tenant's next pending task (FIFO), so a task
+      that cannot be placed changes it."""
+
+    key: KeyFn
+    reason: ReasonFn
+    charge: ChargeFn | None = None
+    admit: Callable[[Cycle, str, Task], bool] | None = None
+    flat_key: FlatKey | None = None
+    key_reads_queue: bool = False
+    code: ReasonCode = ReasonCode.FAIR_ORDER
+
+
+def serve_in_order(snapshot: Snapshot, policy: str, service: Service, cycle: Cycle | None = None,
+                   only: list[str] | None = None, initial_shares: np.ndarray | None = None) -> list[Decision]:
+    """The loop of every flat policy: serve the tenant with the smallest key (``service``), one
+    task at a time, until no demanding tenant has a task that fits (work conservation).
+
+    ``cycle`` continues a pass that earlier stages of the policy began (``initial_shares`` must
+    then reflect its allocation). ``only`` limits the pass to these demanding tenants (the
+    others are known to have nothing that fits); by default the snapshot's ``candidates``, if
+    the engine computed them. ``initial_shares`` (one weighted share per tenant row, as the key
+    would compute it before any placement) lets the first keys be computed in one vectorised
+    step; it is only used when no tenant has a min share, since that changes the priority class
+    (made from ``service.flat_key`` if not given).
     """
+    key, reason, charge, admit = service.key, service.reason, service.charge, service.admit
+    key_reads_queue, code, flat_key = service.key_reads_queue, service.code, service.flat_key
     cycle = cycle or Cycle(snapshot, policy)
     if only is None and snapshot.candidates is not None:
         only = [tenant for tenant in snapshot.pending if tenant in snapshot.candidates]
@@ -504,5 +513,5 @@ def leaf_arrival(snapshot: Snapshot, tenant: str) -> float:
     return float(snapshot.arrival[snapshot.rows[tenant]])
 
 
-__all__ = ["Cycle", "DecisionList", "FlatKey", "TenantOrder", "dominant_share_order", "ordering_resource", "serve_in_order", "order_code", "leaf_arrival",
+__all__ = ["Cycle", "DecisionList", "FlatKey", "Service", "TenantOrder", "dominant_share_order", "ordering_resource", "serve_in_order", "order_code", "leaf_arrival",
            "alignment_scores", "room_for_any"]

@@ -209,7 +209,7 @@ class Snapshot:
     - ``node_capacity``: node x resource total capacity (lost nodes included; see ``free``).
     - ``node_allocation``: per node row, what each tenant's running tasks use there
       (``NodeAllocation.of``); only for policies that ask for it
-      (``PolicySpec.needs_node_allocation``), else None.
+      (``Traits.node_allocation``), else None.
     - ``job_rows``: per job, how many of its tasks run on each node (``JobRows.of``), read by
       placement for tasks with a ``max_per_node`` constraint.
     """
@@ -237,7 +237,7 @@ class Snapshot:
     node_capacity: np.ndarray | None = None
     node_allocation: NodeAllocation | None = None
     job_rows: JobRows | None = None
-    # For ``PolicySpec.tenant_local`` policies: the demanding tenants that may place anything
+    # For ``Traits.tenant_local`` policies: the demanding tenants that may place anything
     # in this pass (None: all of them). The others placed nothing in the last pass, had no
     # event since, and none of their task shapes fits a node that gained room since.
     candidates: frozenset[str] | None = None
@@ -376,7 +376,7 @@ class SnapshotBuilder:
             running=Later(lambda: np.array([ledger.running for ledger in acc.ledgers], dtype=float)),
             node_capacity=registry.capacity,
             node_allocation=(NodeAllocation(lambda row: workload.running_on(node_row).get(row, {}).values())
-                             if engine.spec.needs_node_allocation else None),
+                             if engine.spec.traits.node_allocation else None),
             job_rows=JobRows(lambda: workload.job_rows(node_row)),
             starved_since=starved_since,
             running_tasks=running_tasks,

@@ -420,7 +420,7 @@ def decisions_of(document, policy, full_passes: bool, lost_at=None):
     log = []
 
     def full(engine):
-        engine.spec = dataclasses.replace(engine.spec, tenant_local=False)
+        engine.spec = dataclasses.replace(engine.spec, traits=dataclasses.replace(engine.spec.traits, tenant_local=False))
 
     drive(document, policy, lambda engine: None, lost_at=lost_at, record=log, configure=full if full_passes else None)
     return log
