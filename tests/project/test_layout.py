@@ -106,6 +106,29 @@ def test_the_layer_rule_catches_a_forbidden_import(tmp_path):
                    for allowed in MAY_IMPORT["fairstream/wire"])
 
 
+#: The most lines a class of the engine or the worker may have (issue 34: a class that does one job
+#: fits; one that grows past it is doing several, and its parts want names of their own).
+MOST_LINES_PER_CLASS = 300
+
+
+def classes_over(folder: str, most: int) -> list[str]:
+    out = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > most:
+                out.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    return out
+
+
+@pytest.mark.parametrize("folder", ["fairstream/core", "streams"])
+def test_no_class_of_the_engine_or_the_worker_is_over_300_lines(folder):
+    assert classes_over(folder, MOST_LINES_PER_CLASS) == []
+
+
+def test_the_class_size_rule_catches_a_large_class():
+    assert any(" Engine (" in name for name in classes_over("fairstream/core", 100))  # (over 100, under 300)
+
+
 def test_the_core_never_imports_the_policies_the_simulator_or_the_worker():
     # One engine, two drivers: the engine is handed a policy (resolved from the registry where
     # it is assembled) and knows no driver. Type-only imports (under TYPE_CHECKING) are allowed.
