@@ -151,7 +151,7 @@ class Engine:
         """Per tenant row, the summed demand of its pending tasks that some live node could hold
         (``Verdicts.waiting_demand``). A fresh array or view."""
         acc = self.accounting
-        return self.verdicts.waiting_demand(acc.pending_demand[: len(acc.ledgers)][:], self.workload, acc.row)
+        return self.verdicts.waiting_demand(acc.pending_demand[: len(acc.ledgers)], self.workload, acc.row)
 
     def running_tasks(self) -> tuple[RunningTask, ...]:
         """What preemption may choose victims from: every running task."""

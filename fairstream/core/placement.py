@@ -39,6 +39,13 @@ class DecisionList(list):
     withdrawn: int = 0
 
 
+def _asked_of(part: str, name: str) -> property:
+    """``Cycle.<name>``: the method ``name`` of the cycle's part ``part`` (``queues``,
+    ``limits`` or ``nodes``)."""
+    return property(lambda cycle: getattr(getattr(cycle, part), name),
+                    doc=f"``{part}.{name}`` (the Cycle's part answers it).")
+
+
 class Cycle:
     """Tentative state of one pass: free capacity, tenant and queue allocations, decisions."""
 
@@ -79,19 +86,22 @@ class Cycle:
         self.group_allocation, self.job_limits = limits.group_allocation, limits.job_limits
         self.queues = queues = QueueWalk(snapshot, self._failed_shapes, self._failed_for, limits.job_limits)
         self._orders_jobs = queues.orders_jobs
-        # What the walk answers, asked of the pass (bound here: ``next_task`` is asked per task tried).
-        self.job_queue, self.next_task, self.first_entry = queues.job_queue, queues.next_task, queues.first_entry
-        self.shape_heads, self.pending_left = queues.shape_heads, queues.pending_left
-        self.rank_in_queue = queues.rank_in_queue
-        # What the limits answer.
-        self.over_cap, self.below_min_share = limits.over_cap, limits.below_min_share
-        # Which node a task may take (``core/fit.py``), and what it answers.
-        self.nodes = nodes = NodeFit(snapshot, self.free, self.placed, affinity)
-        self.eligible, self.find_node, self.best_aligned_node = nodes.eligible, nodes.find_node, nodes.best_aligned_node
-        self.job_rows, self.below_job_limit, self.job_may_use = nodes.job_rows, nodes.below_job_limit, nodes.job_may_use
-        self.held_by_job_limit, self.nodes_held_by_job_limit = nodes.held_by_job_limit, nodes.nodes_held_by_job_limit
-        self.usable, self.kept_off_reserved_room = nodes.usable, nodes.kept_off_reserved_room
-        self.backfill_node = nodes.backfill_node
+        self.nodes = NodeFit(snapshot, self.free, self.placed, affinity)  # which node a task may take (``core/fit.py``)
+        # What the parts answer that a pass asks per task tried or per key, bound once here (the
+        # others below are looked up on the part when asked: a pass asks them seldom).
+        self.next_task, self.below_min_share = queues.next_task, limits.below_min_share
+        self.find_node, self.eligible = self.nodes.find_node, self.nodes.eligible
+
+    # What the parts answer, asked of the pass.
+    job_queue, first_entry = _asked_of("queues", "job_queue"), _asked_of("queues", "first_entry")
+    shape_heads, pending_left = _asked_of("queues", "shape_heads"), _asked_of("queues", "pending_left")
+    rank_in_queue, over_cap = _asked_of("queues", "rank_in_queue"), _asked_of("limits", "over_cap")
+    best_aligned_node, job_rows = _asked_of("nodes", "best_aligned_node"), _asked_of("nodes", "job_rows")
+    below_job_limit, job_may_use = _asked_of("nodes", "below_job_limit"), _asked_of("nodes", "job_may_use")
+    held_by_job_limit = _asked_of("nodes", "held_by_job_limit")
+    nodes_held_by_job_limit = _asked_of("nodes", "nodes_held_by_job_limit")
+    usable, backfill_node = _asked_of("nodes", "usable"), _asked_of("nodes", "backfill_node")
+    kept_off_reserved_room = _asked_of("nodes", "kept_off_reserved_room")
 
     @property
     def node_order(self) -> np.ndarray | None:

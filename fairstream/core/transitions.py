@@ -204,8 +204,11 @@ def start(engine: Engine, decision: Decision) -> str | None:
     task.state, task.node, task.start = TaskState.RUNNING, node.id, decision.time
     engine.jobs.started(task.tenant, task.job, task.demand, decision.time,
                         engine.tree.orders_jobs and orders_jobs(engine.tree, task.tenant))
-    if workload.started(task, request) or request is None:
-        engine.verdicts.unschedulable.discard(task.id if request is None else request.id)
+    retired = workload.started(task, request)
+    if request is None:
+        engine.verdicts.unschedulable.discard(task.id)
+    elif retired:  # (a request is reported as one: it stops being so once no task of it is left)
+        engine.verdicts.unschedulable.discard(request.id)
     # Formula 9: accounted usage is the demand times the node's resource weights.
     weighted = task.demand if node.weights is None else task.demand * node.weights
     task.running_entry = engine.accounting.on_start(engine.accounting.row[task.tenant], task.demand, decision.time,
