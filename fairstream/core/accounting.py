@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fairstream.core import native
 from fairstream.core.fairness import counted_allocation, resource_shares
 from fairstream.core.model import ROOT
 from fairstream.core.tenants import TenantTree
@@ -354,11 +355,15 @@ class Accounting:
             elapsed = now - self.clock
         if elapsed > 0 and self.ledgers:
             used = self.used_rows(None)
-            counted = counted_allocation(used, self.share, self.config.discount)
-            if math.isinf(self.config.half_life):
+            if math.isinf(self.config.half_life) and native.enabled():  # the same, in one compiled call
+                native.module.accumulate_usage(used, self.share, float(self.config.discount), float(elapsed),
+                                               self.counted_usage, self.raw_usage)
+            elif math.isinf(self.config.half_life):
+                counted = counted_allocation(used, self.share, self.config.discount)
                 self.counted_usage += elapsed * counted
                 self.raw_usage += elapsed * used
             else:
+                counted = counted_allocation(used, self.share, self.config.discount)
                 kept, gained = decay(elapsed, self.config.half_life)
                 self.counted_usage *= kept
                 self.counted_usage += gained * counted

@@ -5,7 +5,7 @@ toolchain the install goes on without it and every pass runs in Python).
 What it does today (docs/architecture.md, "The compiled path"): the pass of the flat fair
 policies (``drf``, ``fair``, ``ltrf``) when none of the pass's other features is in play
 (``placement.serve_in_order``), the engine's candidate-shape scan and choice of a node to
-reserve, and the simulator's per-step metrics. The Python stays the reference:
+reserve, the accounting's usage integral, and the simulator's per-step metrics. The Python stays the reference:
 ``tests/core/test_native.py`` checks the two decide and measure alike.
 ``FAIRSTREAM_NATIVE=0`` in the environment, or ``set_enabled(False)``, turns it off.
 """

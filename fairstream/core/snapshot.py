@@ -10,7 +10,7 @@ what the pass costs).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
@@ -289,6 +289,16 @@ class Snapshot:
                 value.flags.writeable = False
         object.__setattr__(self, "_later", later)
 
+    @classmethod
+    def of(cls, **values) -> Snapshot:
+        """``Snapshot(**fields)`` for the engine's pass: the same object, made without the frozen
+        dataclass's ``__init__``, which sets its 35 fields one call each (a few per cent of a
+        busy run). ``values`` must name fields only; those not given take their defaults."""
+        snapshot = object.__new__(cls)
+        snapshot.__dict__.update(_DEFAULTS, **values)
+        snapshot.__post_init__()
+        return snapshot
+
     def __getattr__(self, name: str):
         # Called only for attributes not set: the fields given as ``Later``.
         later = self.__dict__.get("_later")
@@ -352,7 +362,7 @@ class SnapshotBuilder:
             if starved_past_timeout(starvation.since, now, engine.preemption):
                 running_tasks = engine.running_tasks()
         node_row = registry.row
-        return Snapshot(
+        return Snapshot.of(
             time=now,
             resources=engine.resources,
             node_ids=node_ids,
@@ -398,3 +408,6 @@ _ARRAYS = ("free", "capacity", "share_fraction", "allocation", "share", "accumul
 for _name in _ARRAYS:
     if _name in Snapshot.__dict__:
         delattr(Snapshot, _name)
+# ``Snapshot.of``'s defaults, as ``__init__`` gives them (a factory's value is a shared read-only mapping).
+_DEFAULTS = {f.name: f.default if f.default is not MISSING else f.default_factory()
+             for f in fields(Snapshot) if f.default is not MISSING or f.default_factory is not MISSING}

@@ -64,6 +64,7 @@ class MetricsRecorder:
         # Per tenant row: int g, int min(d, S), int g' (grown as tenants arrive).
         self._integrals = np.zeros((3, 0))
         self._entitled_shares: tuple | None = None  # (tree's share table, tenants) -> S per row
+        self._running: np.ndarray | None = None  # what runs per resource, summed over tenants, with the state
         self.series: dict[str, TenantSeries] = {}
         self.cluster = {"time": [], "psi": [], "omega": [], "soft_fairness": [], **{f"util_{r}": [] for r in names}}
         self.soft_fairness_integral = 0.0
@@ -75,6 +76,7 @@ class MetricsRecorder:
         # anything, how long until it first held its fair share, and what preemption cost it.
         self._wanting_since = np.zeros(0)  # per tenant row; nan until it first wants anything
         self._reached = np.zeros(0, dtype=bool)  # per tenant row: held its fair share once
+        self._unreached = 0  # how many rows have not (a count: ``_reached.all()`` per event cost 2 % of a run)
         self.time_to_fair_share: dict[str, float] = {}
         self.preemptions: dict[str, int] = {}
         self.work_lost: dict[str, float] = {}  # task-seconds of work killed by preemption
@@ -99,7 +101,8 @@ class MetricsRecorder:
             grown = len(self._reached)
             self._wanting_since = np.concatenate([self._wanting_since, np.full(n - grown, np.nan)])
             self._reached = np.concatenate([self._reached, np.zeros(n - grown, dtype=bool)])
-        if not n or self._reached.all():
+            self._unreached += n - grown
+        if not n or not self._unreached:
             return
         active = d > 0
         self._wanting_since[active & np.isnan(self._wanting_since)] = at
@@ -119,6 +122,7 @@ class MetricsRecorder:
             reached[short[largest_excess < task - 1e-9]] = True
         for row in np.flatnonzero(reached).tolist():  # once per tenant in a run
             self._reached[row] = True
+            self._unreached -= 1
             self.time_to_fair_share[acc.ledgers[row].name] = at - float(self._wanting_since[row])
 
     def _by_name(self, which: int) -> dict[str, float]:
@@ -150,10 +154,11 @@ class MetricsRecorder:
             self._entitled_shares = (table, shares)
         entitled = self._entitled_shares[1]
         if n and native.enabled():
-            g, d, counted, degree = native.module.metric_state(
+            g, d, counted, degree, self._running = native.module.metric_state(
                 n, acc.allocation, acc.share, acc.pending_demand, np.asarray(cap, dtype=np.float64), acc.fractions,
                 float(acc.config.discount), self.resource)
             return (g, d, entitled, counted), degree
+        self._running = None
         allocation = acc.allocation[:n]
         counted = counted_allocation(allocation, acc.share[:n], acc.config.discount) if n else allocation
         g = resource_shares(allocation, cap, self.resource)
@@ -198,7 +203,8 @@ class MetricsRecorder:
             self._integrals[2] += dt * counted
             # What runs, summed over tenants rather than over nodes: the same total, and the
             # cluster has far more nodes than tenants.
-            self.busy_integral += dt * self.engine.accounting.allocation.sum(axis=0)
+            running = self._running if self._running is not None else self.engine.accounting.allocation.sum(axis=0)
+            self.busy_integral += dt * running
             if degree is None:
                 degree = self.soft_fairness()
             self.soft_fairness_integral += dt * degree

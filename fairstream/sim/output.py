@@ -9,6 +9,7 @@ from pathlib import Path
 
 from fairstream.sim.metrics import job_statistics
 from fairstream.sim.simulator import SimResult
+from fairstream.wire import jsoncodec
 
 
 def _clean(value):
@@ -59,14 +60,15 @@ def metrics_document(result: SimResult, baseline: SimResult | None = None, theor
 
 class DecisionWriter:
     """Writes decisions to ``decisions.jsonl`` as a run takes them (``Simulator(on_decision=)``),
-    so a day-long run never holds them all."""
+    so a day-long run never holds them all; one compact JSON document per line, encoded as the
+    worker encodes the decisions it publishes (``wire.jsoncodec``)."""
 
     def __init__(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        self.handle = open(out / "decisions.jsonl", "w")
+        self.handle = open(out / "decisions.jsonl", "wb")
 
     def __call__(self, decision) -> None:
-        self.handle.write(json.dumps(decision.to_json(), separators=(",", ":")) + "\n")
+        self.handle.write(jsoncodec.dumps(decision.to_json()) + b"\n")
 
     def close(self) -> None:
         self.handle.close()

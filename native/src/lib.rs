@@ -1,5 +1,5 @@
 //! fairstream's compiled path (docs/architecture.md, "The compiled path"): `serve_flat`, below,
-//! and three per-event scans at the end of this file, each the twin of one numpy function.
+//! and four pieces of per-event arithmetic at the end of this file, each the twin of one numpy function.
 //!
 //! `serve_flat`: one scheduling pass of the flat fair policies (`drf`,
 //! `fair`, `ltrf`) as `fairstream.core.placement.serve_in_order` makes it, for the passes
@@ -19,7 +19,7 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, HashSet};
 
-use numpy::{PyReadonlyArray1, PyReadonlyArray2};
+use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2};
 use pyo3::exceptions::PyKeyError;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -496,27 +496,36 @@ impl<'py> Pass<'py> {
             }
         }
         // The waiting tenants not served, found only now: the quick check above usually ends it.
-        let served: HashSet<String> = self.tenants.iter().map(|tenant| tenant.name.to_string()).collect();
-        let mut rest: Vec<Bound<'py, PyString>> = Vec::new();
+        // Served names are matched as borrowed UTF-8 (no copies); a left-out tenant's key is
+        // made only if it could come before the blocked key, so the check costs a row lookup
+        // and a float per tenant.
+        let served: HashSet<&str> = self.tenants.iter().map(|tenant| tenant.name.to_str()).collect::<PyResult<_>>()?;
+        let mut keyed: Vec<(Key, usize)> = Vec::new();
+        let mut rest: Vec<(Bound<'py, PyString>, usize)> = Vec::new();
         for name in self.pending.keys().iter() {
             let name = name.cast_into::<PyString>().map_err(PyErr::from)?;
-            if !served.contains(name.to_str()?) {
-                rest.push(name);
+            if served.contains(name.to_str()?) {
+                continue;
             }
+            let row: usize = self.rows.get_item(&name)?.ok_or_else(|| PyKeyError::new_err(name.clone().unbind()))?.extract()?;
+            if let Some(key) = &blocked_key {
+                if initial[row] > key.share {
+                    continue; // after the blocked key, whatever its arrival and name
+                }
+            }
+            rest.push((name, row));
         }
-        if rest.is_empty() {
+        drop(served);
+        for (name, row) in rest {
+            let key = Key { share: initial[row], arrival: self.arrival[row], name: name.clone() };
+            if blocked_key.as_ref().is_some_and(|bk| key >= *bk) {
+                continue;
+            }
+            self.tenants.push(Tenant { name, row, groups: None, heads: None, failed: HashSet::new() });
+            keyed.push((key, self.tenants.len() - 1));
+        }
+        if keyed.is_empty() {
             return Ok(());
-        }
-        let mut keyed: Vec<(Key, usize)> = Vec::with_capacity(rest.len());
-        for name in rest {
-            let t = self.add_tenant(name)?;
-            let row = self.tenants[t].row;
-            keyed.push((Key { share: initial[row], arrival: self.arrival[row], name: self.tenants[t].name.clone() }, t));
-        }
-        if let Some(key) = &blocked_key {
-            if below(&mut keyed.iter().map(|(k, _)| k.share), key) {
-                return Ok(());
-            }
         }
         keyed.sort_by(|a, b| a.0.cmp(&b.0));
         for (key, t) in keyed {
@@ -651,11 +660,37 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(shapes_that_fit, m)?)?;
     m.add_function(wrap_pyfunction!(least_lacking_node, m)?)?;
     m.add_function(wrap_pyfunction!(metric_state, m)?)?;
+    m.add_function(wrap_pyfunction!(accumulate_usage, m)?)?;
     Ok(())
 }
 
 // ------------------------------------------------------------------------------------------
 // Per-event arithmetic of the engine and the simulator, each the twin of one numpy function.
+
+/// `Accounting.advance` without decay, in place: per element of the row x resource arrays,
+/// `counted += elapsed * (min(used, share) + discount * max(used - share, 0))` (formula 7's
+/// counted allocation, `fairness.counted_allocation`) and `raw += elapsed * used`, the same
+/// float operations in the same order as the numpy.
+#[pyfunction]
+fn accumulate_usage(
+    used: PyReadonlyArray2<'_, f64>,
+    share: PyReadonlyArray2<'_, f64>,
+    discount: f64,
+    elapsed: f64,
+    mut counted: PyReadwriteArray2<'_, f64>,
+    mut raw: PyReadwriteArray2<'_, f64>,
+) -> PyResult<()> {
+    let (used, share) = (used.as_array(), share.as_array());
+    let (mut counted, mut raw) = (counted.as_array_mut(), raw.as_array_mut());
+    if used.dim() != share.dim() || used.dim() != counted.dim() || used.dim() != raw.dim() {
+        return Err(pyo3::exceptions::PyValueError::new_err("accumulate_usage: arrays of different shapes"));
+    }
+    for ((index, &a), &s) in used.indexed_iter().zip(share.iter()) {
+        counted[index] += elapsed * (f64::min(a, s) + discount * f64::max(a - s, 0.0));
+        raw[index] += elapsed * a;
+    }
+    Ok(())
+}
 
 /// `Engine._candidates`' scan: of `shapes` (rows of `shape_demands`), those whose demand fits
 /// the free room `capacity - used + eps` of some row in `rows`, in the order given.
@@ -741,7 +776,8 @@ fn share_of_row(row: &[f64], capacity: &[f64], resource: Option<usize>) -> f64 {
 
 /// `MetricsRecorder._state` and `soft_fairness` in one: per tenant row (the first `n`), g, d
 /// and the counted allocation's share (formula 7) in the metric `resource`; and formula 12's
-/// soft fairness degree over the tenants with something pending (every row).
+/// soft fairness degree over the tenants with something pending (every row); and what runs, per
+/// resource, summed over every row in row order (`allocation.sum(axis=0)`, the busy-time integral's).
 #[pyfunction]
 #[pyo3(signature = (n, allocation, share, pending, capacity, fractions, discount, resource))]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
@@ -755,8 +791,14 @@ fn metric_state<'py>(
     fractions: PyReadonlyArray1<'py, f64>,
     discount: f64,
     resource: Option<usize>,
-) -> (Bound<'py, numpy::PyArray1<f64>>, Bound<'py, numpy::PyArray1<f64>>, Bound<'py, numpy::PyArray1<f64>>, f64) {
+) -> (Bound<'py, numpy::PyArray1<f64>>, Bound<'py, numpy::PyArray1<f64>>, Bound<'py, numpy::PyArray1<f64>>, f64, Bound<'py, numpy::PyArray1<f64>>) {
     let (allocation, share, pending) = (allocation.as_array(), share.as_array(), pending.as_array());
+    let mut running = vec![0.0; allocation.ncols()];
+    for row in allocation.rows() {
+        for (total, used) in running.iter_mut().zip(row) {
+            *total += used;
+        }
+    }
     let capacity = capacity.as_array().to_vec();
     let fractions = fractions.as_array();
     let nres = capacity.len();
@@ -799,5 +841,6 @@ fn metric_state<'py>(
         numpy::PyArray1::from_vec(py, d),
         numpy::PyArray1::from_vec(py, counted),
         degree,
+        numpy::PyArray1::from_vec(py, running),
     )
 }

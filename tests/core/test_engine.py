@@ -295,6 +295,28 @@ def test_a_snapshot_field_made_on_first_read_shows_the_pass_and_refuses_a_read_a
     assert read_late.allocation.tolist() == read_now.allocation.tolist()  # what it was given stays readable
 
 
+def test_the_engine_s_snapshot_is_the_one_the_dataclass_makes_field_for_field_and_as_read_only():
+    """``Snapshot.of`` (the engine's fast constructor) gives what ``Snapshot(...)`` gives: every
+    field, the defaults of those not given, arrays locked, ``Later`` fields made on first read."""
+    import dataclasses
+
+    from fairstream.core.snapshot import Later, Snapshot
+
+    e = engine(tree("A", "B"), "ltrf", resources=("mem",))
+    e.step(0.0, [node("n0", mem=4), submit("a1", "A", mem=2), submit("a2", "A", mem=2), submit("b1", "B", mem=4)])
+    made = e.snapshot()
+    given = {f.name: made.__dict__[f.name] if f.name in made.__dict__ else Later(lambda name=f.name: getattr(made, name).copy())
+             for f in dataclasses.fields(Snapshot)
+             if f.name not in ("candidates", "grown_rows", "fresh_shapes", "grown_demands")}  # (defaults)
+    fast, slow = Snapshot.of(**given), Snapshot(**given)
+    assert fast.__dict__.keys() == slow.__dict__.keys()
+    assert all(fast.__dict__[k] is slow.__dict__[k] for k in fast.__dict__ if k != "_later")
+    assert fast.accumulated.tolist() == slow.accumulated.tolist() == made.accumulated.tolist()
+    assert (fast.candidates, fast.fresh_shapes, fast.starved_since) == (None, frozenset(), {})
+    with pytest.raises(ValueError):
+        fast.free[0, 0] = 1.0  # read-only, as the dataclass's
+
+
 @pytest.mark.parametrize("held, placed, refused", [
     pytest.param(3.0, 1.0, False, id="a task that fills the node's last room is accepted"),
     pytest.param(3.0, 1.5, True, id="a task larger than the room left is refused"),

@@ -5,17 +5,19 @@ metric the same to the last bit.
 The Python is the reference. The compiled pass runs the passes of ``drf``, ``fair`` and
 ``ltrf`` that use none of what only Python handles (``placement._serve_compiled``) and gives
 up on a task with constraints; the compiled scans (the engine's candidate shapes and reserved
-node, the simulator's per-step metrics) run under every policy. The scenarios here are mostly
+node, the accounting's usage integral, the simulator's per-step metrics) run under every policy. The scenarios here are mostly
 passes the compiled pass makes, with some of the rest mixed in: constraints, nested tenants,
 requests, a lost node, reservations and backfill."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fairstream.core import native
+from fairstream.core.fairness import counted_allocation
 from fairstream.policies import get as get_policy
 from fairstream.sim.scenario import parse_scenario
 from fairstream.sim.simulator import Simulator
@@ -132,3 +134,37 @@ def test_the_compiled_pass_gives_up_on_a_task_with_constraints_and_python_decide
     assert compiled == decisions_of(document, "drf", {}, compiled=False)
     assert {(d.task, d.node) for d in compiled if d.kind.value == "place"} == {("a1", "n1"), ("b1", "n0")}
     assert counted.gave_up >= 1
+
+
+finite = st.floats(0.0, 1e6, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def usage_arrays(draw):
+    """Tenant x resource arrays of what runs, the shares and the two usage integrals so far."""
+    rows, resources = draw(st.integers(1, 7)), draw(st.integers(1, 3))
+    def matrix():
+        return np.array(draw(st.lists(finite, min_size=rows * resources, max_size=rows * resources))).reshape(rows, resources)
+    return matrix(), matrix(), matrix(), matrix()
+
+
+@settings(max_examples=100, deadline=None)
+@given(arrays=usage_arrays(), discount=st.floats(0.0, 1.0), elapsed=st.floats(1e-6, 1e5))
+def test_the_compiled_usage_integral_adds_what_the_numpy_adds_to_the_last_bit(arrays, discount, elapsed):
+    # Accounting.advance without decay: counted += elapsed * counted allocation (formula 7), raw += elapsed * used.
+    used, share, counted, raw = arrays
+    expected_counted = counted + elapsed * counted_allocation(used, share, discount)
+    expected_raw = raw + elapsed * used
+    native.module.accumulate_usage(used, share, discount, elapsed, counted, raw)
+    assert (counted.tolist(), raw.tolist()) == (expected_counted.tolist(), expected_raw.tolist())
+
+
+@settings(max_examples=100, deadline=None)
+@given(arrays=usage_arrays())
+def test_the_compiled_metric_state_sums_what_runs_as_numpy_does(arrays):
+    # The busy-time integral's running total: allocation.sum(axis=0), rows added in order.
+    allocation, share, pending, _ = arrays
+    capacity = np.full(allocation.shape[1], 1e7)
+    fractions = np.full(allocation.shape[0], 1.0 / allocation.shape[0])
+    *_, running = native.module.metric_state(len(allocation), allocation, share, pending, capacity, fractions, 1.0, None)
+    assert running.tolist() == allocation.sum(axis=0).tolist()

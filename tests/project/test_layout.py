@@ -45,7 +45,7 @@ MAY_IMPORT = {
     "fairstream/core": ("fairstream._native",),
     "policies": ("fairstream.core",),
     "fairstream/wire": ("fairstream.core.model", "fairstream.core.tenants", "fairstream.schemas"),
-    "fairstream/sim": ("fairstream.core", "fairstream.policies", "fairstream.schemas"),
+    "fairstream/sim": ("fairstream.core", "fairstream.policies", "fairstream.schemas", "fairstream.wire.jsoncodec"),
     "state": ("fairstream.core", "fairstream.policies", "fairstream.wire"),
     "streams": ("fairstream.core", "fairstream.policies", "fairstream.wire", "fairstream.state",
                 "fairstream.sim.scenario"),
