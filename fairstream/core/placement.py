@@ -380,12 +380,12 @@ def serve_in_order(snapshot: Snapshot, policy: str, service: Service, cycle: Cyc
     key, reason, charge, admit = service.key, service.reason, service.charge, service.admit
     key_reads_queue, code, flat_key = service.key_reads_queue, service.code, service.flat_key
     cycle = cycle or Cycle(snapshot, policy)
+    if (flat_key is not None and flat_key.compiled and native.enabled() and admit is None and not key_reads_queue
+            and _serve_compiled(cycle, flat_key, reason, initial_shares, only, code)):
+        return cycle.decisions
     if only is None and snapshot.candidates is not None:
         only = [tenant for tenant in snapshot.pending if tenant in snapshot.candidates]
     if flat_key is not None:
-        if (flat_key.compiled and native.enabled() and admit is None and not key_reads_queue
-                and _serve_compiled(cycle, flat_key, reason, initial_shares, only, code)):
-            return cycle.decisions
         if initial_shares is None:
             initial_shares = flat_key.initial_shares(snapshot)
     heap = []
@@ -454,7 +454,7 @@ def _serve_compiled(cycle: Cycle, flat_key: FlatKey, reason: ReasonFn, initial_s
         return None if array is None else np.asarray(array, dtype=np.float64)
 
     result = native.module.serve_flat(
-        snap.pending, TaskState.PENDING, EPSILON, list(snap.pending) if only is None else only, snap.rows,
+        snap.pending, TaskState.PENDING, EPSILON, only, snap.candidates, snap.rows,
         floats(cycle.free), floats(snap.capacity),
         floats(flat_key.vectors), floats(flat_key.charge), floats(flat_key.extra), floats(snap.share_fraction),
         floats(snap.arrival), floats(initial_shares), flat_key.resource,

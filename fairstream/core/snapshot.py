@@ -286,7 +286,7 @@ class Snapshot:
                 later[name] = value.make
                 object.__delattr__(self, name)  # ``__getattr__`` makes it when first read
             elif value is not None:
-                value.flags.writeable = False
+                value.setflags(write=False)  # (half the cost of ``flags.writeable = False``)
         object.__setattr__(self, "_later", later)
 
     @classmethod

@@ -198,19 +198,24 @@ class MetricsRecorder:
         dt = now - self.clock
         if dt > 0:
             g, d, entitled, counted = state
-            self._integrals[0] += dt * g
-            self._integrals[1] += dt * np.minimum(d, entitled)
-            self._integrals[2] += dt * counted
-            # What runs, summed over tenants rather than over nodes: the same total, and the
-            # cluster has far more nodes than tenants.
-            running = self._running if self._running is not None else self.engine.accounting.allocation.sum(axis=0)
-            self.busy_integral += dt * running
+            capacity = self.engine.accounting.capacity
+            if self._running is not None:  # the compiled state: the integrals in one compiled call, the same
+                native.module.integrate_metrics(self._integrals, g, d, entitled, counted, float(dt), self.busy_integral,
+                                                self._running, self.capacity_integral,
+                                                np.asarray(capacity, dtype=np.float64))
+            else:
+                self._integrals[0] += dt * g
+                self._integrals[1] += dt * np.minimum(d, entitled)
+                self._integrals[2] += dt * counted
+                # What runs, summed over tenants rather than over nodes: the same total, and the
+                # cluster has far more nodes than tenants.
+                self.busy_integral += dt * self.engine.accounting.allocation.sum(axis=0)
+                self.capacity_integral += dt * capacity
             if degree is None:
                 degree = self.soft_fairness()
             self.soft_fairness_integral += dt * degree
             self.soft_fairness_time += dt
             self.soft_fairness_max = max(self.soft_fairness_max, degree)
-            self.capacity_integral += dt * self.engine.accounting.capacity
         self.clock = now
 
     def _sample(self, at: float, state, soft_fairness: float) -> None:

@@ -19,7 +19,7 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, HashSet};
 
-use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2};
+use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1, PyReadwriteArray2};
 use pyo3::exceptions::PyKeyError;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -548,12 +548,16 @@ impl<'py> Pass<'py> {
 fn rows_of(array: &PyReadonlyArray2<f64>) -> PyResult<(usize, usize, Vec<f64>)> {
     let view = array.as_array();
     let (n, r) = view.dim();
-    Ok((n, r, view.iter().copied().collect()))
+    match view.as_slice() {
+        Some(contiguous) => Ok((n, r, contiguous.to_vec())), // (one copy: the usual C-ordered array)
+        None => Ok((n, r, view.iter().copied().collect())),
+    }
 }
 
 /// One pass of a flat fair policy (see the module's doc). Arguments, as `serve_in_order`
 /// reads them: `pending` (tenant -> PendingQueue), `served` (the tenants the pass serves, in
-/// the snapshot's order; with `reserving`, the waiting tenants not among them are looked at
+/// the snapshot's order; None: those of `pending` in `candidates`, a set, or all if that is
+/// None too; with `reserving`, the waiting tenants not among them are looked at
 /// for the first blocked entry), `rows` (tenant -> row), `free` (node x resource), `vectors` (row x resource: what the
 /// key measures), `charge` (per row, or None: a placement adds the demand), `extra` (per row,
 /// added to the share, or None), `initial` (per row: the keys' first shares; None: made from
@@ -564,7 +568,7 @@ fn rows_of(array: &PyReadonlyArray2<f64>) -> PyResult<(usize, usize, Vec<f64>)> 
 /// of the key it was served with, tasks of the entry taken before it in this pass)` in order,
 /// blocked `(tenant, entry)` or None. Tenant names are the caller's string objects.
 #[pyfunction]
-#[pyo3(signature = (pending, pending_state, eps, served, rows, free, capacity, vectors, charge, extra,
+#[pyo3(signature = (pending, pending_state, eps, served, candidates, rows, free, capacity, vectors, charge, extra,
                     fraction, arrival, initial, resource, grown, fresh, grown_demands, reservation, reserving))]
 #[allow(clippy::too_many_arguments)]
 fn serve_flat<'py>(
@@ -572,7 +576,8 @@ fn serve_flat<'py>(
     pending: &Bound<'py, PyDict>,
     pending_state: &Bound<'py, PyAny>,
     eps: f64,
-    served: Vec<Bound<'py, PyString>>,
+    served: Option<Vec<Bound<'py, PyString>>>,
+    candidates: Option<Bound<'py, PyAny>>,
     rows: &Bound<'py, PyDict>,
     free: PyReadonlyArray2<'py, f64>,
     capacity: PyReadonlyArray1<'py, f64>,
@@ -633,6 +638,19 @@ fn serve_flat<'py>(
             pass.room_rows = Some(watched);
         }
     }
+    let served: Vec<Bound<'py, PyString>> = match served {
+        Some(served) => served,
+        None => {
+            // `serve_in_order`'s default: the waiting tenants, in order, that are candidates (all without)
+            let mut chosen = Vec::new();
+            for name in pending.keys().iter() {
+                if candidates.as_ref().map_or(Ok(true), |set| set.contains(&name))? {
+                    chosen.push(name.cast_into::<PyString>().map_err(PyErr::from)?);
+                }
+            }
+            chosen
+        }
+    };
     let served: Vec<usize> = served.into_iter().map(|name| pass.add_tenant(name)).collect::<PyResult<_>>()?;
     let initial: Vec<f64> = match initial {
         Some(initial) => initial.as_array().to_vec(),
@@ -661,6 +679,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(least_lacking_node, m)?)?;
     m.add_function(wrap_pyfunction!(metric_state, m)?)?;
     m.add_function(wrap_pyfunction!(accumulate_usage, m)?)?;
+    m.add_function(wrap_pyfunction!(integrate_metrics, m)?)?;
     Ok(())
 }
 
@@ -688,6 +707,52 @@ fn accumulate_usage(
     for ((index, &a), &s) in used.indexed_iter().zip(share.iter()) {
         counted[index] += elapsed * (f64::min(a, s) + discount * f64::max(a - s, 0.0));
         raw[index] += elapsed * a;
+    }
+    Ok(())
+}
+
+/// `MetricsRecorder.advance`'s integrals over an interval `dt` of constant state, in place, the
+/// same float operations as its numpy: per tenant row `integrals[0] += dt * g`,
+/// `integrals[1] += dt * minimum(d, entitled)` (numpy's minimum: the first unless the second is
+/// smaller), `integrals[2] += dt * counted`; per resource `busy += dt * running` and
+/// `capacity_integral += dt * capacity`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn integrate_metrics(
+    mut integrals: PyReadwriteArray2<'_, f64>,
+    g: PyReadonlyArray1<'_, f64>,
+    d: PyReadonlyArray1<'_, f64>,
+    entitled: PyReadonlyArray1<'_, f64>,
+    counted: PyReadonlyArray1<'_, f64>,
+    dt: f64,
+    mut busy: PyReadwriteArray1<'_, f64>,
+    running: PyReadonlyArray1<'_, f64>,
+    mut capacity_integral: PyReadwriteArray1<'_, f64>,
+    capacity: PyReadonlyArray1<'_, f64>,
+) -> PyResult<()> {
+    let (g, d, entitled, counted) = (g.as_array(), d.as_array(), entitled.as_array(), counted.as_array());
+    let mut integrals = integrals.as_array_mut();
+    let n = g.len();
+    if integrals.nrows() != 3 || integrals.ncols() != n || d.len() != n || entitled.len() != n || counted.len() != n {
+        return Err(pyo3::exceptions::PyValueError::new_err("integrate_metrics: arrays of different lengths"));
+    }
+    for i in 0..n {
+        let (want, owed) = (d[i], entitled[i]);
+        let least = if want <= owed || want.is_nan() { want } else { owed };
+        integrals[[0, i]] += dt * g[i];
+        integrals[[1, i]] += dt * least;
+        integrals[[2, i]] += dt * counted[i];
+    }
+    let (mut busy, running) = (busy.as_array_mut(), running.as_array());
+    let (mut capacity_integral, capacity) = (capacity_integral.as_array_mut(), capacity.as_array());
+    if busy.len() != running.len() || capacity_integral.len() != capacity.len() {
+        return Err(pyo3::exceptions::PyValueError::new_err("integrate_metrics: arrays of different lengths"));
+    }
+    for (total, used) in busy.iter_mut().zip(running.iter()) {
+        *total += dt * used;
+    }
+    for (total, room) in capacity_integral.iter_mut().zip(capacity.iter()) {
+        *total += dt * room;
     }
     Ok(())
 }

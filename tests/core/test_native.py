@@ -168,3 +168,20 @@ def test_the_compiled_metric_state_sums_what_runs_as_numpy_does(arrays):
     fractions = np.full(allocation.shape[0], 1.0 / allocation.shape[0])
     *_, running = native.module.metric_state(len(allocation), allocation, share, pending, capacity, fractions, 1.0, None)
     assert running.tolist() == allocation.sum(axis=0).tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(arrays=usage_arrays(), dt=st.floats(1e-6, 1e5))
+def test_the_compiled_metric_integrals_add_what_the_numpy_adds_to_the_last_bit(arrays, dt):
+    # MetricsRecorder.advance over an interval of constant state: per tenant g, min(d, S) and
+    # counted g'; per resource what runs and the capacity.
+    state, sums, caps, _ = arrays
+    g, d, entitled = state[:, 0], sums[:, 0], caps[:, 0]
+    counted = state[:, -1]
+    integrals, busy, capacity_integral = np.stack([d, g, entitled]), sums[0].copy(), caps[0].copy()
+    running, capacity = state[0].copy(), sums[-1].copy()
+    expected = (integrals + dt * np.stack([g, np.minimum(d, entitled), counted]), busy + dt * running,
+                capacity_integral + dt * capacity)
+    native.module.integrate_metrics(integrals, g.copy(), d.copy(), entitled.copy(), counted.copy(), dt, busy, running,
+                                    capacity_integral, capacity)
+    assert [a.tolist() for a in (integrals, busy, capacity_integral)] == [a.tolist() for a in expected]
