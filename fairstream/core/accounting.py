@@ -358,17 +358,17 @@ class Accounting:
             if math.isinf(self.config.half_life) and native.enabled():  # the same, in one compiled call
                 native.module.accumulate_usage(used, self.share, float(self.config.discount), float(elapsed),
                                                self.counted_usage, self.raw_usage)
-            elif math.isinf(self.config.half_life):
-                counted = counted_allocation(used, self.share, self.config.discount)
-                self.counted_usage += elapsed * counted
-                self.raw_usage += elapsed * used
             else:
                 counted = counted_allocation(used, self.share, self.config.discount)
-                kept, gained = decay(elapsed, self.config.half_life)
-                self.counted_usage *= kept
-                self.counted_usage += gained * counted
-                self.raw_usage *= kept
-                self.raw_usage += gained * used
+                if math.isinf(self.config.half_life):
+                    self.counted_usage += elapsed * counted
+                    self.raw_usage += elapsed * used
+                else:
+                    kept, gained = decay(elapsed, self.config.half_life)
+                    self.counted_usage *= kept
+                    self.counted_usage += gained * counted
+                    self.raw_usage *= kept
+                    self.raw_usage += gained * used
         self.clock = now
 
     def used_rows(self, rows: list[int] | None) -> np.ndarray:

@@ -64,7 +64,6 @@ class MetricsRecorder:
         # Per tenant row: int g, int min(d, S), int g' (grown as tenants arrive).
         self._integrals = np.zeros((3, 0))
         self._entitled_shares: tuple | None = None  # (tree's share table, tenants) -> S per row
-        self._running: np.ndarray | None = None  # what runs per resource, summed over tenants, with the state
         self.series: dict[str, TenantSeries] = {}
         self.cluster = {"time": [], "psi": [], "omega": [], "soft_fairness": [], **{f"util_{r}": [] for r in names}}
         self.soft_fairness_integral = 0.0
@@ -142,9 +141,10 @@ class MetricsRecorder:
     def integral_counted(self) -> dict[str, float]:
         return self._by_name(2)
 
-    def _state(self) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], float | None]:
+    def _state(self) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], float | None, np.ndarray | None]:
         """Per tenant row: g, d, S and counted g', in metric units; and the soft fairness degree
-        (``soft_fairness``) when it came with them (the compiled ``native.metric_state``), else None."""
+        (``soft_fairness``) and what runs per resource summed over tenants when they came with
+        them (the compiled ``native.metric_state``), else None and None."""
         acc = self.engine.accounting
         cap = acc.capacity
         n = len(acc.ledgers)
@@ -154,16 +154,15 @@ class MetricsRecorder:
             self._entitled_shares = (table, shares)
         entitled = self._entitled_shares[1]
         if n and native.enabled():
-            g, d, counted, degree, self._running = native.module.metric_state(
+            g, d, counted, degree, running = native.module.metric_state(
                 n, acc.allocation, acc.share, acc.pending_demand, np.asarray(cap, dtype=np.float64), acc.fractions,
                 float(acc.config.discount), self.resource)
-            return (g, d, entitled, counted), degree
-        self._running = None
+            return (g, d, entitled, counted), degree, running
         allocation = acc.allocation[:n]
         counted = counted_allocation(allocation, acc.share[:n], acc.config.discount) if n else allocation
         g = resource_shares(allocation, cap, self.resource)
         d = resource_shares(allocation + acc.pending_demand[:n], cap, self.resource)
-        return (g, d, entitled, resource_shares(counted, cap, self.resource)), None
+        return (g, d, entitled, resource_shares(counted, cap, self.resource)), None, None
 
     def soft_fairness(self) -> float:
         """Formula 12's degree now, over the active tenants (QKnobler's C1: those with pending
@@ -182,7 +181,7 @@ class MetricsRecorder:
         if self.clock is None:
             self.clock = now
             self.next_sample = now
-        state, degree = self._state()
+        state, degree, running = self._state()
         self._watch_fair_share(self.clock, state[0], state[1])  # the state as of the last step
         n = len(state[0])
         if self._integrals.shape[1] < n:
@@ -199,9 +198,9 @@ class MetricsRecorder:
         if dt > 0:
             g, d, entitled, counted = state
             capacity = self.engine.accounting.capacity
-            if self._running is not None:  # the compiled state: the integrals in one compiled call, the same
+            if running is not None:  # the compiled state: the integrals in one compiled call, the same
                 native.module.integrate_metrics(self._integrals, g, d, entitled, counted, float(dt), self.busy_integral,
-                                                self._running, self.capacity_integral,
+                                                running, self.capacity_integral,
                                                 np.asarray(capacity, dtype=np.float64))
             else:
                 self._integrals[0] += dt * g

@@ -496,44 +496,26 @@ impl<'py> Pass<'py> {
             }
         }
         // The waiting tenants not served, found only now: the quick check above usually ends it.
-        // Served names are matched as borrowed UTF-8 (no copies); a left-out tenant's key is
-        // made only if it could come before the blocked key, so the check costs a row lookup
-        // and a float per tenant.
+        // Served names are matched as borrowed UTF-8 (no copies), and only the left-out
+        // tenants whose key comes before the blocked key are kept.
         let served: HashSet<&str> = self.tenants.iter().map(|tenant| tenant.name.to_str()).collect::<PyResult<_>>()?;
-        let mut keyed: Vec<(Key, usize)> = Vec::new();
-        let mut rest: Vec<(Bound<'py, PyString>, usize)> = Vec::new();
+        let mut before: Vec<(Key, usize)> = Vec::new(); // (key, row)
         for name in self.pending.keys().iter() {
             let name = name.cast_into::<PyString>().map_err(PyErr::from)?;
             if served.contains(name.to_str()?) {
                 continue;
             }
             let row: usize = self.rows.get_item(&name)?.ok_or_else(|| PyKeyError::new_err(name.clone().unbind()))?.extract()?;
-            if let Some(key) = &blocked_key {
-                if initial[row] > key.share {
-                    continue; // after the blocked key, whatever its arrival and name
-                }
+            let key = Key { share: initial[row], arrival: self.arrival[row], name };
+            if blocked_key.as_ref().is_none_or(|bk| key < *bk) {
+                before.push((key, row));
             }
-            rest.push((name, row));
         }
-        drop(served);
-        for (name, row) in rest {
-            let key = Key { share: initial[row], arrival: self.arrival[row], name: name.clone() };
-            if blocked_key.as_ref().is_some_and(|bk| key >= *bk) {
-                continue;
-            }
-            self.tenants.push(Tenant { name, row, groups: None, heads: None, failed: HashSet::new() });
-            keyed.push((key, self.tenants.len() - 1));
-        }
-        if keyed.is_empty() {
-            return Ok(());
-        }
-        keyed.sort_by(|a, b| a.0.cmp(&b.0));
-        for (key, t) in keyed {
-            if let Some(bk) = &blocked_key {
-                if key >= *bk {
-                    return Ok(());
-                }
-            }
+        drop(served); // (it borrows the tenants, to which the kept ones are added now)
+        before.sort_by(|a, b| a.0.cmp(&b.0));
+        for (key, row) in before {
+            self.tenants.push(Tenant { name: key.name, row, groups: None, heads: None, failed: HashSet::new() });
+            let t = self.tenants.len() - 1;
             if let Some(entry) = self.first_entry(t)? {
                 if !self.kept_off_reserved_room(entry.shape) {
                     self.blocked = Some((t, entry.task));
@@ -705,7 +687,7 @@ fn accumulate_usage(
         return Err(pyo3::exceptions::PyValueError::new_err("accumulate_usage: arrays of different shapes"));
     }
     for ((index, &a), &s) in used.indexed_iter().zip(share.iter()) {
-        counted[index] += elapsed * (f64::min(a, s) + discount * f64::max(a - s, 0.0));
+        counted[index] += elapsed * counted_of(a, s, discount);
         raw[index] += elapsed * a;
     }
     Ok(())
@@ -813,6 +795,12 @@ fn least_lacking_node(
     best.map(|(_, row)| row)
 }
 
+/// Formula 7's counted allocation of one resource, `fairness.counted_allocation`:
+/// `min(used, share) + discount * max(used - share, 0)`.
+fn counted_of(used: f64, share: f64, discount: f64) -> f64 {
+    f64::min(used, share) + discount * f64::max(used - share, 0.0)
+}
+
 /// `fairness.resource_share` of one row: one resource's share (`resource`), or the dominant
 /// share (`dominant_share`: the largest used / total over resources with capacity; 0 if none).
 fn share_of_row(row: &[f64], capacity: &[f64], resource: Option<usize>) -> f64 {
@@ -873,8 +861,7 @@ fn metric_state<'py>(
         let used: Vec<f64> = allocation.row(row).to_vec();
         for k in 0..nres {
             wanted[k] = used[k] + pending[[row, k]];
-            let (a, s) = (used[k], share[[row, k]]);
-            kept[k] = f64::min(a, s) + discount * f64::max(a - s, 0.0);
+            kept[k] = counted_of(used[k], share[[row, k]], discount);
         }
         g.push(share_of_row(&used, &capacity, resource));
         d.push(share_of_row(&wanted, &capacity, resource));
