@@ -35,7 +35,7 @@ import numpy as np
 
 from fairstream.core import native
 from fairstream.core.fairness import counted_allocation, resource_shares
-from fairstream.core.model import ROOT
+from fairstream.core.model import ROOT, subtract_floored
 from fairstream.core.tenants import TenantTree
 
 
@@ -116,7 +116,7 @@ class QuantumTree:
         return self.quantum.get(leaf, self.quantum[ROOT]) if self.adaptive else self.initial
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Running:
     start: float
     demand: np.ndarray
@@ -439,8 +439,7 @@ class Accounting:
     def on_finish(self, row: int, entry: "_Running", now: float, tree: TenantTree) -> None:
         ledger = self.ledgers[row]
         ledger.running -= 1
-        self.allocation[row] -= entry.demand
-        np.maximum(self.allocation[row], 0.0, out=self.allocation[row])  # float dust
+        subtract_floored(self.allocation[row], entry.values)  # (float dust cleared)
         self._release_weighted(row, entry)
         ledger.recent.retire(entry)
         self.quanta.record(tree, ledger.name, now - entry.start)
@@ -452,8 +451,7 @@ class Accounting:
         ledger = self.ledgers[row]
         demand = entry.demand
         ledger.running -= 1
-        self.allocation[row] -= demand
-        np.maximum(self.allocation[row], 0.0, out=self.allocation[row])
+        subtract_floored(self.allocation[row], entry.values)
         self._release_weighted(row, entry)
         ledger.recent.retire(entry)
         self._changed(row)
@@ -464,8 +462,7 @@ class Accounting:
 
     def _release_weighted(self, row: int, entry: "_Running") -> None:
         if self.weighted_allocation is not None:
-            self.weighted_allocation[row] -= entry.demand if entry.counted_values is None else entry.counted
-            np.maximum(self.weighted_allocation[row], 0.0, out=self.weighted_allocation[row])
+            subtract_floored(self.weighted_allocation[row], entry.counted)
 
     def on_cancel_pending(self, row: int, demand: np.ndarray) -> None:
         ledger = self.ledgers[row]

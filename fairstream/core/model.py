@@ -34,6 +34,16 @@ def event_time(time: float) -> float:
     return round(time, TIME_DECIMALS)
 
 
+def subtract_floored(vector: np.ndarray, amounts: Sequence[float]) -> None:
+    """``vector -= amounts`` and then ``np.maximum(vector, 0.0, out=vector)``, in place: a
+    task's demand leaving an allocation, with float dust below zero cleared. In plain floats,
+    with numpy's bits (a NaN stays NaN, -0.0 stays -0.0), at a third of the cost of the two
+    numpy calls on a vector of two or three."""
+    for k, amount in enumerate(amounts):
+        left = vector[k] - amount
+        vector[k] = left if left >= 0.0 or left != left else 0.0
+
+
 class ModelError(ValueError):
     """An input that does not fit the model: the message names the offending field."""
 
@@ -215,7 +225,7 @@ def request_task_id(request: str, index: int) -> str:
     return f"{request}-{index}"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Task:
     """A unit of work, or a *request*: ``count`` identical pending tasks (YARN's
     ResourceRequest, Kueue's PodSet count). ``duration`` is the true run time, known to the

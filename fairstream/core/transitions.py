@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from fairstream.core.admission import EventRejected, admit
 from fairstream.core.jobs import orders_jobs
 from fairstream.core.model import (
@@ -31,6 +29,7 @@ from fairstream.core.model import (
     TaskState,
     TaskSubmitted,
     TenantsChanged,
+    subtract_floored,
 )
 
 if TYPE_CHECKING:
@@ -111,9 +110,7 @@ def _complete(engine: Engine, event: TaskCompleted) -> Task:
         engine.jobs.left(task.tenant, task.job)
         return task
     node = engine.registry.row[task.node]
-    used = engine.used
-    used[node] -= task.demand
-    np.maximum(used[node], 0.0, out=used[node])
+    subtract_floored(engine.registry.storage_used[node], task.demand_values)
     _running_changed(engine, node, task, started=False)
     engine.changes.grown.add(node)
     engine.changes.touched.add(task.tenant)

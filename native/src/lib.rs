@@ -18,6 +18,7 @@
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1, PyReadwriteArray2};
 use pyo3::exceptions::PyKeyError;
@@ -61,6 +62,43 @@ impl Ord for Key<'_> {
     }
 }
 
+/// The hash of the pass's own maps, keyed by numbers the engine made (shape ids, tenant
+/// indices, node rows), never by what a client sent: rustc's multiply-rotate hash (Fx).
+/// SipHash, the default, was a tenth of a pass.
+#[derive(Default, Clone, Copy)]
+struct Fx(u64);
+
+impl Fx {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+impl Hasher for Fx {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(word));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.add(n)
+    }
+    fn write_i64(&mut self, n: i64) {
+        self.add(n as u64)
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64)
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<Fx>>;
+type FxSet<K> = HashSet<K, BuildHasherDefault<Fx>>;
+
 /// What the pass needs of one task shape (demand and constraints, interned by the engine).
 struct Shape {
     demand: Vec<f64>,
@@ -72,7 +110,6 @@ struct Tenant<'py> {
     row: usize,
     groups: Option<Bound<'py, PyDict>>, // `PendingQueue.groups`: shape -> TaskList (on first use)
     heads: Option<BinaryHeap<Reverse<(i64, i64)>>>, // (seq, shape), `Cycle._heads`
-    failed: HashSet<i64>,                          // `Cycle._failed_for`
 }
 
 struct Group<'py> {
@@ -104,16 +141,16 @@ struct Pass<'py> {
     fraction: Vec<f64>,
     arrival: Vec<f64>,
     tenants: Vec<Tenant<'py>>,
-    groups: HashMap<(usize, i64), Group<'py>>,
-    cursor: HashMap<(usize, i64), (usize, i64)>, // `Cycle._cursor`: (offset, within)
-    shapes: HashMap<i64, Shape>,
-    candidates: HashMap<i64, (Vec<usize>, usize)>, // `Cycle._candidates`
-    failed_shapes: HashSet<i64>,
+    groups: FxMap<(usize, i64), Group<'py>>,
+    cursor: FxMap<(usize, i64), (usize, i64)>, // `Cycle._cursor`: (offset, within)
+    shapes: FxMap<i64, Shape>,
+    candidates: FxMap<i64, (Vec<usize>, usize)>, // `Cycle._candidates`
+    failed_shapes: FxSet<i64>,
     too_large: Vec<Vec<f64>>,
     grown: Option<Vec<usize>>,
-    fresh: HashSet<i64>,
+    fresh: FxSet<i64>,
     grown_demands: Option<Vec<Vec<f64>>>,
-    room_rows: Option<HashSet<usize>>,
+    room_rows: Option<FxSet<usize>>,
     room_lost: Vec<usize>,
     reservation: Option<(usize, i64)>, // (node, shape)
     reserving: bool,
@@ -249,7 +286,7 @@ impl<'py> Pass<'py> {
     /// Adds the tenant named `name` (its row from `rows`); returns its index.
     fn add_tenant(&mut self, name: Bound<'py, PyString>) -> PyResult<usize> {
         let row: usize = self.rows.get_item(&name)?.ok_or_else(|| PyKeyError::new_err(name.clone().unbind()))?.extract()?;
-        self.tenants.push(Tenant { name, row, groups: None, heads: None, failed: HashSet::new() });
+        self.tenants.push(Tenant { name, row, groups: None, heads: None });
         Ok(self.tenants.len() - 1)
     }
 
@@ -266,6 +303,11 @@ impl<'py> Pass<'py> {
         if self.tenants[t].heads.is_none() {
             let mut heads = BinaryHeap::new();
             for shape in self.shape_keys(t)? {
+                // A shape that fitted no node earlier in the pass would be popped unread: its
+                // queue is not read (most of a pass's reads, when one node gained room).
+                if self.failed_shapes.contains(&shape) {
+                    continue;
+                }
                 if let Some(entry) = self.pending_at_start(t, shape)? {
                     heads.push(Reverse((entry.seq, shape)));
                 }
@@ -274,7 +316,7 @@ impl<'py> Pass<'py> {
         }
         loop {
             let Some(&Reverse((_, shape))) = self.tenants[t].heads.as_ref().unwrap().peek() else { return Ok(None) };
-            if self.failed_shapes.contains(&shape) || self.tenants[t].failed.contains(&shape) {
+            if self.failed_shapes.contains(&shape) {
                 self.tenants[t].heads.as_mut().unwrap().pop();
                 continue;
             }
@@ -514,7 +556,7 @@ impl<'py> Pass<'py> {
         drop(served); // (it borrows the tenants, to which the kept ones are added now)
         before.sort_by(|a, b| a.0.cmp(&b.0));
         for (key, row) in before {
-            self.tenants.push(Tenant { name: key.name, row, groups: None, heads: None, failed: HashSet::new() });
+            self.tenants.push(Tenant { name: key.name, row, groups: None, heads: None });
             let t = self.tenants.len() - 1;
             if let Some(entry) = self.first_entry(t)? {
                 if !self.kept_off_reserved_room(entry.shape) {
@@ -597,11 +639,11 @@ fn serve_flat<'py>(
         fraction: fraction.as_array().to_vec(),
         arrival: arrival.as_array().to_vec(),
         tenants: Vec::new(),
-        groups: HashMap::new(),
-        cursor: HashMap::new(),
-        shapes: HashMap::new(),
-        candidates: HashMap::new(),
-        failed_shapes: HashSet::new(),
+        groups: FxMap::default(),
+        cursor: FxMap::default(),
+        shapes: FxMap::default(),
+        candidates: FxMap::default(),
+        failed_shapes: FxSet::default(),
         too_large: Vec::new(),
         fresh: fresh.into_iter().collect(),
         room_rows: None,
@@ -616,7 +658,7 @@ fn serve_flat<'py>(
     // `Cycle.__init__`: in a pass over candidates with no new shape, the grown rows watched
     if pass.grown_demands.is_some() && pass.fresh.is_empty() {
         if let Some(grown) = &pass.grown {
-            let watched: HashSet<usize> = grown.iter().copied().filter(|&n| pass.room_for_any(n)).collect();
+            let watched: FxSet<usize> = grown.iter().copied().filter(|&n| pass.room_for_any(n)).collect();
             pass.room_rows = Some(watched);
         }
     }
@@ -856,10 +898,11 @@ fn metric_state<'py>(
     let fractions = fractions.as_array();
     let nres = capacity.len();
     let (mut g, mut d, mut counted) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
-    let (mut wanted, mut kept) = (vec![0.0; nres], vec![0.0; nres]);
+    // (one buffer per quantity for every row: a row's own vectors cost a fifth of the call)
+    let (mut used, mut wanted, mut kept) = (vec![0.0; nres], vec![0.0; nres], vec![0.0; nres]);
     for row in 0..n {
-        let used: Vec<f64> = allocation.row(row).to_vec();
         for k in 0..nres {
+            used[k] = allocation[[row, k]];
             wanted[k] = used[k] + pending[[row, k]];
             kept[k] = counted_of(used[k], share[[row, k]], discount);
         }
@@ -870,21 +913,24 @@ fn metric_state<'py>(
     // soft fairness: active rows are those whose pending demand sums above 0
     let mut degree = 0.0;
     if n >= 2 {
-        let mut weighted: Vec<f64> = Vec::new();
+        let (mut most, mut least, mut weighted) = (f64::NEG_INFINITY, f64::INFINITY, 0);
         let mut active = 0;
         for row in 0..pending.nrows() {
             let wants: f64 = pending.row(row).iter().fold(0.0, |sum, x| sum + x);
             if wants > 0.0 {
                 active += 1;
                 if fractions[row] > 0.0 {
-                    let used: Vec<f64> = allocation.row(row).to_vec();
-                    weighted.push(share_of_row(&used, &capacity, None) / fractions[row]);
+                    for k in 0..nres {
+                        used[k] = allocation[[row, k]];
+                    }
+                    let share = share_of_row(&used, &capacity, None) / fractions[row];
+                    most = f64::max(most, share);
+                    least = f64::min(least, share);
+                    weighted += 1;
                 }
             }
         }
-        if active >= 2 && weighted.len() >= 2 {
-            let most = weighted.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let least = weighted.iter().copied().fold(f64::INFINITY, f64::min);
+        if active >= 2 && weighted >= 2 {
             degree = most - least;
         }
     }

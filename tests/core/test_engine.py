@@ -4,12 +4,16 @@ and min/max shares."""
 import dataclasses
 from collections import Counter
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from builders import engine, node, submit, tree
 from fairstream.core.accounting import AccountingConfig
 from fairstream.core.engine import PolicyViolation
-from fairstream.core.model import Decision, DecisionKind, ModelError, NodeLost, ReasonCode, TaskCompleted, TenantSpec
+from fairstream.core.model import (Decision, DecisionKind, ModelError, NodeLost, ReasonCode, TaskCompleted, TenantSpec,
+                                   subtract_floored)
 
 UNIT = {"quantum": 1, "quantum_mode": "fixed"}
 
@@ -338,3 +342,26 @@ def test_the_engine_refuses_a_policy_that_over_commits_a_node(held, placed, refu
             e.step(1, [submit("big", "A", 1, mem=placed)])
     else:
         assert [d.task for d in e.step(1, [submit("big", "A", 1, mem=placed)]).decisions] == ["big"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.floats(allow_infinity=True), st.floats(allow_infinity=True)), min_size=1, max_size=3))
+def test_a_demand_leaving_an_allocation_is_numpys_subtract_and_floor_to_the_bit(pairs):
+    # ``subtract_floored`` replaces ``v -= d; np.maximum(v, 0.0, out=v)`` where a task's demand
+    # leaves a node or a tenant: plain floats, the same bits (NaN stays, -0.0 stays).
+    held, demand = [float(h) for h, _ in pairs], [float(d) for _, d in pairs]
+    ours, numpys = np.array(held), np.array(held)
+    with np.errstate(invalid="ignore"):
+        subtract_floored(ours, demand)
+        numpys -= np.array(demand)
+        np.maximum(numpys, 0.0, out=numpys)
+    assert ours.tobytes() == numpys.tobytes()
+
+
+def test_float_dust_below_zero_is_cleared_and_negative_zero_kept():
+    held = np.array([0.3, 1.0, 0.0])
+    subtract_floored(held, (0.1 + 0.2, 1.0, 0.0))  # 0.3 - 0.30000000000000004 is -5.6e-17
+    assert held.tobytes() == np.array([0.0, 0.0, 0.0]).tobytes()
+    negative_zero = np.array([-0.0])
+    subtract_floored(negative_zero, (0.0,))
+    assert np.signbit(negative_zero[0])  # as np.maximum(-0.0, 0.0) leaves it
