@@ -35,7 +35,7 @@ import numpy as np
 
 from fairstream.core import native
 from fairstream.core.fairness import counted_allocation, resource_shares
-from fairstream.core.model import ROOT, subtract_floored
+from fairstream.core.model import ROOT, add_values, subtract_floored
 from fairstream.core.tenants import TenantTree
 
 
@@ -159,19 +159,23 @@ class RecentTasks:
 
     def _add(self, entry: _Running) -> None:
         entry.recent = True
-        start = self._effective(entry)
-        demand, weighted = self.demand, self.weighted
-        for k, value in enumerate(entry.counted):
-            demand[k] += value
-            weighted[k] += value * start
+        self._count(entry, 1.0)
 
     def _remove(self, entry: _Running) -> None:
         entry.recent = False
-        start = self._effective(entry)
+        self._count(entry, -1.0)
+
+    def _count(self, entry: _Running, sign: float) -> None:
+        """Add (``sign`` 1.0) or take away (-1.0, exact: the same bits as subtracting) the
+        entry's ``d`` and ``d * effective_start``. ``_effective`` and ``counted`` are written
+        out: this runs for every start and every task that reaches its quantum."""
+        round_start = self.round_start
+        start = entry.start if entry.start > round_start else round_start  # (max(round_start, start))
+        values = entry.values if entry.counted_values is None else entry.counted_values
         demand, weighted = self.demand, self.weighted
-        for k, value in enumerate(entry.counted):
-            demand[k] -= value
-            weighted[k] -= value * start
+        for k, value in enumerate(values):
+            demand[k] += sign * value
+            weighted[k] += sign * (value * start)
 
     def append(self, entry: _Running) -> None:
         self.entries.append(entry)
@@ -396,7 +400,10 @@ class Accounting:
         if ledger.pending == 0:
             ledger.waiting_since = now
         ledger.pending += count
-        self.pending_demand[row] += demand * count if count != 1 else demand
+        if count == 1:
+            add_values(self.pending_demand[row], demand.tolist())
+        else:
+            self.pending_demand[row] += demand * count
 
     def _arrive(self, row: int, now: float) -> None:
         """A tenant becomes active. On its first activity of the round it gets its PAR (16)."""
@@ -422,7 +429,8 @@ class Accounting:
         ledger.pending -= 1
         ledger.running += 1
         ledger.waiting_since = now if ledger.pending > 0 else None
-        self.pending_demand[row] -= demand
+        values = tuple(demand.tolist())
+        add_values(self.pending_demand[row], values, -1.0)
         counted_values = None
         if weighted is not None and weighted is not demand and not np.array_equal(weighted, demand):
             if self.weighted_allocation is None:
@@ -430,8 +438,8 @@ class Accounting:
             counted_values = tuple(weighted.tolist())
         if self.weighted_allocation is not None:
             self.weighted_allocation[row] += demand if counted_values is None else weighted
-        self.allocation[row] += demand
-        entry = _Running(now, demand, values=tuple(demand.tolist()), counted_values=counted_values)
+        add_values(self.allocation[row], values)
+        entry = _Running(now, demand, values=values, counted_values=counted_values)
         ledger.recent.append(entry)
         self._changed(row)
         return entry
@@ -528,14 +536,23 @@ class Accounting:
             rows = set(range(len(self.ledgers)))
         else:
             rows = index.dirty.union(np.flatnonzero(index.due <= now).tolist())
-        for row in rows:
-            recent = self.ledgers[row].recent
-            quantum = index.quanta[row]
-            if recent:
-                recent.advance(now, quantum)
-            index.demand[row] = recent.demand
-            index.weighted[row] = recent.weighted
-            index.due[row] = recent.next_move(quantum)
+        if rows:
+            # (the rows' sums written in one numpy call each: a row at a time cost more than
+            # moving its boundary, with a thousand tenants running)
+            rows = list(rows)
+            ledgers, quanta = self.ledgers, index.quanta
+            demand, weighted, due = [], [], []
+            for row in rows:
+                recent = ledgers[row].recent
+                quantum = quanta[row]
+                if recent:
+                    recent.advance(now, quantum)
+                demand.append(recent.demand)
+                weighted.append(recent.weighted)
+                due.append(recent.next_move(quantum))
+            index.demand[rows] = demand
+            index.weighted[rows] = weighted
+            index.due[rows] = due
         index.dirty.clear()
         index.at = now
         return index

@@ -29,6 +29,7 @@ from fairstream.core.model import (
     TaskState,
     TaskSubmitted,
     TenantsChanged,
+    add_values,
     subtract_floored,
 )
 
@@ -196,7 +197,7 @@ def start(engine: Engine, decision: Decision) -> str | None:
     problem = _placement_problem(engine, task, node, row)
     if problem is not None:
         raise PolicyViolation(f"{decision.policy} {problem}")
-    registry.storage_used[row] += task.demand
+    add_values(registry.storage_used[row], task.demand_values)
     _running_changed(engine, row, task, started=True)
     task.state, task.node, task.start = TaskState.RUNNING, node.id, decision.time
     engine.jobs.started(task.tenant, task.job, task.demand, decision.time,

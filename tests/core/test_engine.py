@@ -13,7 +13,7 @@ from builders import engine, node, submit, tree
 from fairstream.core.accounting import AccountingConfig
 from fairstream.core.engine import PolicyViolation
 from fairstream.core.model import (Decision, DecisionKind, ModelError, NodeLost, ReasonCode, TaskCompleted, TenantSpec,
-                                   subtract_floored)
+                                   add_values, subtract_floored)
 
 UNIT = {"quantum": 1, "quantum_mode": "fixed"}
 
@@ -355,6 +355,23 @@ def test_a_demand_leaving_an_allocation_is_numpys_subtract_and_floor_to_the_bit(
         subtract_floored(ours, demand)
         numpys -= np.array(demand)
         np.maximum(numpys, 0.0, out=numpys)
+    assert ours.tobytes() == numpys.tobytes()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.floats(allow_infinity=True), st.floats(allow_infinity=True)), min_size=1, max_size=3),
+       st.sampled_from([1.0, -1.0]))
+def test_a_demand_joining_or_leaving_a_total_is_numpys_add_or_subtract_to_the_bit(pairs, sign):
+    # ``add_values`` replaces ``v += d`` (``sign`` -1.0: ``v -= d``) on a node's, an
+    # allocation's or a pending total's row.
+    held, demand = [float(h) for h, _ in pairs], [float(d) for _, d in pairs]
+    ours, numpys = np.array(held), np.array(held)
+    with np.errstate(invalid="ignore", over="ignore"):
+        add_values(ours, demand, sign)
+        if sign > 0:
+            numpys += np.array(demand)
+        else:
+            numpys -= np.array(demand)
     assert ours.tobytes() == numpys.tobytes()
 
 
