@@ -114,6 +114,7 @@ def _rebuild_reservations(obj: Reservations) -> None:
 
 def _rebuild_nodes(obj: Nodes) -> None:
     obj._view = None
+    obj.lost = int(np.count_nonzero(~obj.alive))
 
 
 def _rebuild_tree(obj: TenantTree) -> None:
@@ -163,8 +164,8 @@ CLASSES: tuple[_Class, ...] = (
                          "waiting_since recent"),
     _Class(RecentTasks, "demand weighted entries boundary done round_start"),
     _Class(_Running, "start done recent values counted_values", derived="demand", rebuild=_rebuild_running),
-    _Class(Nodes, "nodes row storage_capacity storage_used storage_alive ids labels", derived="_view",
-           rebuild=_rebuild_nodes),  # the snapshot's view of the nodes, made again on use
+    _Class(Nodes, "nodes row storage_capacity storage_used storage_alive ids labels", derived="_view lost",
+           rebuild=_rebuild_nodes),  # the snapshot's view of the nodes and the count of lost ones, made again
     _Class(Node, "id capacity labels alive last_heartbeat weights"),
     _Class(Task, "id job tenant submit constraints duration estimate seq demand_map state node start running_entry shape "
                  "demand_values count index cancelled", derived="demand", rebuild=_rebuild_demand),

@@ -33,6 +33,7 @@ class Nodes:
         # The snapshot's node ids and read-only labels, made again only when a node joins or
         # its labels change.
         self._view: tuple[tuple[str, ...], tuple[Mapping[str, str], ...]] | None = None
+        self.lost = 0  # how many rows are dead (``lose``; a heartbeat revives): the snapshot's free room
 
     def __deepcopy__(self, memo: dict) -> "Nodes":
         # The view holds read-only label mappings, which cannot be copied: the copy makes its own.
@@ -107,7 +108,9 @@ class Nodes:
         """A heartbeat of the node in ``row``: it is alive with ``capacity`` and, unless None,
         ``labels``. Returns (its capacity or liveness changed, its labels changed)."""
         node = self.nodes[row]
-        changed = node.alive is False or not np.array_equal(node.capacity, capacity)
+        revived = node.alive is False
+        changed = revived or not np.array_equal(node.capacity, capacity)
+        self.lost -= revived
         node.capacity, node.alive, node.last_heartbeat = capacity, True, time
         relabelled = labels is not None and labels != node.labels
         if relabelled:
@@ -132,4 +135,5 @@ class Nodes:
             return False
         node.alive = False
         self.storage_alive[row] = False
+        self.lost += 1
         return True

@@ -347,7 +347,8 @@ class SnapshotBuilder:
         now = engine.time if engine.time is not None else 0.0
         registry = engine.registry
         free = registry.capacity - registry.used
-        free[~registry.alive] = -1.0
+        if registry.lost:
+            free[~registry.alive] = -1.0
         n = len(acc.ledgers)
         if self._tenants is None or self._tenants[0] != (n, acc.arrivals):
             self._tenants = ((n, acc.arrivals), [ledger.name for ledger in acc.ledgers], dict(acc.row),

@@ -148,11 +148,7 @@ class MetricsRecorder:
         acc = self.engine.accounting
         cap = acc.capacity
         n = len(acc.ledgers)
-        table = self.engine.tree.effective_share
-        if self._entitled_shares is None or self._entitled_shares[0] is not table or len(self._entitled_shares[1]) != n:
-            shares = np.array([float(table.get(ledger.name, 0.0)) for ledger in acc.ledgers])
-            self._entitled_shares = (table, shares)
-        entitled = self._entitled_shares[1]
+        entitled = self._entitled()
         if n and native.enabled():
             g, d, counted, degree, running = native.module.metric_state(
                 n, acc.allocation, acc.share, acc.pending_demand, np.asarray(cap, dtype=np.float64), acc.fractions,
@@ -163,6 +159,16 @@ class MetricsRecorder:
         g = resource_shares(allocation, cap, self.resource)
         d = resource_shares(allocation + acc.pending_demand[:n], cap, self.resource)
         return (g, d, entitled, resource_shares(counted, cap, self.resource)), None, None
+
+    def _entitled(self) -> np.ndarray:
+        """S per tenant row (formula 2: the leaf's effective share), made again when the tree
+        or the tenants change."""
+        acc = self.engine.accounting
+        table = self.engine.tree.effective_share
+        if (self._entitled_shares is None or self._entitled_shares[0] is not table
+                or len(self._entitled_shares[1]) != len(acc.ledgers)):
+            self._entitled_shares = (table, np.array([float(table.get(ledger.name, 0.0)) for ledger in acc.ledgers]))
+        return self._entitled_shares[1]
 
     def soft_fairness(self) -> float:
         """Formula 12's degree now, over the active tenants (QKnobler's C1: those with pending
@@ -181,6 +187,22 @@ class MetricsRecorder:
         if self.clock is None:
             self.clock = now
             self.next_sample = now
+        acc = self.engine.accounting
+        n = len(acc.ledgers)
+        if (n and native.enabled() and self.next_sample >= now and not self._unreached and len(self._reached) == n
+                and self._integrals.shape[1] == n):
+            # Most steps: no sample is due and no tenant is left to watch reach its fair share,
+            # so the state is only integrated: one compiled call, the same float operations as
+            # ``_state`` and ``integrate_metrics`` below.
+            dt = now - self.clock
+            if dt > 0:
+                degree = native.module.advance_metrics(
+                    n, acc.allocation, acc.share, acc.pending_demand, np.asarray(acc.capacity, dtype=np.float64),
+                    acc.fractions, float(acc.config.discount), self.resource, self._entitled(), float(dt),
+                    self._integrals, self.busy_integral, self.capacity_integral)
+                self._integrate_soft_fairness(dt, degree)
+            self.clock = now
+            return
         state, degree, running = self._state()
         self._watch_fair_share(self.clock, state[0], state[1])  # the state as of the last step
         n = len(state[0])
@@ -210,12 +232,13 @@ class MetricsRecorder:
                 # cluster has far more nodes than tenants.
                 self.busy_integral += dt * self.engine.accounting.allocation.sum(axis=0)
                 self.capacity_integral += dt * capacity
-            if degree is None:
-                degree = self.soft_fairness()
-            self.soft_fairness_integral += dt * degree
-            self.soft_fairness_time += dt
-            self.soft_fairness_max = max(self.soft_fairness_max, degree)
+            self._integrate_soft_fairness(dt, self.soft_fairness() if degree is None else degree)
         self.clock = now
+
+    def _integrate_soft_fairness(self, dt: float, degree: float) -> None:
+        self.soft_fairness_integral += dt * degree
+        self.soft_fairness_time += dt
+        self.soft_fairness_max = max(self.soft_fairness_max, degree)
 
     def _sample(self, at: float, state, soft_fairness: float) -> None:
         dt = at - self.clock

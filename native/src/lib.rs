@@ -1,5 +1,5 @@
 //! fairstream's compiled path (docs/architecture.md, "The compiled path"): `serve_flat`, below,
-//! and four pieces of per-event arithmetic at the end of this file, each the twin of one numpy function.
+//! and pieces of per-event arithmetic at the end of this file, each the twin of the numpy it stands in for.
 //!
 //! `serve_flat`: one scheduling pass of the flat fair policies (`drf`,
 //! `fair`, `ltrf`) as `fairstream.core.placement.serve_in_order` makes it, for the passes
@@ -704,6 +704,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(metric_state, m)?)?;
     m.add_function(wrap_pyfunction!(accumulate_usage, m)?)?;
     m.add_function(wrap_pyfunction!(integrate_metrics, m)?)?;
+    m.add_function(wrap_pyfunction!(advance_metrics, m)?)?;
     Ok(())
 }
 
@@ -761,24 +762,12 @@ fn integrate_metrics(
         return Err(pyo3::exceptions::PyValueError::new_err("integrate_metrics: arrays of different lengths"));
     }
     for i in 0..n {
-        let (want, owed) = (d[i], entitled[i]);
-        let least = if want <= owed || want.is_nan() { want } else { owed };
-        integrals[[0, i]] += dt * g[i];
-        integrals[[1, i]] += dt * least;
-        integrals[[2, i]] += dt * counted[i];
+        let mut integral = integrals.column_mut(i);
+        integrate_row(&mut integral, dt, g[i], d[i], entitled[i], counted[i]);
     }
-    let (mut busy, running) = (busy.as_array_mut(), running.as_array());
-    let (mut capacity_integral, capacity) = (capacity_integral.as_array_mut(), capacity.as_array());
-    if busy.len() != running.len() || capacity_integral.len() != capacity.len() {
-        return Err(pyo3::exceptions::PyValueError::new_err("integrate_metrics: arrays of different lengths"));
-    }
-    for (total, used) in busy.iter_mut().zip(running.iter()) {
-        *total += dt * used;
-    }
-    for (total, room) in capacity_integral.iter_mut().zip(capacity.iter()) {
-        *total += dt * room;
-    }
-    Ok(())
+    let running: Vec<f64> = running.as_array().to_vec();
+    let capacity: Vec<f64> = capacity.as_array().to_vec();
+    integrate_totals(&mut busy.as_array_mut(), &running, &mut capacity_integral.as_array_mut(), &capacity, dt)
 }
 
 /// `Engine._candidates`' scan: of `shapes` (rows of `shape_demands`), those whose demand fits
@@ -869,6 +858,95 @@ fn share_of_row(row: &[f64], capacity: &[f64], resource: Option<usize>) -> f64 {
     }
 }
 
+/// The metric state of the first `n` tenant rows, a row at a time (`MetricsRecorder._state`):
+/// what each row runs, wants and counts (formula 7), read from the accounting's arrays.
+struct MetricRows<'a> {
+    allocation: numpy::ndarray::ArrayView2<'a, f64>,
+    share: numpy::ndarray::ArrayView2<'a, f64>,
+    pending: numpy::ndarray::ArrayView2<'a, f64>,
+    capacity: Vec<f64>,
+    discount: f64,
+    resource: Option<usize>,
+    used: Vec<f64>, // (one buffer per quantity for every row: a row's own vectors cost a fifth of the call)
+    wanted: Vec<f64>,
+    kept: Vec<f64>,
+}
+
+impl MetricRows<'_> {
+    /// Row `row`'s (g, d, counted g'): shares of the metric resource (or dominant shares).
+    fn row(&mut self, row: usize) -> (f64, f64, f64) {
+        for k in 0..self.capacity.len() {
+            self.used[k] = self.allocation[[row, k]];
+            self.wanted[k] = self.used[k] + self.pending[[row, k]];
+            self.kept[k] = counted_of(self.used[k], self.share[[row, k]], self.discount);
+        }
+        (
+            share_of_row(&self.used, &self.capacity, self.resource),
+            share_of_row(&self.wanted, &self.capacity, self.resource),
+            share_of_row(&self.kept, &self.capacity, self.resource),
+        )
+    }
+
+    /// What runs, per resource, summed over every row in row order (`allocation.sum(axis=0)`).
+    fn running(&self) -> Vec<f64> {
+        let mut running = vec![0.0; self.allocation.ncols()];
+        for row in self.allocation.rows() {
+            for (total, used) in running.iter_mut().zip(row) {
+                *total += used;
+            }
+        }
+        running
+    }
+
+    /// Formula 12's soft fairness degree over the rows with something pending (every row; 0
+    /// with fewer than two, or fewer than `n` = 2 tenants).
+    fn soft_degree(&mut self, n: usize, fractions: &numpy::ndarray::ArrayView1<f64>) -> f64 {
+        if n < 2 {
+            return 0.0;
+        }
+        let (mut most, mut least, mut weighted, mut active) = (f64::NEG_INFINITY, f64::INFINITY, 0, 0);
+        for row in 0..self.pending.nrows() {
+            let wants: f64 = self.pending.row(row).iter().fold(0.0, |sum, x| sum + x);
+            if wants > 0.0 {
+                active += 1;
+                if fractions[row] > 0.0 {
+                    for k in 0..self.capacity.len() {
+                        self.used[k] = self.allocation[[row, k]];
+                    }
+                    let share = share_of_row(&self.used, &self.capacity, None) / fractions[row];
+                    most = f64::max(most, share);
+                    least = f64::min(least, share);
+                    weighted += 1;
+                }
+            }
+        }
+        if active >= 2 && weighted >= 2 { most - least } else { 0.0 }
+    }
+}
+
+fn metric_rows<'a>(
+    allocation: &'a PyReadonlyArray2<'_, f64>,
+    share: &'a PyReadonlyArray2<'_, f64>,
+    pending: &'a PyReadonlyArray2<'_, f64>,
+    capacity: &PyReadonlyArray1<'_, f64>,
+    discount: f64,
+    resource: Option<usize>,
+) -> MetricRows<'a> {
+    let capacity = capacity.as_array().to_vec();
+    let nres = capacity.len();
+    MetricRows {
+        allocation: allocation.as_array(),
+        share: share.as_array(),
+        pending: pending.as_array(),
+        capacity,
+        discount,
+        resource,
+        used: vec![0.0; nres],
+        wanted: vec![0.0; nres],
+        kept: vec![0.0; nres],
+    }
+}
+
 /// `MetricsRecorder._state` and `soft_fairness` in one: per tenant row (the first `n`), g, d
 /// and the counted allocation's share (formula 7) in the metric `resource`; and formula 12's
 /// soft fairness degree over the tenants with something pending (every row); and what runs, per
@@ -887,58 +965,82 @@ fn metric_state<'py>(
     discount: f64,
     resource: Option<usize>,
 ) -> (Bound<'py, numpy::PyArray1<f64>>, Bound<'py, numpy::PyArray1<f64>>, Bound<'py, numpy::PyArray1<f64>>, f64, Bound<'py, numpy::PyArray1<f64>>) {
-    let (allocation, share, pending) = (allocation.as_array(), share.as_array(), pending.as_array());
-    let mut running = vec![0.0; allocation.ncols()];
-    for row in allocation.rows() {
-        for (total, used) in running.iter_mut().zip(row) {
-            *total += used;
-        }
-    }
-    let capacity = capacity.as_array().to_vec();
-    let fractions = fractions.as_array();
-    let nres = capacity.len();
+    let mut rows = metric_rows(&allocation, &share, &pending, &capacity, discount, resource);
     let (mut g, mut d, mut counted) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
-    // (one buffer per quantity for every row: a row's own vectors cost a fifth of the call)
-    let (mut used, mut wanted, mut kept) = (vec![0.0; nres], vec![0.0; nres], vec![0.0; nres]);
     for row in 0..n {
-        for k in 0..nres {
-            used[k] = allocation[[row, k]];
-            wanted[k] = used[k] + pending[[row, k]];
-            kept[k] = counted_of(used[k], share[[row, k]], discount);
-        }
-        g.push(share_of_row(&used, &capacity, resource));
-        d.push(share_of_row(&wanted, &capacity, resource));
-        counted.push(share_of_row(&kept, &capacity, resource));
+        let (held, wanted, kept) = rows.row(row);
+        g.push(held);
+        d.push(wanted);
+        counted.push(kept);
     }
-    // soft fairness: active rows are those whose pending demand sums above 0
-    let mut degree = 0.0;
-    if n >= 2 {
-        let (mut most, mut least, mut weighted) = (f64::NEG_INFINITY, f64::INFINITY, 0);
-        let mut active = 0;
-        for row in 0..pending.nrows() {
-            let wants: f64 = pending.row(row).iter().fold(0.0, |sum, x| sum + x);
-            if wants > 0.0 {
-                active += 1;
-                if fractions[row] > 0.0 {
-                    for k in 0..nres {
-                        used[k] = allocation[[row, k]];
-                    }
-                    let share = share_of_row(&used, &capacity, None) / fractions[row];
-                    most = f64::max(most, share);
-                    least = f64::min(least, share);
-                    weighted += 1;
-                }
-            }
-        }
-        if active >= 2 && weighted >= 2 {
-            degree = most - least;
-        }
-    }
+    let degree = rows.soft_degree(n, &fractions.as_array());
     (
         numpy::PyArray1::from_vec(py, g),
         numpy::PyArray1::from_vec(py, d),
         numpy::PyArray1::from_vec(py, counted),
         degree,
-        numpy::PyArray1::from_vec(py, running),
+        numpy::PyArray1::from_vec(py, rows.running()),
     )
+}
+
+/// `metric_state` then `integrate_metrics` over `dt`, in one call and without the state's
+/// arrays, for the simulator's steps that neither sample nor watch a tenant reach its fair
+/// share (most of them): the same float operations in the same order. Returns the soft
+/// fairness degree.
+#[pyfunction]
+#[pyo3(signature = (n, allocation, share, pending, capacity, fractions, discount, resource, entitled, dt,
+                    integrals, busy, capacity_integral))]
+#[allow(clippy::too_many_arguments)]
+fn advance_metrics(
+    n: usize,
+    allocation: PyReadonlyArray2<'_, f64>,
+    share: PyReadonlyArray2<'_, f64>,
+    pending: PyReadonlyArray2<'_, f64>,
+    capacity: PyReadonlyArray1<'_, f64>,
+    fractions: PyReadonlyArray1<'_, f64>,
+    discount: f64,
+    resource: Option<usize>,
+    entitled: PyReadonlyArray1<'_, f64>,
+    dt: f64,
+    mut integrals: PyReadwriteArray2<'_, f64>,
+    mut busy: PyReadwriteArray1<'_, f64>,
+    mut capacity_integral: PyReadwriteArray1<'_, f64>,
+) -> PyResult<f64> {
+    let mut rows = metric_rows(&allocation, &share, &pending, &capacity, discount, resource);
+    let (entitled, mut integrals) = (entitled.as_array(), integrals.as_array_mut());
+    if integrals.nrows() != 3 || integrals.ncols() != n || entitled.len() != n {
+        return Err(pyo3::exceptions::PyValueError::new_err("advance_metrics: arrays of different lengths"));
+    }
+    for i in 0..n {
+        let (g, d, counted) = rows.row(i);
+        let mut integral = integrals.column_mut(i);
+        integrate_row(&mut integral, dt, g, d, entitled[i], counted);
+    }
+    let running = rows.running();
+    integrate_totals(&mut busy.as_array_mut(), &running, &mut capacity_integral.as_array_mut(), &rows.capacity, dt)?;
+    Ok(rows.soft_degree(n, &fractions.as_array()))
+}
+
+/// One tenant row's integrals over `dt` (`integrals[:, row]`): `g`, numpy's `minimum(d,
+/// entitled)` (the first unless the second is smaller) and the counted `g'`.
+fn integrate_row(integral: &mut numpy::ndarray::ArrayViewMut1<f64>, dt: f64, g: f64, d: f64, entitled: f64, counted: f64) {
+    let least = if d <= entitled || d.is_nan() { d } else { entitled };
+    integral[0] += dt * g;
+    integral[1] += dt * least;
+    integral[2] += dt * counted;
+}
+
+/// `busy += dt * running` and `capacity_integral += dt * capacity`, per resource.
+fn integrate_totals(busy: &mut numpy::ndarray::ArrayViewMut1<f64>, running: &[f64], capacity_integral: &mut numpy::ndarray::ArrayViewMut1<f64>,
+                    capacity: &[f64], dt: f64) -> PyResult<()> {
+    if busy.len() != running.len() || capacity_integral.len() != capacity.len() {
+        return Err(pyo3::exceptions::PyValueError::new_err("integrate_metrics: arrays of different lengths"));
+    }
+    for (total, used) in busy.iter_mut().zip(running) {
+        *total += dt * used;
+    }
+    for (total, room) in capacity_integral.iter_mut().zip(capacity) {
+        *total += dt * room;
+    }
+    Ok(())
 }

@@ -185,3 +185,26 @@ def test_the_compiled_metric_integrals_add_what_the_numpy_adds_to_the_last_bit(a
     native.module.integrate_metrics(integrals, g.copy(), d.copy(), entitled.copy(), counted.copy(), dt, busy, running,
                                     capacity_integral, capacity)
     assert [a.tolist() for a in (integrals, busy, capacity_integral)] == [a.tolist() for a in expected]
+
+
+@settings(max_examples=100, deadline=None)
+@given(arrays=usage_arrays(), dt=st.floats(1e-6, 1e5), discount=st.floats(0.0, 1.0),
+       resource=st.sampled_from([None, 0]))
+def test_a_step_that_only_integrates_adds_what_the_state_and_its_integrals_add_to_the_last_bit(arrays, dt, discount,
+                                                                                                resource):
+    # MetricsRecorder.advance on a step with no sample due and no tenant left to watch:
+    # advance_metrics in one call, against metric_state then integrate_metrics.
+    allocation, share, pending, sums = arrays
+    rows, resources = allocation.shape
+    allocation, pending = np.abs(allocation), np.abs(pending)
+    capacity = np.abs(sums[0]) + 1.0
+    fractions, entitled = np.full(rows, 1.0 / rows), np.abs(sums[:, 0])
+    totals = (np.stack([sums[:, 0], allocation[:, 0], pending[:, -1]]), sums[0].copy(), sums[-1].copy())
+    g, d, counted, degree, running = native.module.metric_state(rows, allocation, share, pending, capacity, fractions,
+                                                                discount, resource)
+    expected = [a.copy() for a in totals]
+    native.module.integrate_metrics(expected[0], g, d, entitled, counted, dt, expected[1], running, expected[2], capacity)
+    fused = native.module.advance_metrics(rows, allocation, share, pending, capacity, fractions, discount, resource,
+                                          entitled, dt, *totals)
+    assert fused == degree
+    assert [a.tolist() for a in totals] == [a.tolist() for a in expected]

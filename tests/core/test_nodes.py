@@ -49,6 +49,21 @@ def test_a_lost_node_is_dead_once_and_keeps_its_row():
     assert registry.alive.tolist() == [True, False] and registry.row["n1"] == 1
 
 
+@pytest.mark.parametrize("steps, lost", [
+    pytest.param([], 0, id="no node lost"),
+    pytest.param([("lose", 1)], 1, id="a lost node counts once"),
+    pytest.param([("lose", 1), ("lose", 1)], 1, id="losing it again changes nothing"),
+    pytest.param([("lose", 1), ("beat", 1)], 0, id="its heartbeat brings it back"),
+    pytest.param([("lose", 0), ("lose", 2), ("beat", 0), ("beat", 1)], 1, id="a live node's heartbeat brings nothing back"),
+])
+def test_the_registry_counts_its_lost_nodes(steps, lost):
+    # The snapshot marks lost nodes' free room -1 only when there are some (``Nodes.lost``).
+    registry = joined(("n0", 4, 8), ("n1", 4, 8), ("n2", 4, 8))
+    for what, row in steps:
+        registry.lose(row) if what == "lose" else registry.update(row, np.array([4.0, 8.0]), None, 1.0)
+    assert registry.lost == lost == int((~registry.alive).sum())
+
+
 def test_the_view_is_read_only_and_a_copy_makes_its_own():
     registry = joined(("n0", 4, 8))
     labels = registry.view()[1][0]

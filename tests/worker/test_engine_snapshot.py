@@ -12,7 +12,7 @@ import msgpack
 import pytest
 
 from fairstream.core.engine import Engine
-from fairstream.core.model import DecisionKind, TaskCompleted, TaskSubmitted, TenantSpec
+from fairstream.core.model import DecisionKind, NodeLost, TaskCompleted, TaskSubmitted, TenantSpec
 from fairstream.policies import REGISTRY
 from fairstream.sim.scenario import load_scenario
 from fairstream.sim.simulator import Simulator
@@ -60,6 +60,17 @@ def test_an_engine_read_back_keeps_each_jobs_tasks_per_node():
     restored = decode_engine(encode_engine(e))
     assert restored.tasks["web-0"].constraints.max_per_node == 1 and restored.pending["A"].count == 1
     assert restored.step(1.0, [node("n3", 1.0, mem=8)]).decisions[0].node == "n3"
+
+
+def test_an_engine_read_back_keeps_a_lost_node_out_of_its_passes():
+    # The count of lost nodes is made again from the nodes on reading: the engine read back
+    # still shows the lost node's room as none, and places on the live one.
+    e = engine(tree("A"), "drf")
+    e.step(0.0, [node("n0", 0.0, mem=8), node("n1", 0.0, mem=8), submit("t0", "A", 0.0, mem=1)])
+    e.step(1.0, [NodeLost(1.0, "n0")])
+    restored = decode_engine(encode_engine(e))
+    assert restored.registry.lost == 1
+    assert restored.step(2.0, [submit("t1", "A", 2.0, mem=1)]).decisions[0].node == "n1"
 
 
 READ_BACK_IN_ANOTHER_PROCESS = """
