@@ -240,6 +240,25 @@ class _TopUpIndex:
         self.dirty: set[int] = set()  # rows whose tasks or quantum changed since the last refresh
         self.at = -math.inf  # the time of the last refresh
 
+    def refresh(self, rows: list[int], recent: list[RecentTasks], now: float) -> None:
+        """Move the boundary of ``rows`` (their tenants' ``recent`` tasks, in the same order)
+        to ``now`` and write their sums; the index is then current at ``now``."""
+        if rows:
+            # (each sum written for all the rows in one numpy call: a row at a time cost more
+            # than moving its boundary, with a thousand tenants running)
+            demand, weighted, due = [], [], []
+            for tasks, quantum in zip(recent, self.quanta[rows].tolist()):
+                if tasks:
+                    tasks.advance(now, quantum)
+                demand.append(tasks.demand)
+                weighted.append(tasks.weighted)
+                due.append(tasks.next_move(quantum))
+            self.demand[rows] = demand
+            self.weighted[rows] = weighted
+            self.due[rows] = due
+        self.dirty.clear()
+        self.at = now
+
     def grow(self, quanta: list[float]) -> None:
         """Rows for tenants added since (their quanta given), to be refreshed."""
         start, extra = len(self.quanta), len(quanta)
@@ -533,28 +552,10 @@ class Accounting:
         before the last refresh (a boundary moves back then)."""
         index = self._index_of_all()
         if now < index.at:
-            rows = set(range(len(self.ledgers)))
+            rows = list(range(len(self.ledgers)))
         else:
-            rows = index.dirty.union(np.flatnonzero(index.due <= now).tolist())
-        if rows:
-            # (the rows' sums written in one numpy call each: a row at a time cost more than
-            # moving its boundary, with a thousand tenants running)
-            rows = list(rows)
-            ledgers, quanta = self.ledgers, index.quanta
-            demand, weighted, due = [], [], []
-            for row in rows:
-                recent = ledgers[row].recent
-                quantum = quanta[row]
-                if recent:
-                    recent.advance(now, quantum)
-                demand.append(recent.demand)
-                weighted.append(recent.weighted)
-                due.append(recent.next_move(quantum))
-            index.demand[rows] = demand
-            index.weighted[rows] = weighted
-            index.due[rows] = due
-        index.dirty.clear()
-        index.at = now
+            rows = list(index.dirty.union(np.flatnonzero(index.due <= now).tolist()))
+        index.refresh(rows, [self.ledgers[row].recent for row in rows], now)
         return index
 
     def accumulated_rows(self, rows: list[int] | None, now: float) -> np.ndarray:

@@ -260,6 +260,44 @@ def test_no_starved_tenant_is_left_while_a_node_could_be_freed_for_it(document, 
     Simulator(parse_scenario(document), policy, params_for(policy, False, reservation), on_step=check).run()
 
 
+def _task(task_id: str, job: str, tenant: str, submit: float, duration: float, mem: float, cpu: float = 0,
+          count: int | None = None) -> dict:
+    return {"id": task_id, "job": job, "tenant": tenant, "submit": submit, "duration": duration,
+            "demand": {"cpu": cpu, "mem": mem}, **({} if count is None else {"count": count})}
+
+
+# Found by the random examples of the test above on 2026-11-26 and left open (that day's
+# closing note). At t=19 u0 (weight 2, max_running 2: jobs j0 and j2 run) is starved past its
+# timeout: share 0.2, fair share 0.5. Its t6 (2 cpu, 1 mem, job j2) fits n0's room (2, 2)
+# freed at that instant, but n0 is reserved for u1's shape (0 cpu, 2 mem), so the pass keeps
+# t6 off n0 and places u1's t10-3 there (u1: share 0.8, fair share 0.5); the preemption stage
+# honours the same reservation, so it does not withdraw t10-3. Dropping the reservation for
+# the preemption stage when its holder is at or above its fair share mends this example but
+# breaks test_every_feature_on_keeps_every_invariant_after_every_pass.
+RESERVED_AGAINST_A_STARVED_TENANT = {
+    "resources": ["cpu", "mem"],
+    "nodes": [{"id": "n0", "capacity": {"cpu": 2, "mem": 2}}, {"id": "n1", "capacity": {"cpu": 2, "mem": 8}}],
+    "tenants": [{"id": "u0", "weight": 2, "max_running": 2}, {"id": "u1", "weight": 1}],
+    "tasks": [_task("t1", "j1", "u0", 1, 1, mem=1), _task("t2", "j2", "u0", 0, 19, mem=1, count=2),
+              _task("t4", "j0", "u0", 0, 23, mem=1), _task("t5", "j1", "u1", 0, 1, mem=1, count=2),
+              _task("t6", "j2", "u0", 9, 13, cpu=2, mem=1, count=2), _task("t7", "j3", "u0", 0, 1, mem=1),
+              _task("t8", "j0", "u0", 0, 1, mem=1), _task("t9", "j1", "u1", 0, 31, mem=2),
+              _task("t10", "j2", "u1", 0, 9, mem=2, count=5), _task("t11", "j3", "u0", 0, 1, mem=1),
+              _task("t12", "j0", "u0", 0, 1, mem=1), _task("t13", "j1", "u0", 0, 1, mem=1),
+              _task("t14", "j2", "u0", 0, 1, mem=1)],
+}
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="known: a reservation of a tenant above its fair share keeps a starved "
+                                       "tenant off the node, in the pass and in its preemption stage")
+def test_a_reservation_of_a_tenant_above_its_fair_share_does_not_keep_a_starved_tenant_off_the_node():
+    def check(engine, result):
+        no_starved_tenant_left_while_a_node_could_be_freed_for_it(engine, result)
+
+    Simulator(parse_scenario(RESERVED_AGAINST_A_STARVED_TENANT), "fair", params_for("fair", False, "on"),
+              on_step=check).run()
+
+
 @SETTINGS
 @given(document=everything(), policy=st.sampled_from(PREEMPTING), half_life=st.booleans(),
        reservation=st.sampled_from(["on", "off", "backfill"]))
