@@ -494,8 +494,7 @@ class Accounting:
     def on_cancel_pending(self, row: int, demand: np.ndarray) -> None:
         ledger = self.ledgers[row]
         ledger.pending -= 1
-        self.pending_demand[row] -= demand
-        np.maximum(self.pending_demand[row], 0.0, out=self.pending_demand[row])
+        subtract_floored(self.pending_demand[row], demand.tolist())
         if ledger.pending == 0:
             ledger.waiting_since = None
 

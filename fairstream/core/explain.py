@@ -29,7 +29,9 @@ Reasons (``WaitReason``), the first that holds:
 - ``efficiency``: no node has room; when room frees, the policy's packing stage chooses among
   tenants (Tetris, QKnobler, Perf, FLEX), said in the policy's words;
 - ``reservation``: no node has room; it is first in line and a node is reserved for it: room
-  freed there is kept for it (``reservation=on``), the message says how much more it needs;
+  freed there is kept for it (``reservation=on``), the message says how much more it needs.
+  Not from a tenant starved past its preemption timeout while its own tenant is at or above
+  its fair share: then the message names that tenant, which may take it first;
 - ``reserved_for_other``: the only node with room for it is reserved for another task (with
   ``reservation=backfill``: and its estimate, or the missing ones, say it may not backfill there;
   one that may is ``next_pass``);
@@ -225,7 +227,7 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
     verdicts: dict[tuple[str, int], tuple[WaitReason, str] | None] = {}
     room_limited: list[str] = []
     # Per tenant waiting for room, per waiting head: the nodes where room would serve it, and its demand.
-    reach: dict[str, list[tuple[np.ndarray, tuple[float, ...]]]] = {}
+    reach: dict[str, list[tuple[np.ndarray, tuple[float, ...], "Task"]]] = {}
     reserved_for = engine.reservation
 
     def may_use(task: "Task", now: bool = True) -> np.ndarray:
@@ -252,7 +254,7 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
             # its turn).
             if verdict is None or verdict[0] in _WAITS_FOR_ROOM:
                 limited = True
-                reach.setdefault(tenant, []).append((may_use(head), head.demand_values))
+                reach.setdefault(tenant, []).append((may_use(head), head.demand_values, head))
         if limited:
             room_limited.append(tenant)
     # Tenants starved past the preemption timeout: the pass's last stage makes room for them,
@@ -260,6 +262,8 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
     # in their turn, they take any room on a node they may use, whatever their tasks' size.
     # A tenant at or above its fair share is a victim for them: room given to it in the pass is
     # taken back (withdrawn) for an overdue tenant whatever their order.
+    # A reservation of a tenant at or above its fair share does not hold against them either
+    # (``preemption._make_room``): the reserved node is in their reach.
     overdue: list[str] = []
     at_fair_share: set[str] = set()
     if engine.preemption is not None:
@@ -268,6 +272,7 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         if overdue:
             ratios = share_ratios(acc.allocation, acc.capacity, engine.fair_shares(), acc.config.resource)
             at_fair_share = {t for t in snap.pending if ratios[snap.rows[t]] >= 1.0 - EPSILON}
+    reservation_yields = reserved_for is not None and reserved_for.tenant in at_fair_share
 
     def in_the_way(other: str, task: "Task", mask: np.ndarray) -> np.ndarray | None:
         """Of the nodes ``mask`` (those ``task`` may use), where ``other`` would take room freed
@@ -275,7 +280,10 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         ``task``), and the node reserved for it, whatever its size; None: none."""
         out = None
         limit = [x + EPSILON for x in task.demand_values]
-        for nodes, demand in reach[other]:
+        for nodes, demand, head in reach[other]:
+            if other in overdue and reservation_yields and (task.tenant, task.shape) == (reserved_for.tenant,
+                                                                                         reserved_for.shape):
+                nodes = may_use(head, now=False)  # (the reserved node too)
             if other in overdue or all(d <= x for d, x in zip(demand, limit)):  # (overdue: ``in_the_way``)
                 out = nodes & mask if out is None else out | (nodes & mask)
         if reserved_for is not None and reserved_for.tenant == other and mask[reserved_for.node]:
@@ -317,7 +325,15 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         if reserved_for is not None and reserved_for.tenant == tenant and reserved_for.shape == task.shape:
             lacking = np.maximum(task.demand - snap.free[reserved_for.node], 0.0)
             short = _text({r: round(float(x), 6) for r, x in zip(names, lacking.tolist()) if x > EPSILON})
-            reserved = (f"node {snap.node_ids[reserved_for.node]} is reserved for {tenant}'s next task of this shape "
+            node = snap.node_ids[reserved_for.node]
+            if first != tenant and first in overdue:  # (then ``tenant`` is at or above its fair share: ``first_for``)
+                return (WaitReason.RESERVATION,
+                        f"node {node} is reserved for {tenant}'s next task of this shape ({reserved_for.task}), and it "
+                        f"needs {short} more there; room freed there is kept for it, but not from {first}, starved past "
+                        f"its preemption timeout, as {tenant} is at or above its fair share: {first} may take it first "
+                        f"({label} {order.value(keys[first]):.4g} against {tenant}'s {order.value(keys[tenant]):.4g})",
+                        first, order.value(keys[tenant]) - order.value(keys[first]))
+            reserved = (f"node {node} is reserved for {tenant}'s next task of this shape "
                         f"({reserved_for.task}): room freed there is kept for it, and it needs {short} more there")
             if tenant == first:
                 return (WaitReason.RESERVATION, f"{reserved} (first in line, {label} {order.value(keys[tenant]):.4g})",

@@ -45,11 +45,11 @@ def add_values(vector: np.ndarray, amounts: Sequence[float], sign: float = 1.0) 
 def subtract_floored(vector: np.ndarray, amounts: Sequence[float]) -> None:
     """``vector -= amounts`` and then ``np.maximum(vector, 0.0, out=vector)``, in place: a
     task's demand leaving an allocation, with float dust below zero cleared. In plain floats,
-    with numpy's bits (a NaN stays NaN, -0.0 stays -0.0), at a third of the cost of the two
-    numpy calls on a vector of two or three."""
+    with numpy's bits (a NaN stays NaN; -0.0 becomes 0.0, as ``np.maximum(-0.0, 0.0)`` gives
+    it), at a third of the cost of the two numpy calls on a vector of two or three."""
     for k, amount in enumerate(amounts):
         left = vector[k] - amount
-        vector[k] = left if left >= 0.0 or left != left else 0.0
+        vector[k] = left if left > 0.0 or left != left else 0.0
 
 
 class ModelError(ValueError):

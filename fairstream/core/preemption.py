@@ -30,6 +30,9 @@ what waits, so moving a task from one to the other in a pass does not move the f
   node* in the order above, until the task fits; the node needing the fewest tasks killed wins
   (then the fewest placements withdrawn, then the lowest number). Only victims that go count against their tenant's share, so a tenant
   holding room on every node can give up a whole node's worth;
+- a node reserved for another shape (``reservation=on``) is off limits only while the
+  reservation's tenant is below its fair share (as the pass begins): one at or above it does
+  not keep room from a starved tenant;
 - no more is taken than the starved tenant's next task needs on one node, task by task, until
   it reaches its fair share or has nothing left that some node could hold;
 - nothing is taken for a task no node could hold even with every allowed victim gone;
@@ -216,10 +219,16 @@ def _make_room(cycle, tenant: str, task: Task, by_node: dict[int, list[RunningTa
     """Free room for ``task`` of starved ``tenant`` on one node and place it there; False
     (nothing changed) if no node it may use can be freed enough."""
     snap = cycle.snapshot
-    # Live nodes it may use, but a node reserved for another task's shape or one where its job
-    # runs its max_per_node (victims are other tenants' tasks: that stays so).
-    eligible = (cycle.eligible(task.constraints) & (snap.free > -0.5).all(axis=1) & cycle.usable(task)
-                & cycle.below_job_limit(tenant, task))
+    # Live nodes it may use, but one where its job runs its max_per_node (victims are other
+    # tenants' tasks: that stays so), or one reserved for another shape by a tenant below its
+    # fair share when the pass began. A reservation of a tenant at or above its fair share does
+    # not hold against a starved tenant: kept for it, the room would wait while the starved
+    # tenant does. (The pass's start, not the stage's allocation: ``explain`` tells the holder
+    # so from the same state; its own placement there in this pass is a victim like any other.)
+    reserved = cycle.reservation
+    holder_owed = reserved is not None and ratios(snap.allocation)[snap.rows[reserved.tenant]] < 1.0 - EPSILON
+    eligible = (cycle.eligible(task.constraints) & (snap.free > -0.5).all(axis=1)
+                & (cycle.usable(task) if holder_owed else True) & cycle.below_job_limit(tenant, task))
     need = task.demand - EPSILON
     room = np.flatnonzero(eligible & (cycle.free >= need).all(axis=1))
     if len(room):  # left by an earlier victim of this stage: no victim needed

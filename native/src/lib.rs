@@ -767,7 +767,7 @@ fn integrate_metrics(
     }
     let running: Vec<f64> = running.as_array().to_vec();
     let capacity: Vec<f64> = capacity.as_array().to_vec();
-    integrate_totals(&mut busy.as_array_mut(), &running, &mut capacity_integral.as_array_mut(), &capacity, dt)
+    integrate_totals("integrate_metrics", &mut busy.as_array_mut(), &running, &mut capacity_integral.as_array_mut(), &capacity, dt)
 }
 
 /// `Engine._candidates`' scan: of `shapes` (rows of `shape_demands`), those whose demand fits
@@ -1017,7 +1017,7 @@ fn advance_metrics(
         integrate_row(&mut integral, dt, g, d, entitled[i], counted);
     }
     let running = rows.running();
-    integrate_totals(&mut busy.as_array_mut(), &running, &mut capacity_integral.as_array_mut(), &rows.capacity, dt)?;
+    integrate_totals("advance_metrics", &mut busy.as_array_mut(), &running, &mut capacity_integral.as_array_mut(), &rows.capacity, dt)?;
     Ok(rows.soft_degree(n, &fractions.as_array()))
 }
 
@@ -1030,11 +1030,12 @@ fn integrate_row(integral: &mut numpy::ndarray::ArrayViewMut1<f64>, dt: f64, g: 
     integral[2] += dt * counted;
 }
 
-/// `busy += dt * running` and `capacity_integral += dt * capacity`, per resource.
-fn integrate_totals(busy: &mut numpy::ndarray::ArrayViewMut1<f64>, running: &[f64], capacity_integral: &mut numpy::ndarray::ArrayViewMut1<f64>,
+/// `busy += dt * running` and `capacity_integral += dt * capacity`, per resource; `caller`
+/// names the function in a length error.
+fn integrate_totals(caller: &str, busy: &mut numpy::ndarray::ArrayViewMut1<f64>, running: &[f64], capacity_integral: &mut numpy::ndarray::ArrayViewMut1<f64>,
                     capacity: &[f64], dt: f64) -> PyResult<()> {
     if busy.len() != running.len() || capacity_integral.len() != capacity.len() {
-        return Err(pyo3::exceptions::PyValueError::new_err("integrate_metrics: arrays of different lengths"));
+        return Err(pyo3::exceptions::PyValueError::new_err(format!("{caller}: arrays of different lengths")));
     }
     for (total, used) in busy.iter_mut().zip(running) {
         *total += dt * used;

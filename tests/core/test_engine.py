@@ -6,7 +6,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from builders import engine, node, submit, tree
@@ -346,6 +346,7 @@ def test_the_engine_refuses_a_policy_that_over_commits_a_node(held, placed, refu
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.floats(allow_infinity=True), st.floats(allow_infinity=True)), min_size=1, max_size=3))
+@example(pairs=[(-0.0, 0.0)])  # (found on a random run: numpy's floor makes it 0.0)
 def test_a_demand_leaving_an_allocation_is_numpys_subtract_and_floor_to_the_bit(pairs):
     # ``subtract_floored`` replaces ``v -= d; np.maximum(v, 0.0, out=v)`` where a task's demand
     # leaves a node or a tenant: plain floats, the same bits (NaN stays, -0.0 stays).
@@ -375,10 +376,13 @@ def test_a_demand_joining_or_leaving_a_total_is_numpys_add_or_subtract_to_the_bi
     assert ours.tobytes() == numpys.tobytes()
 
 
-def test_float_dust_below_zero_is_cleared_and_negative_zero_kept():
+def test_float_dust_below_zero_is_cleared_and_negative_zero_is_numpys():
     held = np.array([0.3, 1.0, 0.0])
     subtract_floored(held, (0.1 + 0.2, 1.0, 0.0))  # 0.3 - 0.30000000000000004 is -5.6e-17
     assert held.tobytes() == np.array([0.0, 0.0, 0.0]).tobytes()
-    negative_zero = np.array([-0.0])
+    # -0.0 - 0.0 is -0.0, which np.maximum(-0.0, 0.0) makes 0.0 (it once stayed -0.0 here: the
+    # property test above found it on a random run).
+    negative_zero, numpys = np.array([-0.0]), np.array([-0.0])
     subtract_floored(negative_zero, (0.0,))
-    assert np.signbit(negative_zero[0])  # as np.maximum(-0.0, 0.0) leaves it
+    np.maximum(numpys, 0.0, out=numpys)
+    assert negative_zero.tobytes() == numpys.tobytes() == np.array([0.0]).tobytes()

@@ -154,6 +154,32 @@ def test_policy_specific_reasons(policy, params, document, task, reason, says):
     assert entry.reason is reason and says in entry.message
 
 
+def test_a_reservation_of_a_tenant_at_its_fair_share_names_the_starved_tenant_it_does_not_hold_against():
+    # Two nodes of 2 mem; fair on mem, preemption after 5 s. u1's 2-mem tasks fill n1 at t = 0
+    # and n0 at t = 1, and n0 is reserved for its third. u0 (max_running 1) waits from t = 1
+    # with t2, 1 mem and at most one task per node. At t = 6 t1-0 ends: t2-0 takes n1, and t2-1
+    # may use n0 only. u0 holds 1 of 4 mem against a fair share of 2/4 (it asks 2), starved
+    # since 1: overdue at 6. u1 holds 2/4, its fair share: its reservation does not hold against
+    # u0 (docs/preemption.md), and it is told so.
+    document = {"resources": ["cpu", "mem"],
+                "nodes": [{"id": "n0", "capacity": {"cpu": 2, "mem": 2}}, {"id": "n1", "capacity": {"cpu": 2, "mem": 2}}],
+                "tenants": [{"id": "u0", "max_running": 1}, {"id": "u1"}],
+                "tasks": [{"id": "t0", "job": "j0", "tenant": "u0", "submit": 0, "duration": 1, "demand": {"mem": 1}},
+                          {"id": "t1", "job": "j1", "tenant": "u1", "submit": 0, "duration": 6, "demand": {"mem": 2},
+                           "count": 3},
+                          {"id": "t2", "job": "j2", "tenant": "u0", "submit": 0, "duration": 1, "demand": {"mem": 1},
+                           "count": 2, "constraints": {"max_per_node": 1}}]}
+    params = {"preemption": "on", "preemption_timeout": "5", "preemption_threshold": "1", "resource": "mem"}
+    (entry,) = explained(document, "fair", params, at=6).pending["u1"]
+    assert entry.reason is WaitReason.RESERVATION and entry.waits_for == "u0"
+    assert ("node n0 is reserved for u1's next task of this shape (t1-2), and it needs {\"mem\":2.0} more there; "
+            "room freed there is kept for it, but not from u0, starved past its preemption timeout, as u1 is at or "
+            "above its fair share: u0 may take it first (mem share / weight 0.5 against u1's 1)") == entry.message
+    # At t = 5 u0's timeout has not run out: the reservation holds against every tenant.
+    (entry,) = explained(document, "fair", params, at=5).pending["u1"]
+    assert "room freed there is kept for it, and it needs" in entry.message
+
+
 def test_simulate_explain_at_writes_the_apis_documents(tmp_path, capsys):
     path = tmp_path / "s.json"
     path.write_text(json.dumps(EVERY_REASON))
