@@ -27,6 +27,7 @@ from fairstream.core import native
 from fairstream.core.fairness import (
     counted_allocation,
     fairness_degree,
+    fairness_degrees,
     fair_shares,
     resource_shares,
     soft_fairness_degree,
@@ -46,6 +47,11 @@ class TenantSeries:
     f_policy: list[float] = field(default_factory=list)
     rho: list[float] = field(default_factory=list)
 
+    @property
+    def columns(self) -> tuple[list[float], ...]:
+        """The sampled columns but ``time``, in ``MetricsRecorder._sample``'s order."""
+        return self.g, self.d, self.S, self.f_raw, self.f_counted, self.f_policy, self.rho
+
 
 class MetricsRecorder:
     """Integrates per-tenant allocations between events and samples them on a grid.
@@ -64,7 +70,8 @@ class MetricsRecorder:
         # Per tenant row: int g, int min(d, S), int g' (grown as tenants arrive).
         self._integrals = np.zeros((3, 0))
         self._entitled_shares: tuple | None = None  # (tree's share table, tenants) -> S per row
-        self.series: dict[str, TenantSeries] = {}
+        self._series: dict[str, TenantSeries] = {}  # (``series``: with the blocks not read yet)
+        self._blocks: list[tuple[float, list[str], np.ndarray]] = []  # per sample: time, tenants, values
         self.cluster = {"time": [], "psi": [], "omega": [], "soft_fairness": [], **{f"util_{r}": [] for r in names}}
         self.soft_fairness_integral = 0.0
         self.soft_fairness_time = 0.0
@@ -249,20 +256,12 @@ class MetricsRecorder:
         f_counted = self._integrals[2] + dt * counted
         acc = engine.accounting
         f_policy = acc.usage_keys(list(range(len(acc.ledgers))), max(at, acc.clock or at))  # one vectorised call
-        degrees = []
-        for row, ledger in enumerate(acc.ledgers):
-            name = ledger.name
-            series = self.series.setdefault(name, TenantSeries())
-            rho = fairness_degree(float(f_raw[row]), float(owed[row]))
-            degrees.append(rho)
-            series.time.append(at)
-            series.g.append(float(g[row]))
-            series.d.append(float(d[row]))
-            series.S.append(float(entitled[row]))
-            series.f_raw.append(float(f_raw[row]))
-            series.f_counted.append(float(f_counted[row]))
-            series.f_policy.append(f_policy[row])
-            series.rho.append(rho)
+        rho = fairness_degrees(f_raw, owed)
+        degrees = rho.tolist()
+        # One block per sample, a row per quantity in ``TenantSeries.columns``' order (copies:
+        # ``state``'s arrays are buffers); ``series`` makes the tenants' lists from the blocks.
+        self._blocks.append((at, self._tenant_names(acc.ledgers),
+                             np.array([g, d, entitled, f_raw, f_counted, f_policy, rho])))
         self.cluster["time"].append(at)
         self.cluster["psi"].append(sharing_benefit(degrees))
         self.cluster["omega"].append(sharing_loss(degrees))
@@ -271,6 +270,36 @@ class MetricsRecorder:
         used = engine.used.sum(axis=0) if len(engine.used) else np.zeros(len(cap))
         for i, r in enumerate(engine.resources.names):
             self.cluster[f"util_{r}"].append(float(used[i] / cap[i]) if cap[i] > 0 else 0.0)
+
+    def _tenant_names(self, ledgers: list) -> list[str]:
+        """The tenants of the accounting's rows, one list object until one joins (or a new
+        accounting comes): samples sharing it are read as one run (``series``)."""
+        seen, names = self.__dict__.get("_names", (None, []))
+        if seen is not ledgers or len(names) != len(ledgers):
+            names = [ledger.name for ledger in ledgers]
+            self._names = (ledgers, names)
+        return names
+
+    @property
+    def series(self) -> dict[str, TenantSeries]:
+        """Per tenant, its sampled series from its first sample on (in the order tenants were
+        first sampled). The samples' blocks are turned into lists here, a run of samples over
+        the same tenants at a time: a sample is then one array, not a Python loop over tenants."""
+        blocks, self._blocks = self._blocks, []
+        start = 0
+        while start < len(blocks):
+            names, end = blocks[start][1], start
+            while end < len(blocks) and blocks[end][1] is names:
+                end += 1
+            times = [at for at, _, _ in blocks[start:end]]
+            values = np.stack([block for _, _, block in blocks[start:end]], axis=2)  # quantity, tenant, sample
+            for row, name in enumerate(names):
+                series = self._series.setdefault(name, TenantSeries())
+                series.time.extend(times)
+                for column, sampled in zip(series.columns, values[:, row, :].tolist()):
+                    column.extend(sampled)
+            start = end
+        return self._series
 
     def degrees(self) -> dict[str, float]:
         owed = self.integral_entitled

@@ -198,6 +198,27 @@ def test_simulate_writes_decisions_metrics_and_plots(tmp_path, capsys):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_tenant_that_joins_mid_run_is_sampled_from_its_first_sample_on():
+    from fairstream.sim.simulator import Simulator
+
+    # One node of 2 cpu, samples every 2.5 s. A runs 1 cpu from 0 to 10; B joins the tree at
+    # t = 4 and runs 1 cpu from 5 to 15. g is the share held: 1/2 each while running; f_raw
+    # its integral (A: 2.5 s x 0.5 = 1.25 per sample); S the entitlement, A's whole until B joins.
+    document = {"resources": ["cpu"], "nodes": [{"id": "n", "capacity": {"cpu": 2}}], "tenants": [{"id": "A"}],
+                "tasks": [{"id": "a", "job": "ja", "tenant": "A", "submit": 0, "duration": 10, "demand": {"cpu": 1}},
+                          {"id": "b", "job": "jb", "tenant": "B", "submit": 5, "duration": 10, "demand": {"cpu": 1}}],
+                "events": [{"time": 4, "type": "tenants", "tenants": [{"id": "A"}, {"id": "B"}]}]}
+    series = Simulator(parse_scenario(document), "drf", {}, sample_interval=2.5).run().metrics.series
+    a, b = series["A"], series["B"]
+    assert list(series) == ["A", "B"]
+    assert a.time == [0.0, 2.5, 5.0, 7.5, 10.0, 12.5, 15.0] and b.time == [5.0, 7.5, 10.0, 12.5, 15.0]
+    assert a.g == [0.5, 0.5, 0.5, 0.5, 0.0, 0.0, 0.0] and b.g == [0.5, 0.5, 0.5, 0.5, 0.0]
+    assert a.S == [1.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.5] and b.S == [0.5] * 5
+    assert a.f_raw == [0.0, 1.25, 2.5, 3.75, 5.0, 5.0, 5.0] and b.f_raw == [0.0, 1.25, 2.5, 3.75, 5.0]
+    assert a.rho == [1.0] * 7 and b.rho == [1.0] * 5
+    assert all(type(x) is float for s in (a, b) for column in (s.time, *s.columns) for x in column)
+
+
 def test_swim_jobs_become_one_map_per_64mb_block_and_reduces_after_maps():
     sc = load_trace(str(DATA / "FB-2009_samples_24_times_1hr_1.head60.tsv"), "swim", limit=3)
     # job2 reads 1,048,668,636 bytes: ceil(1048668636 / 64 MiB) = 16 maps; shuffle 0: map only.
