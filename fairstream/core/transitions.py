@@ -29,11 +29,12 @@ from fairstream.core.model import (
     TaskState,
     TaskSubmitted,
     TenantsChanged,
-    add_values,
     subtract_floored,
 )
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from fairstream.core.engine import Engine
 
 
@@ -195,9 +196,11 @@ def start(engine: Engine, decision: Decision) -> str | None:
     row = registry.row[decision.node]
     node = registry.nodes[row]
     problem = _placement_problem(engine, task, node, row)
+    if problem is None and not _add_within(registry.storage_used[row], task.demand_values,
+                                           registry.storage_capacity[row]):
+        problem = f"over-commits node {node.id} with {task.id}"
     if problem is not None:
         raise PolicyViolation(f"{decision.policy} {problem}")
-    add_values(registry.storage_used[row], task.demand_values)
     _running_changed(engine, row, task, started=True)
     task.state, task.node, task.start = TaskState.RUNNING, node.id, decision.time
     engine.jobs.started(task.tenant, task.job, task.demand, decision.time,
@@ -216,8 +219,8 @@ def start(engine: Engine, decision: Decision) -> str | None:
 
 def _placement_problem(engine: Engine, task: Task, node: Node, row: int) -> str | None:
     """What is wrong with placing ``task`` on ``node`` (row ``row``), as a policy's bug would
-    be told, or None: the node is lost, its constraints refuse it, its job runs its
-    ``max_per_node`` there already, or it would over-commit the node."""
+    be told, or None: the node is lost, its constraints refuse it, or its job runs its
+    ``max_per_node`` there already (over-committing it: ``_add_within``)."""
     if not node.alive:
         return f"placed {task.id} on lost node {node.id}"
     if not task.constraints.allows(node.id, node.labels):
@@ -225,20 +228,20 @@ def _placement_problem(engine: Engine, task: Task, node: Node, row: int) -> str 
     most = task.constraints.max_per_node
     if most is not None and engine.workload.job_rows(engine.registry.row).get((task.tenant, task.job), {}).get(row, 0) >= most:
         return f"placed {task.id} on {node.id}, where job {task.job} already runs its max_per_node {most}"
-    registry = engine.registry
-    if _over(registry.storage_used[row].tolist(), task.demand.tolist(), registry.storage_capacity[row].tolist()):
-        return f"over-commits node {node.id} with {task.id}"
     return None
 
 
-def _over(used: list[float], demand: list[float], capacity: list[float]) -> bool:
-    """Whether ``demand`` on a node with ``used`` of its ``capacity`` over-commits it: the
-    float operations of ``(used + demand > capacity + EPSILON).any()``, in plain floats (numpy
-    costs several times more on a vector of two or three)."""
-    for have, want, room in zip(used, demand, capacity):
-        if have + want > room + EPSILON:
-            return True
-    return False
+def _add_within(used: np.ndarray, demand: tuple[float, ...], capacity: np.ndarray) -> bool:
+    """``used += demand`` on a node unless that over-commits it (then False, nothing written):
+    the float operations of ``(used + demand > capacity + EPSILON).any()`` and of ``add_values``,
+    in plain floats (numpy costs several times more on a vector of two or three)."""
+    after = [have + want for have, want in zip(used.tolist(), demand)]
+    for total, room in zip(after, capacity.tolist()):
+        if total > room + EPSILON:
+            return False
+    for k, total in enumerate(after):
+        used[k] = total
+    return True
 
 
 __all__ = ["PolicyViolation", "StepResult", "apply_event", "preempt", "start"]
