@@ -354,9 +354,12 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         gap = order.value(keys[tenant]) - order.value(keys[first])
         ahead = room_limited.index(tenant)
         partly = " on the nodes both may use" if partly else ""
+        # A tenant starved past its timeout is in the way whatever its tasks' size (``in_the_way``):
+        # it takes the room only if its preemption stage can free the rest there, so "may".
         starved = ", starved past its preemption timeout: room is taken back for it" if first in overdue else ""
+        goes = "may go first" if first in overdue else "goes first"
         return (WaitReason.BEHIND_TENANTS,
-                f"{nowhere} for {need}; freed room{partly} goes first to {first} ({label} "
+                f"{nowhere} for {need}; freed room{partly} {goes} to {first} ({label} "
                 f"{order.value(keys[first]):.4g} against {tenant}'s {order.value(keys[tenant]):.4g}{starved}; "
                 f"{ahead} waiting tenant{'s' if ahead != 1 else ''} ahead)", first, gap)
 

@@ -180,6 +180,36 @@ def test_a_reservation_of_a_tenant_at_its_fair_share_names_the_starved_tenant_it
     assert "room freed there is kept for it, and it needs" in entry.message
 
 
+# Found by a what-if search over random scenarios (2026-11-27): at t = 28 u1 (at its fair
+# share) waits behind u0, starved past its 5-s timeout. u0's next tasks need 3 cpu, more than
+# the 1 cpu and 2 mem u1's task needs; freed room of that size on n1 went to u1's t5-4 (u0's
+# preemption stage could not free the rest there), so "goes first to u0" was false.
+BEHIND_A_STARVED_TENANT = {
+    "resources": ["cpu", "mem"],
+    "nodes": [{"id": "n0", "capacity": {"cpu": 8, "mem": 8}, "labels": {"zone": "b"}}, {"id": "n1", "capacity": {"cpu": 8, "mem": 7}, "labels": {"zone": "b"}}, {"id": "n2", "capacity": {"cpu": 6, "mem": 8}, "labels": {"zone": "b"}}],
+    "tenants": [{"id": "g0", "weight": 3}, {"id": "g1", "weight": 1}, {"id": "u0", "weight": 1, "parent": "g0"}, {"id": "u1", "weight": 1, "parent": "g1", "ordering": "fair", "max_running": 1}],
+    "tasks": [
+        {"id": "t0", "job": "j0", "tenant": "u1", "submit": 12, "duration": 34, "demand": {"cpu": 1, "mem": 2}, "estimate": 68.0, "constraints": {"labels": {"zone": "a"}}},
+        {"id": "t1", "job": "j1", "tenant": "u0", "submit": 23, "duration": 15, "demand": {"cpu": 3, "mem": 1}, "estimate": 15.0, "constraints": {"max_per_node": 1}},
+        {"id": "t2", "job": "j2", "tenant": "u1", "submit": 11, "duration": 22, "demand": {"cpu": 3, "mem": 1}, "estimate": 22.0},
+        {"id": "t3", "job": "j3", "tenant": "u1", "submit": 30, "duration": 31, "demand": {"cpu": 1, "mem": 1}, "count": 4, "constraints": {"labels": {"zone": "b"}}},
+        {"id": "t4", "job": "j0", "tenant": "u1", "submit": 11, "duration": 27, "demand": {"cpu": 0, "mem": 3}, "estimate": 27.0, "constraints": {"labels": {"zone": "a"}}},
+        {"id": "t5", "job": "j1", "tenant": "u1", "submit": 8, "duration": 36, "demand": {"cpu": 1, "mem": 2}, "count": 5, "estimate": 18.0},
+        {"id": "t6", "job": "j2", "tenant": "u0", "submit": 5, "duration": 15, "demand": {"cpu": 0, "mem": 2}, "estimate": 7.5, "constraints": {"nodes": ["n1", "n2", "n0"]}},
+        {"id": "t7", "job": "j3", "tenant": "u0", "submit": 1, "duration": 32, "demand": {"cpu": 3, "mem": 1}, "count": 6, "estimate": 32.0, "constraints": {"max_per_node": 2}},
+        {"id": "t8", "job": "j0", "tenant": "u1", "submit": 0, "duration": 29, "demand": {"cpu": 3, "mem": 1}, "count": 5, "estimate": 58.0, "constraints": {"labels": {"zone": "a"}, "max_per_node": 2}}
+    ]}
+
+
+def test_a_tenant_behind_a_starved_one_with_larger_tasks_is_told_that_one_may_go_first():
+    params = {"preemption": "on", "preemption_timeout": "5", "preemption_threshold": "1", "resource": "mem"}
+    explanation = explained(BEHIND_A_STARVED_TENANT, "fair", params, at=28)
+    (entry,) = [e for e in explanation.pending["u1"] if e.reason is WaitReason.BEHIND_TENANTS]
+    assert entry.waits_for == "u0"
+    assert "freed room may go first to u0" in entry.message
+    assert "starved past its preemption timeout: room is taken back for it" in entry.message
+
+
 def test_simulate_explain_at_writes_the_apis_documents(tmp_path, capsys):
     path = tmp_path / "s.json"
     path.write_text(json.dumps(EVERY_REASON))
