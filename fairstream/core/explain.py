@@ -259,7 +259,8 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
             room_limited.append(tenant)
     # Tenants starved past the preemption timeout: the pass's last stage makes room for them,
     # taking back from tenants above their share what the pass gave them (``preemption.reclaim``):
-    # in their turn, they take any room on a node they may use, whatever their tasks' size.
+    # in their turn, they may take any room on a node they may use, whatever their tasks' size
+    # (if victims there make up the rest of what their task needs).
     # A tenant at or above its fair share is a victim for them: room given to it in the pass is
     # taken back (withdrawn) for an overdue tenant whatever their order.
     # A reservation of a tenant at or above its fair share does not hold against them either
@@ -280,11 +281,14 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         ``task``), and the node reserved for it, whatever its size; None: none."""
         out = None
         limit = [x + EPSILON for x in task.demand_values]
+        starved = other in overdue
+        # (the reserved node too, if ``task`` is the reserved one and the reservation yields)
+        widened = starved and reservation_yields and (task.tenant, task.shape) == (reserved_for.tenant,
+                                                                                   reserved_for.shape)
         for nodes, demand, head in reach[other]:
-            if other in overdue and reservation_yields and (task.tenant, task.shape) == (reserved_for.tenant,
-                                                                                         reserved_for.shape):
-                nodes = may_use(head, now=False)  # (the reserved node too)
-            if other in overdue or all(d <= x for d, x in zip(demand, limit)):  # (overdue: ``in_the_way``)
+            if widened:
+                nodes = may_use(head, now=False)
+            if starved or all(d <= x for d, x in zip(demand, limit)):  # (overdue: ``in_the_way``)
                 out = nodes & mask if out is None else out | (nodes & mask)
         if reserved_for is not None and reserved_for.tenant == other and mask[reserved_for.node]:
             out = np.zeros_like(mask) if out is None else out
