@@ -180,6 +180,11 @@ def water_fill(amount: float, weights: np.ndarray, low: np.ndarray, high: np.nda
     k = int(np.searchsorted(values, amount))  # values[k - 1] < amount <= values[k]
     if k == 0:
         r = float(points[0])
+    elif k == len(values):
+        # ``amount`` is short of ``high.sum()`` by float dust only, and the sum at the last
+        # point is below it by as little (``high / weights * weights`` may round below
+        # ``high``): give that, never more than ``amount``.
+        r = float(points[-1])
     else:
         r0, r1, v0, v1 = points[k - 1], points[k], values[k - 1], values[k]
         r = float(r0 + (r1 - r0) * (amount - v0) / (v1 - v0)) if v1 > v0 else float(r1)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fairstream.core.explain import WaitReason, explain
-from fairstream.core.fairness import fair_shares
+from fairstream.core.fairness import fair_shares, water_fill
 from fairstream.core.model import DecisionKind, TaskCompleted, TaskSubmitted, TenantSpec
 from fairstream.sim.scenario import parse_scenario
 from fairstream.sim.simulator import Simulator
@@ -152,6 +152,18 @@ def test_min_shares_beyond_the_cluster_are_scaled_to_it():
     t = tree(TenantSpec("a", min_share=0.8), TenantSpec("ops", min_share=0.8))
     shares = fair_shares(t, ["a", "ops"], np.array([[100.0], [100.0]]), np.array([100.0]), 0, ("cpu",))
     assert shares.tolist() == pytest.approx([0.5, 0.5])
+
+
+def test_a_share_to_divide_a_float_dust_short_of_what_the_children_ask_is_divided_at_their_asks():
+    # Found by a random run (a tree of two queues, weight 3 each leaf): g0's share 10/23 is one
+    # ulp below the sum of its leaves' asks 9/23 + 1/23 (0.43478260869565216 against
+    # 0.4347826086956522), so no level is filled short of their asks, and the water level at
+    # the last ask (9/23 / 3 * 3) rounds a dust below 9/23. It is the answer, within dust below
+    # the share (the search had looked past its last point: IndexError).
+    asks = np.array([0.391304347826087, 0.043478260869565216])
+    shares = water_fill(0.43478260869565216, np.array([3.0, 3.0]), np.zeros(2), asks)
+    assert shares.tolist() == pytest.approx(asks.tolist(), abs=1e-15)
+    assert shares.sum() <= 0.43478260869565216
 
 
 def preempting_scenario(tenants: list[dict], policy: str = "drf", **params) -> tuple[list, Simulator]:
