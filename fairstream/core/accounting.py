@@ -177,9 +177,17 @@ class RecentTasks:
             demand[k] += sign * value
             weighted[k] += sign * (value * start)
 
-    def append(self, entry: _Running) -> None:
-        self.entries.append(entry)
-        self._add(entry)  # just started: always within the quantum (boundary moves lazily)
+    def extend(self, entries: list[_Running]) -> None:
+        """Tasks just started (always within the quantum: the boundary moves lazily), in start
+        order; their sums added one at a time, as ``_count`` does."""
+        self.entries.extend(entries)
+        round_start, demand, weighted = self.round_start, self.demand, self.weighted
+        for entry in entries:
+            entry.recent = True
+            start = entry.start if entry.start > round_start else round_start
+            for k, value in enumerate(entry.values if entry.counted_values is None else entry.counted_values):
+                demand[k] += value
+                weighted[k] += value * start
 
     def retire(self, entry: _Running) -> None:
         entry.done = True
@@ -441,27 +449,38 @@ class Accounting:
             ledger.pseudo_accumulated = max(self.usage_keys(earlier, now), default=0.0)
             ledger.pseudo_at = now
 
-    def on_start(self, row: int, demand: np.ndarray, now: float, weighted: np.ndarray | None = None) -> "_Running":
-        """A task starts; returns its running entry, to hand back on finish or requeue.
-        ``weighted``: its demand times its node's resource weights (formula 9), if not 1."""
+    def on_start(self, row: int, demand: np.ndarray, now: float, weighted: np.ndarray | None = None,
+                 count: int = 1) -> list["_Running"]:
+        """``count`` tasks of ``demand`` start (a run of one request's tasks on one node: one
+        call, the same state to the bit as one call each); returns their running entries, to
+        hand back on finish or requeue. ``weighted``: the demand times its node's resource
+        weights (formula 9), if not 1."""
         ledger = self.ledgers[row]
-        ledger.pending -= 1
-        ledger.running += 1
+        ledger.pending -= count
+        ledger.running += count
         ledger.waiting_since = now if ledger.pending > 0 else None
         values = tuple(demand.tolist())
-        add_values(self.pending_demand[row], values, -1.0)
         counted_values = None
         if weighted is not None and weighted is not demand and not np.array_equal(weighted, demand):
             if self.weighted_allocation is None:
                 self.weighted_allocation = self.allocation.copy()
             counted_values = tuple(weighted.tolist())
+        # Task by task in plain floats (the bits of one call each): the pending total and the
+        # allocation read once, each task's demand leaving one and joining the other in turn.
+        pending, allocation = self.pending_demand[row].tolist(), self.allocation[row].tolist()
+        for _ in range(count):
+            for k, value in enumerate(values):
+                pending[k] -= value
+                allocation[k] += value
+        self.pending_demand[row] = pending
+        self.allocation[row] = allocation
         if self.weighted_allocation is not None:
-            self.weighted_allocation[row] += demand if counted_values is None else weighted
-        add_values(self.allocation[row], values)
-        entry = _Running(now, demand, values=values, counted_values=counted_values)
-        ledger.recent.append(entry)
+            for _ in range(count):
+                self.weighted_allocation[row] += demand if counted_values is None else weighted
+        entries = [_Running(now, demand, False, True, values, counted_values) for _ in range(count)]
+        ledger.recent.extend(entries)
         self._changed(row)
-        return entry
+        return entries
 
     def on_finish(self, row: int, entry: "_Running", now: float, tree: TenantTree) -> None:
         ledger = self.ledgers[row]

@@ -118,10 +118,14 @@ def admit(engine: "Engine", event: Event, earlier: "Earlier | None" = None):
             raise EventRejected(f"estimate: must be a finite number of seconds >= 0, got {estimate!r}")
         return demand, Constraints.from_json(event.constraints)
     if isinstance(event, TaskCompleted):
-        task = event.task
-        if task in earlier.completed or task in engine.finished_ids and task not in engine.tasks:
+        task, workload = event.task, engine.workload
+        if task in workload.tasks:  # (pending or running: most completions)
+            if task in earlier.completed:
+                raise EventRejected(f"task {task!r}: already completed")
+            return None
+        if task in earlier.completed or task in workload.finished_ids:
             raise EventRejected(f"task {task!r}: already completed")
-        if task not in engine.tasks and not earlier.submitted_task(task) and engine.workload.in_request(task) is None:
+        if not earlier.submitted_task(task) and workload.in_request(task) is None:
             raise EventRejected(f"task {task!r}: completion of an unknown task")
         return None
     if isinstance(event, NodeHeartbeat):
@@ -198,9 +202,14 @@ def taken_id(engine: "Engine", request: str, count: int, earlier: Earlier) -> st
     tasks costs no more than the tasks the engine holds."""
     held = (engine.tasks, engine.finished_ids, earlier.submitted, earlier.completed)
     if count <= sum(len(ids) for ids in held):
+        # ``known`` of each id, but for the requests: the caller refused a pending request of
+        # this id, and only a request of this id could hold ``<request>-<k>`` (the index has no
+        # dash), so the ids held are the ones to look in.
+        tasks, finished, submitted, completed = held
         for k in range(count):
-            if known(engine, request_task_id(request, k), earlier):
-                return request_task_id(request, k)
+            task = request_task_id(request, k)
+            if task in tasks or task in finished or task in submitted or task in completed:
+                return task
         return None
     for ids in held:
         for task in ids:

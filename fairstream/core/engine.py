@@ -33,7 +33,7 @@ from fairstream.core.preemption import PreemptionRule, RunningTask, Starvation
 from fairstream.core.reservation import Reservations
 from fairstream.core.snapshot import EMPTY_MAPPING, Snapshot, SnapshotBuilder
 from fairstream.core.tenants import TenantTree
-from fairstream.core.transitions import PolicyViolation, StepResult, apply_event, preempt, start
+from fairstream.core.transitions import PolicyViolation, StepResult, apply_decisions, apply_event
 from fairstream.core.verdicts import Verdicts
 from fairstream.core.workload import Workload
 
@@ -234,8 +234,7 @@ class Engine:
         snapshot = self.snapshot(**fields)
         decisions = self.spec.decide(snapshot, self.params)
         snapshot.expire()  # the decisions change the state its fields not read yet are made from
-        requests = [preempt(self, decision) if decision.kind is DecisionKind.PREEMPT else start(self, decision)
-                    for decision in decisions]
+        requests = apply_decisions(self, decisions)
         again = bool(getattr(decisions, "withdrawn", 0))
         if again:
             self.changes.forget()  # placements taken back: the next pass goes over every tenant

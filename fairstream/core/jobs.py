@@ -53,13 +53,15 @@ class Jobs:
         self.usage: dict[str, dict[str, JobUsage]] = {}  # leaf that orders its jobs -> job -> usage
         self.maybe_idle: set[tuple[str, str]] = set()  # (leaf, job) that stopped or lost a task this step
 
-    def started(self, tenant: str, job: str, demand: np.ndarray, time: float, orders_jobs: bool) -> None:
-        """A task of ``job`` of leaf ``tenant`` started at ``time``; ``orders_jobs``: its leaf
-        orders its jobs by usage."""
+    def started(self, tenant: str, job: str, demand: np.ndarray, time: float, orders_jobs: bool,
+                count: int = 1) -> None:
+        """``count`` tasks of ``job`` of leaf ``tenant`` started at ``time``; ``orders_jobs``:
+        its leaf orders its jobs by usage."""
         jobs = self.running.setdefault(tenant, {})
-        jobs[job] = jobs.get(job, 0) + 1
+        jobs[job] = jobs.get(job, 0) + count
         if orders_jobs:
-            self._usage_started(tenant, job, demand, time)
+            for _ in range(count):  # (one at a time: the usage's float bits)
+                self._usage_started(tenant, job, demand, time)
 
     def _usage_started(self, tenant: str, job: str, demand: np.ndarray, time: float) -> None:
         jobs = self.usage.setdefault(tenant, {})

@@ -10,6 +10,7 @@ would break an invariant raises ``PolicyViolation`` (a bug, never input).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -185,9 +186,30 @@ def preempt(engine: Engine, decision: Decision) -> None:
     engine.changes.grown.add(row)
 
 
-def start(engine: Engine, decision: Decision) -> str | None:
-    """Apply one placement, checked against the engine's own view (a policy bug raises
-    ``PolicyViolation``); returns the id of the request it took a task of (or None)."""
+def apply_decisions(engine: Engine, decisions: list[Decision]) -> list[str | None]:
+    """Apply a pass's decisions in order, each checked against the engine's own view (a policy
+    bug raises ``PolicyViolation``): a ``PREEMPT`` stops its task, a placement starts its own.
+    Returns, per decision, the id of the request it took a task of (or None)."""
+    requests: list[str | None] = []
+    at = 0
+    while at < len(decisions):
+        decision = decisions[at]
+        if decision.kind is DecisionKind.PREEMPT:
+            preempt(engine, decision)
+            requests.append(None)
+            at += 1
+        else:
+            at = _start_run(engine, decisions, at, requests)
+    return requests
+
+
+def _start_run(engine: Engine, decisions: list[Decision], first: int, requests: list[str | None]) -> int:
+    """Start the placement ``decisions[first]`` and the placements right after it that take the
+    next tasks of the same request to the same node, as far as each would be accepted alone
+    (the one that would not is the next call's, which raises): one pass over the run's shared
+    parts (node, request, queue, ledger), the same state to the bit as one call each. Appends
+    each one's request id to ``requests``; returns the index of the first decision left."""
+    decision = decisions[first]
     workload, registry = engine.workload, engine.registry
     taken = workload.take(decision.task)
     if taken is None:
@@ -196,31 +218,68 @@ def start(engine: Engine, decision: Decision) -> str | None:
     row = registry.row[decision.node]
     node = registry.nodes[row]
     problem = _placement_problem(engine, task, node, row)
-    if problem is None and not _add_within(registry.storage_used[row], task.demand_values,
-                                           registry.storage_capacity[row]):
+    capacity = registry.storage_capacity[row].tolist()
+    used = _added_within(registry.storage_used[row].tolist(), task.demand_values, capacity)
+    if problem is None and used is None:
         problem = f"over-commits node {node.id} with {task.id}"
     if problem is not None:
         raise PolicyViolation(f"{decision.policy} {problem}")
-    _running_changed(engine, row, task, started=True)
-    task.state, task.node, task.start = TaskState.RUNNING, node.id, decision.time
-    engine.jobs.started(task.tenant, task.job, task.demand, decision.time,
-                        engine.tree.orders_jobs and orders_jobs(engine.tree, task.tenant))
-    retired = workload.started(task, request)
+    following: list[str] = []
+    if request is not None and request.count > 1:
+        used = _run_after(engine, decisions, first, task, request, row, used, capacity, following)
+    registry.storage_used[row] = used
+    time = decision.time
+    task.state, task.node, task.start = TaskState.RUNNING, node.id, time  # (before it leaves the queue: it is no longer pending)
+    started, retired = workload.started(task, request, following)
+    for each in started[1:]:
+        each.state, each.node, each.start = TaskState.RUNNING, node.id, time
+    engine.reservations.node_changed(row)
+    for each in started:
+        workload.running_changed(row, each, True)
+    engine.jobs.started(task.tenant, task.job, task.demand, time,
+                        engine.tree.orders_jobs and orders_jobs(engine.tree, task.tenant), len(started))
     if request is None:
         engine.verdicts.unschedulable.discard(task.id)
     elif retired:  # (a request is reported as one: it stops being so once no task of it is left)
         engine.verdicts.unschedulable.discard(request.id)
     # Formula 9: accounted usage is the demand times the node's resource weights.
     weighted = task.demand if node.weights is None else task.demand * node.weights
-    task.running_entry = engine.accounting.on_start(engine.accounting.row[task.tenant], task.demand, decision.time,
-                                                    weighted)
-    return request.id if request is not None else None
+    entries = engine.accounting.on_start(engine.accounting.row[task.tenant], task.demand, time, weighted,
+                                         len(started))
+    for each, entry in zip(started, entries):
+        each.running_entry = entry
+    requests.extend([None if request is None else request.id] * len(started))
+    return first + len(started)
+
+
+def _run_after(engine: Engine, decisions: list[Decision], first: int, task: Task, request: Task, row: int,
+               used: list[float], capacity: list[float], following: list[str]) -> list[float]:
+    """The placements after ``decisions[first]`` (``task`` of ``request`` on node ``row``, whose
+    used room is then ``used``) that start with it: each the request's next task on the same
+    node, within the job's ``max_per_node`` there and the node's room. Their ids go to
+    ``following``; returns the node's used room with them."""
+    end = first + 1
+    while (end < len(decisions) and end - first < request.count and decisions[end].node == decisions[first].node
+           and decisions[end].kind is not DecisionKind.PREEMPT):
+        end += 1
+    if end == first + 1:
+        return used
+    most = task.constraints.max_per_node
+    room = math.inf if most is None else \
+        most - 1 - engine.workload.job_rows(engine.registry.row).get((task.tenant, task.job), {}).get(row, 0)
+    for task_id, later in zip(request.task_ids(1, end - first - 1), decisions[first + 1 : end]):
+        more = _added_within(used, task.demand_values, capacity)
+        if later.task != task_id or len(following) >= room or more is None:
+            break
+        used = more
+        following.append(task_id)
+    return used
 
 
 def _placement_problem(engine: Engine, task: Task, node: Node, row: int) -> str | None:
     """What is wrong with placing ``task`` on ``node`` (row ``row``), as a policy's bug would
     be told, or None: the node is lost, its constraints refuse it, or its job runs its
-    ``max_per_node`` there already (over-committing it: ``_add_within``)."""
+    ``max_per_node`` there already (over-committing it: ``_added_within``)."""
     if not node.alive:
         return f"placed {task.id} on lost node {node.id}"
     if not task.constraints.allows(node.id, node.labels):
@@ -231,17 +290,15 @@ def _placement_problem(engine: Engine, task: Task, node: Node, row: int) -> str 
     return None
 
 
-def _add_within(used: np.ndarray, demand: tuple[float, ...], capacity: np.ndarray) -> bool:
-    """``used += demand`` on a node unless that over-commits it (then False, nothing written):
-    the float operations of ``(used + demand > capacity + EPSILON).any()`` and of ``add_values``,
-    in plain floats (numpy costs several times more on a vector of two or three)."""
-    after = [have + want for have, want in zip(used.tolist(), demand)]
-    for total, room in zip(after, capacity.tolist()):
+def _added_within(used: list[float], demand: tuple[float, ...], capacity: list[float]) -> list[float] | None:
+    """A node's used room with ``demand`` added, or None if that over-commits it: the float
+    operations of ``(used + demand > capacity + EPSILON).any()`` and of ``add_values``, in plain
+    floats (numpy costs several times more on a vector of two or three)."""
+    after = [have + want for have, want in zip(used, demand)]
+    for total, room in zip(after, capacity):
         if total > room + EPSILON:
-            return False
-    for k, total in enumerate(after):
-        used[k] = total
-    return True
+            return None
+    return after
 
 
-__all__ = ["PolicyViolation", "StepResult", "apply_event", "preempt", "start"]
+__all__ = ["PolicyViolation", "StepResult", "apply_decisions", "apply_event", "preempt"]

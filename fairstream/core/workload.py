@@ -14,7 +14,7 @@ the tenants waiting with each shape (candidate selection), the tasks running on 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -116,17 +116,26 @@ class Workload:
             return None
         return task_of(found[0], task_id), found[0]
 
-    def started(self, task: Task, request: Task | None) -> bool:
-        """``task`` (taken by ``take``) started: it leaves its queue, and a request's task
-        joins the task table. Returns whether its request is now empty and forgotten."""
+    def started(self, task: Task, request: Task | None, following: Sequence[str] = ()) -> tuple[list[Task], bool]:
+        """``task`` (taken by ``take``) started, and with it, in order, the tasks of ``request``
+        that come next in it, by id (``following``: ``request.task_ids(1, n)`` or a prefix):
+        they leave the queue, and a request's tasks join the task table. Returns the tasks
+        started and whether the request is now empty and forgotten."""
         if request is None:
             self.dequeue(task)
-            return False
-        self.tasks[task.id] = task
+            return [task], False
+        tasks = self.tasks
+        tasks[task.id] = task
         self.advance_request(request)
+        started = [task]
+        for task_id in following:  # (each made as ``take`` makes it: the request's arrival number moves on)
+            task = task_of(request, task_id)
+            tasks[task_id] = task
+            self.advance_request(request)
+            started.append(task)
         retired = self.retire_request(request)
-        self.dequeue(request)
-        return retired
+        self.dequeue(request, len(started))
+        return started, retired
 
     def shape_of(self, demand: np.ndarray, constraints: Constraints, tenant: str, job: str) -> int:
         """The shape id of tasks of this demand and constraints. With ``max_per_node`` which
@@ -151,10 +160,10 @@ class Workload:
         if self._holders is not None:
             self._holders.setdefault(task.shape, set()).add(task.tenant)
 
-    def dequeue(self, task: Task) -> None:
-        """One task of ``task`` (a request: its next) leaves its tenant's queue."""
+    def dequeue(self, task: Task, n: int = 1) -> None:
+        """One task of ``task`` (a request: its next ``n``) leaves its tenant's queue."""
         queue = self.pending[task.tenant]
-        queue.removed(task)
+        queue.removed(task, n)
         if not queue.count:
             self._waiting = None
         if task.shape not in queue.groups and self._holders is not None:

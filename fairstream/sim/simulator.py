@@ -212,12 +212,12 @@ class Simulator:
             batch = []
             while heap and heap[0][0] == now:
                 _, kind, _, payload = heapq.heappop(heap)
-                if kind == _COMPLETE:
-                    task_id, attempt = payload
-                    if attempts.get(task_id) != attempt:
-                        continue  # the attempt was requeued by a node loss
-                    del attempts[task_id]
-                    batch.append(TaskCompleted(now, task_id))
+                if kind == _COMPLETE:  # the tasks of one placement, with their attempt numbers
+                    for task_id, attempt in payload:
+                        if attempts.get(task_id) != attempt:
+                            continue  # the attempt was requeued by a node loss, or preempted
+                        del attempts[task_id]
+                        batch.append(TaskCompleted(now, task_id))
                 elif kind == _SUBMIT:
                     spec: TaskSpec = payload
                     if lazy:
@@ -265,13 +265,17 @@ class Simulator:
                 placements += 1
                 task_placements += decision.count
                 duration = spec_of(decision.task).duration
+                ending = []
                 for task_id in decision.task_ids:
                     attempt = attempts.get(task_id)
                     if attempt is None:  # its first placement (a preempted or requeued task keeps its number)
                         placed_tasks += 1
                         attempt = 0
-                    attempts[task_id] = attempt + 1
-                    push(now + duration, _COMPLETE, (task_id, attempts[task_id]))
+                    attempts[task_id] = attempt = attempt + 1
+                    ending.append((task_id, attempt))
+                # One entry for the placement's tasks, which end together: popped in their
+                # order, where their own consecutive entries would have been.
+                push(now + duration, _COMPLETE, ending)
             wake = engine.wake_at()
             if wake is not None and wake not in woken:
                 woken.add(wake)

@@ -25,6 +25,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from fairstream.core import engine as engine_module
+from fairstream.core import transitions
 from fairstream.core.engine import Engine
 from fairstream.core.fairness import fair_shares
 from fairstream.core.model import DecisionKind, TenantSpec
@@ -32,6 +34,7 @@ from fairstream.core.tenants import TenantTree
 from fairstream.policies import get as get_policy
 from fairstream.sim.scenario import parse_scenario
 from fairstream.sim.simulator import Simulator
+from fairstream.state.engine_snapshot import encode_engine
 from fairstream.wire.log import log_step, replay
 
 import oracle
@@ -327,6 +330,43 @@ def test_a_worker_replaying_the_recorded_input_takes_the_simulators_decisions(do
     steps = [log_step(time, events) for time, events in result.events]
     replayed = [d for step in replay(worker, steps) for d in step.decisions]
     assert [d.to_json() for d in replayed] == [d.to_json() for d in result.decisions]
+
+
+def in_fractions(document: dict) -> dict:
+    """``document`` with demands and capacities in tenths, node resource weights and run times
+    off the whole second: sums of a run's tasks then depend on the order of their float
+    additions (whole numbers add exactly in any order)."""
+    tenths = lambda vector: {name: value / 10 for name, value in vector.items()}  # noqa: E731
+    nodes = [{**n, "capacity": tenths(n["capacity"]), "weights": {"cpu": 1.5 if i % 2 else 1.0, "mem": 0.7}}
+             for i, n in enumerate(document["nodes"])]
+    tasks = [{**t, "demand": tenths(t["demand"]), "duration": t["duration"] * 1.1} for t in document["tasks"]]
+    return {**document, "nodes": nodes, "tasks": tasks}
+
+
+def one_at_a_time(engine: Engine, decisions):
+    """The reference for runs: each of a pass's decisions applied alone (a run of one)."""
+    return [request for decision in decisions for request in transitions.apply_decisions(engine, [decision])]
+
+
+@SETTINGS
+@given(document=everything(), policy=st.sampled_from(PREEMPTING), half_life=st.booleans(),
+       reservation=st.sampled_from(["on", "off", "backfill"]))
+def test_a_run_of_a_requests_tasks_started_at_once_leaves_the_state_of_one_at_a_time_to_the_bit(
+        document, policy, half_life, reservation):
+    # ``transitions.apply_decisions`` starts the placements of one request's next tasks on one
+    # node in one go: after every step, the engine's whole state (its snapshot's bytes) and its
+    # decisions are those of starting each placement alone.
+    document = in_fractions(document)
+
+    def steps(apply) -> list:
+        seen = []
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(engine_module, "apply_decisions", apply)
+            Simulator(parse_scenario(document), policy, params_for(policy, half_life, reservation),
+                      on_step=lambda engine, result: seen.append((result.decisions, encode_engine(engine)))).run()
+        return seen
+
+    assert steps(transitions.apply_decisions) == steps(one_at_a_time)
 
 
 def first_in_line_is_true(engine: Engine) -> None:

@@ -67,7 +67,7 @@ def test_a_placement_takes_the_next_task_of_a_request_and_nothing_else():
     task, held = workload.take("r-0")
     assert (task.id, held) == ("r-0", request)
     task.state = TaskState.RUNNING
-    assert workload.started(task, request) is False
+    assert workload.started(task, request) == ([task], False)
     assert workload.tasks["r-0"] is task and request.index == 1 and request.count == 1
     assert workload.take("r-0") is None, "running, not pending"
 
