@@ -482,13 +482,19 @@ class Accounting:
         self._changed(row)
         return entries
 
-    def on_finish(self, row: int, entry: "_Running", now: float, tree: TenantTree) -> None:
+    def on_finish(self, row: int, finished: list[tuple["_Running", float]], tree: TenantTree) -> None:
+        """Tasks of tenant ``row`` finished: each one's running entry and end time, in order
+        (several in one call: the same state, to the bit, as one call each)."""
         ledger = self.ledgers[row]
-        ledger.running -= 1
-        subtract_floored(self.allocation[row], entry.values)  # (float dust cleared)
-        self._release_weighted(row, entry)
-        ledger.recent.retire(entry)
-        self.quanta.record(tree, ledger.name, now - entry.start)
+        ledger.running -= len(finished)
+        allocation = self.allocation[row].tolist()
+        for entry, _ in finished:
+            subtract_floored(allocation, entry.values)  # (float dust cleared)
+        self.allocation[row] = allocation
+        for entry, now in finished:
+            self._release_weighted(row, entry)
+            ledger.recent.retire(entry)
+            self.quanta.record(tree, ledger.name, now - entry.start)
         # A leaf's quantum moves only with its own finished tasks (section 5.2.1, bottom-up).
         self._changed(row, quantum=True)
 

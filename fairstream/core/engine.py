@@ -33,7 +33,7 @@ from fairstream.core.preemption import PreemptionRule, RunningTask, Starvation
 from fairstream.core.reservation import Reservations
 from fairstream.core.snapshot import EMPTY_MAPPING, Snapshot, SnapshotBuilder
 from fairstream.core.tenants import TenantTree
-from fairstream.core.transitions import PolicyViolation, StepResult, apply_decisions, apply_event
+from fairstream.core.transitions import PolicyViolation, StepResult, apply_decisions, apply_events
 from fairstream.core.verdicts import Verdicts
 from fairstream.core.workload import Workload
 
@@ -190,11 +190,7 @@ class Engine:
         self.accounting.advance(time)
         self.workload.forget_finished(time - self.workload.finished_retention)
         result = StepResult()
-        for event in events:
-            try:
-                apply_event(self, event, result)
-            except ModelError as exc:
-                result.rejected.append((event, str(exc)))
+        apply_events(self, events, result)
         if self.shares_stale:
             self.refresh_shares()
         if self.jobs.maybe_idle:

@@ -343,30 +343,40 @@ def in_fractions(document: dict) -> dict:
     return {**document, "nodes": nodes, "tasks": tasks}
 
 
-def one_at_a_time(engine: Engine, decisions):
-    """The reference for runs: each of a pass's decisions applied alone (a run of one)."""
+def decisions_one_at_a_time(engine: Engine, decisions):
+    """The reference for runs of placements: each of a pass's decisions applied alone."""
     return [request for decision in decisions for request in transitions.apply_decisions(engine, [decision])]
+
+
+def events_one_at_a_time(engine: Engine, events, result) -> None:
+    """The reference for runs of completions: each of a step's events applied alone."""
+    for event in events:
+        transitions.apply_events(engine, [event], result)
 
 
 @SETTINGS
 @given(document=everything(), policy=st.sampled_from(PREEMPTING), half_life=st.booleans(),
        reservation=st.sampled_from(["on", "off", "backfill"]))
-def test_a_run_of_a_requests_tasks_started_at_once_leaves_the_state_of_one_at_a_time_to_the_bit(
+def test_runs_of_tasks_started_or_finished_at_once_leave_the_state_of_one_at_a_time_to_the_bit(
         document, policy, half_life, reservation):
     # ``transitions.apply_decisions`` starts the placements of one request's next tasks on one
-    # node in one go: after every step, the engine's whole state (its snapshot's bytes) and its
-    # decisions are those of starting each placement alone.
+    # node in one go, ``transitions.apply_events`` the completions in a row of one tenant's
+    # tasks on one node: after every step, the engine's whole state (its snapshot's bytes) and
+    # its decisions are those of applying each alone.
     document = in_fractions(document)
 
-    def steps(apply) -> list:
+    def steps(apply_decisions, apply_events) -> list:
         seen = []
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(engine_module, "apply_decisions", apply)
+            patch.setattr(engine_module, "apply_decisions", apply_decisions)
+            patch.setattr(engine_module, "apply_events", apply_events)
             Simulator(parse_scenario(document), policy, params_for(policy, half_life, reservation),
-                      on_step=lambda engine, result: seen.append((result.decisions, encode_engine(engine)))).run()
+                      on_step=lambda engine, result: seen.append((result.decisions, [task.id for task in result.finished],
+                                                                  encode_engine(engine)))).run()
         return seen
 
-    assert steps(transitions.apply_decisions) == steps(one_at_a_time)
+    assert steps(transitions.apply_decisions, transitions.apply_events) == \
+        steps(decisions_one_at_a_time, events_one_at_a_time)
 
 
 def first_in_line_is_true(engine: Engine) -> None:
