@@ -412,7 +412,7 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
             if len(out) >= limit:
                 break
             reason = (*held_jobs[task.job], None, None) if task.job in held_jobs else why[task.shape]
-            out.append(PendingEntry(tenant, task.id, task.job, task.count, task.task_ids(0, 1)[0], position,
+            out.append(PendingEntry(tenant, task.id, task.job, task.count, task.task_id(), position,
                                     dict(task.demand_map), task.submit, *reason))
             position += task.count
         pending[tenant] = out

@@ -273,6 +273,14 @@ class Task:
     index: int = -1  # a request's next task index; -1: a single task
     cancelled: frozenset[int] = frozenset()  # a request's indices completed while pending
 
+    def task_id(self, skip: int = 0) -> str:
+        """The id of the pending task after the first ``skip`` (a single task: its id)."""
+        if self.index < 0:
+            return self.id
+        if not self.cancelled:
+            return request_task_id(self.id, self.index + skip)
+        return self.task_ids(skip, 1)[0]
+
     def task_ids(self, skip: int, n: int) -> list[str]:
         """The ids of the ``n`` pending tasks after the first ``skip`` (a single task: its id)."""
         if self.index < 0:

@@ -219,7 +219,7 @@ class Cycle:
         ``node``; the pass's working state is ``commit``'s to change."""
         decision = Decision(
             time=self.snapshot.time,
-            task=task.id if task.index < 0 else task.task_ids(within, 1)[0],
+            task=task.task_id(within),
             job=task.job,
             tenant=tenant,
             node=self.snapshot.node_ids[node],

@@ -100,7 +100,7 @@ class Reservations:
                 and all(have >= want - EPSILON  # (plain floats: numpy costs more on two or three)
                         for have, want in zip(registry.storage_capacity[held.node].tolist(), entry.demand.tolist()))
                 and held.node not in full):
-            task_id = entry.task_ids(0, 1)[0]
+            task_id = entry.task_id()
             if task_id != held.task:
                 self.held = Reservation(held.node, tenant, entry.shape, task_id)
             return  # the same wait: the same node (it could hold the shape when reserved)
@@ -122,7 +122,7 @@ class Reservations:
         if node is None:
             self.held = None
             return
-        self.held = Reservation(node, tenant, entry.shape, entry.task_ids(0, 1)[0])
+        self.held = Reservation(node, tenant, entry.shape, entry.task_id())
 
     @staticmethod
     def moved(before: Reservation | None, after: Reservation | None, backfill: bool,
