@@ -304,6 +304,20 @@ def decay(elapsed: float, h: float) -> tuple[float, float]:
     return kept, h / math.log(2.0) * (1.0 - kept)
 
 
+def _pending_to_allocated(pending: np.ndarray, allocation: np.ndarray, row: int, values: tuple[float, ...],
+                          count: int) -> None:
+    """``count`` tasks' demand ``values`` leave row ``row`` of ``pending`` and join that of
+    ``allocation``, task by task in plain floats (the float operations of one task at a time),
+    each row read and written once."""
+    waiting, allocated = pending[row].tolist(), allocation[row].tolist()
+    for _ in range(count):
+        for k, value in enumerate(values):
+            waiting[k] -= value
+            allocated[k] += value
+    pending[row] = waiting
+    allocation[row] = allocated
+
+
 class Accounting:
     """Current allocation and accumulated usage of every leaf tenant, as plain arrays.
 
@@ -465,15 +479,7 @@ class Accounting:
             if self.weighted_allocation is None:
                 self.weighted_allocation = self.allocation.copy()
             counted_values = tuple(weighted.tolist())
-        # Task by task in plain floats (the bits of one call each): the pending total and the
-        # allocation read once, each task's demand leaving one and joining the other in turn.
-        pending, allocation = self.pending_demand[row].tolist(), self.allocation[row].tolist()
-        for _ in range(count):
-            for k, value in enumerate(values):
-                pending[k] -= value
-                allocation[k] += value
-        self.pending_demand[row] = pending
-        self.allocation[row] = allocation
+        _pending_to_allocated(self.pending_demand, self.allocation, row, values, count)
         if self.weighted_allocation is not None:
             for _ in range(count):
                 self.weighted_allocation[row] += demand if counted_values is None else weighted
