@@ -161,7 +161,7 @@ class Workload:
             self._holders.setdefault(task.shape, set()).add(task.tenant)
 
     def dequeue(self, task: Task, n: int = 1) -> None:
-        """One task of ``task`` (a request: its next ``n``) leaves its tenant's queue."""
+        """``n`` tasks of ``task`` leave its tenant's queue (a request: its next ``n``)."""
         queue = self.pending[task.tenant]
         queue.removed(task, n)
         if not queue.count:
