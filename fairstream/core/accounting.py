@@ -35,7 +35,7 @@ import numpy as np
 
 from fairstream.core import native
 from fairstream.core.fairness import counted_allocation, resource_shares
-from fairstream.core.model import ROOT, add_values, subtract_floored
+from fairstream.core.model import ROOT, add_values, subtract_each_floored, subtract_floored
 from fairstream.core.tenants import TenantTree
 
 
@@ -178,16 +178,11 @@ class RecentTasks:
             weighted[k] += sign * (value * start)
 
     def extend(self, entries: list[_Running]) -> None:
-        """Tasks just started (always within the quantum: the boundary moves lazily), in start
-        order; their sums added one at a time, as ``_count`` does."""
+        """Tasks just started, in start order: always within the quantum (the boundary moves
+        lazily)."""
         self.entries.extend(entries)
-        round_start, demand, weighted = self.round_start, self.demand, self.weighted
         for entry in entries:
-            entry.recent = True
-            start = entry.start if entry.start > round_start else round_start
-            for k, value in enumerate(entry.values if entry.counted_values is None else entry.counted_values):
-                demand[k] += value
-                weighted[k] += value * start
+            self._add(entry)
 
     def retire(self, entry: _Running) -> None:
         entry.done = True
@@ -493,10 +488,7 @@ class Accounting:
         (several in one call: the same state, to the bit, as one call each)."""
         ledger = self.ledgers[row]
         ledger.running -= len(finished)
-        allocation = self.allocation[row].tolist()
-        for entry, _ in finished:
-            subtract_floored(allocation, entry.values)  # (float dust cleared)
-        self.allocation[row] = allocation
+        subtract_each_floored(self.allocation[row], [entry.values for entry, _ in finished])  # (float dust cleared)
         for entry, now in finished:
             self._release_weighted(row, entry)
             ledger.recent.retire(entry)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Mapping, NamedTuple, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -50,6 +50,15 @@ def subtract_floored(vector: np.ndarray, amounts: Sequence[float]) -> None:
     for k, amount in enumerate(amounts):
         left = vector[k] - amount
         vector[k] = left if left > 0.0 or left != left else 0.0
+
+
+def subtract_each_floored(vector: np.ndarray, amounts: Iterable[Sequence[float]]) -> None:
+    """``subtract_floored`` of each of ``amounts`` in turn, with its bits: ``vector`` (a row
+    of a node's or a tenant's totals) read and written once, for the demands of a run of tasks."""
+    values = vector.tolist()
+    for each in amounts:
+        subtract_floored(values, each)
+    vector[:] = values
 
 
 class ModelError(ValueError):

@@ -3,9 +3,9 @@
 ``core/admission.py`` says whether an event may apply (and what it means: its demand, its
 constraints, its node's capacity); the functions here apply it, each to the parts it changes
 (``Engine``'s ``workload``, ``registry``, ``accounting``, ``jobs``, ``verdicts``, ``changes``,
-``reservations``). ``apply_event`` takes the events of a step, ``start`` and ``preempt`` a
-pass's decisions, each checked against the engine's own view first: a policy's decision that
-would break an invariant raises ``PolicyViolation`` (a bug, never input).
+``reservations``). ``apply_events`` takes the events of a step, ``apply_decisions`` a pass's
+decisions, each checked against the engine's own view first: a policy's decision that would
+break an invariant raises ``PolicyViolation`` (a bug, never input).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from fairstream.core.model import (
     TaskState,
     TaskSubmitted,
     TenantsChanged,
-    subtract_floored,
+    subtract_each_floored,
 )
 
 if TYPE_CHECKING:
@@ -73,20 +73,21 @@ def apply_events(engine: Engine, events: Iterable[Event], result: StepResult) ->
             _finish_running(engine, ending, result)
             ending = []
         try:
-            apply_event(engine, event, result)
+            _apply_event(engine, event, result)
         except ModelError as exc:
             result.rejected.append((event, str(exc)))
     if ending:
         _finish_running(engine, ending, result)
 
 
-def apply_event(engine: Engine, event: Event, result: StepResult) -> None:
-    """Apply one event of a step (``ModelError`` if admission rejects it: nothing changed);
-    a completion's task goes to ``result.finished``, a lost node's requeues to its decisions."""
+def _apply_event(engine: Engine, event: Event, result: StepResult) -> None:
+    """Apply one event of a step but the completion of a running task (``ModelError`` if
+    admission rejects it: nothing changed); a completion's task goes to ``result.finished``, a
+    lost node's requeues to its decisions."""
     if isinstance(event, TaskSubmitted):
         _submit(engine, event)
     elif isinstance(event, TaskCompleted):
-        _complete(engine, event, result)
+        _complete_not_running(engine, event, result)
     elif isinstance(event, NodeHeartbeat):
         _heartbeat(engine, event)
     elif isinstance(event, NodeLost):
@@ -123,7 +124,9 @@ def _submit(engine: Engine, event: TaskSubmitted) -> Task:
     return task
 
 
-def _complete(engine: Engine, event: TaskCompleted, result: StepResult) -> None:
+def _complete_not_running(engine: Engine, event: TaskCompleted, result: StepResult) -> None:
+    """A completion of a task that is not running (``apply_events`` finishes running ones):
+    admitted, it is of a task killed or failed before it ran, on its own or in a request."""
     admit(engine, event)
     task = engine.workload.finish(event.task, event.time)
     if task is None:  # a task of a pending request, killed or failed before it ran
@@ -134,16 +137,13 @@ def _complete(engine: Engine, event: TaskCompleted, result: StepResult) -> None:
         engine.jobs.left(request.tenant, request.job)
         result.finished.append(task)
         return
-    if task.state is TaskState.PENDING:
-        # Killed (or failed) before it ever ran: it leaves the queue.
-        engine.verdicts.unschedulable.discard(task.id)
-        task.state = TaskState.DONE
-        engine.workload.dequeue(task)
-        engine.accounting.on_cancel_pending(engine.accounting.row[task.tenant], task.demand)
-        engine.jobs.left(task.tenant, task.job)
-        result.finished.append(task)
-        return
-    _finish_running(engine, [(task, event.time)], result)
+    # Pending on its own, killed (or failed) before it ever ran: it leaves the queue.
+    engine.verdicts.unschedulable.discard(task.id)
+    task.state = TaskState.DONE
+    engine.workload.dequeue(task)
+    engine.accounting.on_cancel_pending(engine.accounting.row[task.tenant], task.demand)
+    engine.jobs.left(task.tenant, task.job)
+    result.finished.append(task)
 
 
 def _finish_running(engine: Engine, ending: list[tuple[Task, float]], result: StepResult) -> None:
@@ -153,10 +153,7 @@ def _finish_running(engine: Engine, ending: list[tuple[Task, float]], result: St
     They go to ``result.finished``."""
     first = ending[0][0]
     row = engine.registry.row[first.node]
-    used = engine.registry.storage_used[row].tolist()
-    for task, _ in ending:
-        subtract_floored(used, task.demand_values)
-    engine.registry.storage_used[row] = used
+    subtract_each_floored(engine.registry.storage_used[row], [task.demand_values for task, _ in ending])
     engine.reservations.node_changed(row)
     unschedulable, workload, jobs = engine.verdicts.unschedulable, engine.workload, engine.jobs
     for task, time in ending:
@@ -349,4 +346,4 @@ def _added_within(used: list[float], demand: tuple[float, ...], capacity: list[f
     return after
 
 
-__all__ = ["PolicyViolation", "StepResult", "apply_decisions", "apply_event", "apply_events", "preempt"]
+__all__ = ["PolicyViolation", "StepResult", "apply_decisions", "apply_events", "preempt"]
