@@ -240,12 +240,15 @@ class Engine:
                                       self.verdicts, self.accounting.capacity)
             # The pass kept other shapes off the node it had reserved: if that reservation moved
             # or ended (its task placed), the room there goes in another pass at once, if some
-            # waiting shape (constraints aside) fits it now.
+            # waiting shape (constraints aside) fits it now, or if a tenant starved past the
+            # preemption timeout waits: the reservation kept its preemption stage off that node
+            # too, and what runs there may be taken for it now.
             if Reservations.moved(before, self.reservation, self.params.get("reservation") == "backfill",
                                   snapshot.backfill_until, self.backfill_until):
                 self.changes.grown.add(before.node)  # its room is open to every shape again
                 shapes = self.workload.shape_demands[: len(self.workload.shapes)]  # (not the spare rows)
-                again = again or self.registry.room_for_some(before.node, shapes)
+                again = (again or self.registry.room_for_some(before.node, shapes)
+                         or snapshot.running_tasks is not None)  # (given to a pass only when one is overdue)
         if not any(requests):
             return decisions, again
         return _grouped(decisions, requests), again

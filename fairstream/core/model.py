@@ -391,7 +391,7 @@ class ReasonCode(str, Enum):
     ARRIVAL_ORDER = "arrival_order"  # FIFO: the earliest pending task that fits
     PARTITION = "partition"  # static: fits in the tenant's own partition
     PACKING = "packing"  # an efficiency stage chose it (Tetris alignment, QKnobler's integer program)
-    RECLAIMED = "reclaimed"  # placed for a starved tenant on room preempted for it
+    RECLAIMED = "reclaimed"  # placed for a starved tenant on room preempted (or taken back) for it
     BACKFILL = "backfill"  # on a node reserved for another task, expected to end before that task can start
     # preempt
     FAIR_SHARE_PREEMPTION = "fair_share_preemption"  # killed to give a starved tenant its fair share

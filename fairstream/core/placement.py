@@ -39,6 +39,11 @@ class DecisionList(list):
     withdrawn: int = 0
 
 
+def _request_index(task_id: str) -> int:
+    """The index of a request's task from its id (``model.request_task_id``: ``j1-m-3``: 3)."""
+    return int(task_id.rpartition("-")[2])
+
+
 def _asked_of(part: str, name: str) -> property:
     """``Cycle.<name>``: the method ``name`` of the cycle's part ``part`` (``queues``,
     ``limits`` or ``nodes``)."""
@@ -61,7 +66,8 @@ class Cycle:
         # This pass's placements, in order: (decision, tenant, entry, node row); a later stage
         # may withdraw one (``withdraw``) before it ever reaches the engine.
         self.placed: list[tuple[Decision, str, Task, int]] = []
-        self._placed_after: dict[str, tuple[str, ...]] | None = None  # (``may_withdraw``)
+        # Requests with a placement withdrawn: entry id -> (entry, the decisions withdrawn) (``settle``).
+        self._withdrawn_from: dict[int, tuple[Task, list[Decision]]] = {}
         # The node reserved for one waiting task (``Snapshot.reservation``): no other shape goes there.
         self.reservation = snapshot.reservation
         self._failed_shapes: set[int] = set()
@@ -211,7 +217,6 @@ class Cycle:
         self.limits.placed(tenant, task)
         decision = self.record_placement(tenant, task, node, self.queues.advance(tenant, task), reason, code)
         self.placed.append((decision, tenant, task, node))
-        self._placed_after = None
 
     def record_placement(self, tenant: str, task: Task, node: int, within: int, reason: str,
                          code: ReasonCode) -> Decision:
@@ -231,29 +236,37 @@ class Cycle:
         self.decisions.append(decision)
         return decision
 
-    def may_withdraw(self, task_id: str, gone) -> bool:
-        """Whether this pass's placement of ``task_id`` may be withdrawn, given the task ids
-        ``gone`` (withdrawn, or about to be): a request's task only once every task of that
-        request placed after it is gone (the engine takes a request's tasks in order)."""
-        if self._placed_after is None:
-            later: dict[int, list[str]] = {}
-            self._placed_after = {}
-            for decision, _, entry, _ in reversed(self.placed):
-                if entry.index >= 0:
-                    self._placed_after[decision.task] = tuple(later.setdefault(id(entry), []))
-                    later[id(entry)].append(decision.task)
-        return all(other in gone for other in self._placed_after.get(task_id, ()))
-
     def withdraw(self, task_id: str) -> None:
         """Take back this pass's placement of ``task_id`` (never started: no decision reaches
-        the engine for it, and it stays pending): its room and its tenant's allocation return."""
+        the engine for it, and it stays pending): its room and its tenant's allocation return.
+        Any placement may go, a request's too: ``settle`` then gives the request's placements
+        left its first ids (the engine takes a request's tasks in order)."""
         index = next(i for i, placed in enumerate(self.placed) if placed[0].task == task_id)
         decision, tenant, entry, node = self.placed.pop(index)
         self.decisions.remove(decision)
         self.decisions.withdrawn += 1
+        if entry.index >= 0:
+            self._withdrawn_from.setdefault(id(entry), (entry, []))[1].append(decision)
         if not any(placed[1] == tenant and placed[2].job == entry.job for placed in self.placed):
             self.limits.unstarted(tenant, entry.job)  # (if it was its job's only start in this pass)
         self._give_back(node, tenant, entry.job, entry.demand)
+
+    def settle(self) -> None:
+        """After withdrawals: a request's placements left in this pass become its first ones, in
+        their order, so its tasks still start in order. The k-th left keeps its node and takes
+        the k-th placement the pass made for the request: its task id, reason and code (its
+        tasks are alike: a request of four placed on n2 and then n3, then withdrawn from n2,
+        runs its task 2 on n3, placed for the reason its first turn had, and task 3 waits)."""
+        for entry, withdrawn in self._withdrawn_from.values():
+            kept = [at for at, placed in enumerate(self.placed) if placed[2] is entry]
+            turns = sorted([self.placed[at][0] for at in kept] + withdrawn, key=lambda d: _request_index(d.task))
+            for at, turn in zip(kept, turns):
+                decision, tenant, _, node = self.placed[at]
+                if turn is not decision:
+                    moved = turn._replace(node=decision.node)
+                    self.decisions[next(i for i, d in enumerate(self.decisions) if d is decision)] = moved
+                    self.placed[at] = (moved, tenant, entry, node)
+        self._withdrawn_from.clear()
 
     def _give_back(self, node: int, tenant: str, job: str, demand: np.ndarray) -> None:
         """Room ``demand`` on ``node`` and ``tenant``'s allocation come back in this pass (a

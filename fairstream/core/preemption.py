@@ -25,7 +25,9 @@ what waits, so moving a task from one to the other in a pass does not move the f
 - this pass's own placements (of tenants that stay at or above their fair share without them)
   count as victims first: they are withdrawn, never started, with no decision at all. Room
   that frees at the very instant a tenant's timeout runs out would otherwise go, in the pass's
-  first stage, to a tenant above its share, beyond this stage's reach;
+  first stage, to a tenant above its share, beyond this stage's reach. Any of them may go on
+  its own, one of a request placed on several nodes too: the request's placements left then
+  take its first task ids (``Cycle.settle``);
 - room is made on one node at a time: for each node the task may use, the victims *on that
   node* in the order above, until the task fits; the node needing the fewest tasks killed wins
   (then the fewest placements withdrawn, then the lowest number). Only victims that go count against their tenant's share, so a tenant
@@ -212,6 +214,7 @@ def reclaim(cycle, rule: PreemptionRule, victim_key: VictimKey | None = None) ->
             heads = [task for task in cycle.shape_heads(tenant, every_shape=True) if cycle.within_caps(tenant, task)]
             if not any(_make_room(cycle, tenant, task, by_node, taken, victim_key, ratios, waited) for task in heads):
                 break  # nothing of it fits anywhere, even with every allowed victim gone
+    cycle.settle()  # (a request's placements left take its first ids)
 
 
 def _make_room(cycle, tenant: str, task: Task, by_node: dict[int, list[RunningTask]], taken: set[str],
@@ -265,8 +268,11 @@ def _make_room(cycle, tenant: str, task: Task, by_node: dict[int, list[RunningTa
         cycle.evict(victim_task, f"preempt: frees room for {tenant}, below its fair share for {waited:.4g}s "
                                  f"(preemption_timeout reached); {victim_task.tenant} stays at or above its own "
                                  f"fair share", ReasonCode.FAIR_SHARE_PREEMPTION)
-    cycle.commit(tenant, task, node, f"reclaimed: placed for starved {tenant} on room preempted for it",
-                 ReasonCode.RECLAIMED)
+    if any(not v.placed for v in victims):
+        how = "preempted for it"
+    else:  # (no task killed: only this pass's placements taken back)
+        how = f"this pass had given to {', '.join(sorted({v.tenant for v in victims}))}, taken back for it"
+    cycle.commit(tenant, task, node, f"reclaimed: placed for starved {tenant} on room {how}", ReasonCode.RECLAIMED)
     return True
 
 
@@ -298,8 +304,6 @@ def _victims_on_node(cycle, node: int, here: list[RunningTask], taken: set[str],
         row = snap.rows[victim]
         found = None
         for candidate in left[victim]:  # youngest first; an older, smaller one may keep it at its share
-            if candidate.placed and not cycle.may_withdraw(candidate.id, taken | {c.id for c in chosen}):
-                continue
             allocation[row] -= candidate.demand
             if ratios(allocation)[row] >= 1.0 - EPSILON:
                 found = candidate

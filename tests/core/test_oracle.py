@@ -309,6 +309,81 @@ def test_a_reservation_of_a_tenant_above_its_fair_share_does_not_keep_a_starved_
     assert (14.0, "t6-1", "n0", "reclaimed") in placed  # at its timeout, on the room reserved for u1
 
 
+# Found by the random examples of the oracle test above (2026-11-27). n0 is lost at t=23 and
+# u2's t8 and t9 requeued: t8 (2 cpu, 1 mem) goes to n1, t9 (1 mem, zone b only) fits nowhere,
+# and u2 is starved from 23. u0's request t0 of four (3 mem each, 5 s) arrives at 23: t0-0 on
+# n2, t0-1 on n3. At 28 both end and u0, at share 0, is served first: t0-2 on n2 (the only
+# zone-b room), t0-3 on n3. u2's timeout runs out at 28: its share 1/10 of the live memory,
+# its fair share 0.18 (the reference's); u0 holds 6/10 against 0.18, and 3/10 without the
+# placement on n2: a victim. But a request's placement could be withdrawn only after the ones
+# placed after it (t0-3, on n3), and the stage frees one node at a time, so t9 waited to 31.
+# Now any placement may go: the one on n2 is withdrawn, the one on n3 becomes t0-2 (with the
+# reason of u0's first turn), t9 takes n2 at 28, and t0-3 waits.
+REQUEST_PLACED_ON_TWO_NODES = {
+    "resources": ["cpu", "mem"],
+    "nodes": [{"id": "n0", "capacity": {"cpu": 4, "mem": 2}, "labels": {"zone": "b"}},
+              {"id": "n1", "capacity": {"cpu": 4, "mem": 3}, "labels": {"zone": "b"}},
+              {"id": "n2", "capacity": {"cpu": 2, "mem": 3}, "labels": {"zone": "b"}},
+              {"id": "n3", "capacity": {"cpu": 2, "mem": 4}}],
+    "tenants": [{"id": "g0", "max_resources": {"cpu": 2}}, {"id": "u0", "parent": "g0", "max_running": 1},
+                {"id": "u2", "parent": "g0"}, {"id": "u3"}],
+    "tasks": [_task("t0", "j0", "u0", 23, 5, mem=3, count=4), _task("t2", "j2", "u0", 1, 1, cpu=2, mem=1, count=2),
+              _task("t6", "j2", "u2", 4, 1, cpu=3, mem=1), _task("t7", "j3", "u3", 0, 31, cpu=2, mem=2),
+              _task("t8", "j0", "u2", 3, 20, cpu=2, mem=1),
+              {**_task("t9", "j1", "u2", 15, 9, mem=1), "constraints": {"labels": {"zone": "b"}}},
+              _task("t12", "j0", "u0", 0, 1, mem=1), _task("t13", "j1", "u0", 0, 1, mem=1)],
+    "events": [{"time": 23, "type": "node_lost", "node": "n0"}],
+}
+
+
+def test_a_requests_placement_on_one_node_is_taken_back_for_a_starved_tenant_while_its_others_stay():
+    def check(engine, result):
+        no_starved_tenant_left_while_a_node_could_be_freed_for_it(engine, result)
+
+    result = Simulator(parse_scenario(REQUEST_PLACED_ON_TWO_NODES), "fair", params_for("fair", False, "on"),
+                       on_step=check).run()
+    placed = [(d.time, d.task, d.node, d.code.value) for d in result.decisions if d.time >= 28]
+    assert placed == [(28.0, "t0-2", "n3", "fair_order"), (28.0, "t9", "n2", "reclaimed"),
+                      (33.0, "t0-3", "n3", "fair_order")]
+    reclaimed = next(d for d in result.decisions if d.task == "t9" and d.time == 28)
+    assert reclaimed.reason == "reclaimed: placed for starved u2 on room this pass had given to u0, taken back for it"
+
+
+# Found by the random examples of the oracle test above (2026-11-27). u0 is starved from t=5
+# (its t10-1 waits for a node other than the one t10-0 runs on). At 22, u3's t13 (2 cpu, 3 mem)
+# fits nowhere and n2 is reserved for it. At 23, u0's t0 (two of 3 mem, only on n2) arrives;
+# u0, served first, finds n2 full (u1's t8 runs there), and its t0-0, first blocked, takes the
+# reservation at the pass's end. In that pass n2 was still u3's, below its fair share, so the
+# preemption stage kept off it; no pass followed (n2 had no free room) and u0 waited to 24,
+# when t8 ended. The reservation moving while a tenant is starved past its timeout is now
+# followed by another pass, whose stage preempts u1's t8 (u1 at 0.375 of the memory against
+# 0.137) for t0-0 at 23.
+RESERVATION_MOVED_TO_A_STARVED_TENANT = {
+    "resources": ["cpu", "mem"],
+    "nodes": [{"id": "n2", "capacity": {"cpu": 4, "mem": 3}, "labels": {"zone": "b"}},
+              {"id": "n3", "capacity": {"cpu": 5, "mem": 7}}],
+    "tenants": [{"id": "g0", "min_share": 0.6}, {"id": "u0", "parent": "g0"}, {"id": "u1"},
+                {"id": "u3", "min_share": 0.3, "max_resources": {"cpu": 3}}],
+    "tasks": [{**_task("t0", "j0", "u0", 23, 1, mem=3, count=2), "constraints": {"nodes": ["n2"]}},
+              _task("t4", "j0", "u3", 0, 5, cpu=3, mem=2, count=2), _task("t5", "j1", "u3", 0, 14, cpu=1, mem=2),
+              _task("t6", "j2", "u1", 21, 3, mem=3),
+              {**_task("t8", "j0", "u1", 1, 19, cpu=3, mem=3), "constraints": {"labels": {"zone": "b"}}},
+              {**_task("t10", "j2", "u0", 5, 18, mem=1, count=2), "constraints": {"max_per_node": 1}},
+              {**_task("t13", "j1", "u3", 22, 1, cpu=2, mem=3), "constraints": {"max_per_node": 1}}],
+}
+
+
+def test_a_reservation_moved_to_a_tenant_starved_past_its_timeout_is_followed_by_a_pass_that_preempts_for_it():
+    def check(engine, result):
+        no_starved_tenant_left_while_a_node_could_be_freed_for_it(engine, result)
+
+    result = Simulator(parse_scenario(RESERVATION_MOVED_TO_A_STARVED_TENANT), "fair", params_for("fair", False, "on"),
+                       on_step=check).run()
+    at_23 = [(d.kind.value, d.task, d.node, d.code.value) for d in result.decisions if d.time == 23]
+    assert ("preempt", "t8", "n2", "fair_share_preemption") in at_23
+    assert ("place", "t0-0", "n2", "reclaimed") in at_23
+
+
 @SETTINGS
 @given(document=everything(), policy=st.sampled_from(PREEMPTING), half_life=st.booleans(),
        reservation=st.sampled_from(["on", "off", "backfill"]))
