@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from fairstream.collector import tuned_gc
 from fairstream.core.model import ModelError
 
 
@@ -1002,7 +1003,10 @@ def main(argv: list[str] | None = None) -> int:
         # line (main) says the same. The worker keeps them: it retries, and they say why.
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
-        return args.func(args)
+        if args.command == "worker":  # (it tunes the collector itself, once Faust is loaded)
+            return args.func(args)
+        with tuned_gc():  # the worker's settings: the engine runs alike in both drivers
+            return args.func(args)
     except ModelError as exc:
         print(f"fairstream: error: {exc}", file=sys.stderr)
         return 2

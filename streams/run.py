@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 import os
 
 import structlog
 
+from fairstream.collector import tune_gc
 from fairstream.policies.base import parse_param_pairs
 from fairstream.streams.app import WorkerConfig, create_app
 from fairstream.wire.topics import Topics
@@ -82,23 +82,6 @@ def config_from_args(args) -> WorkerConfig:
         explain_interval=args.explain_interval,
         explain_max_entries=args.explain_max_entries,
     )
-
-
-# A full collection walks every long-lived object (the engine's tasks, running entries and
-# remembered ids): 20-60 ms at 5,000 tasks. CPython starts one after every 10 collections of
-# generation 1 once a quarter of the long-lived objects are new; at 2,500 tasks/s that was
-# every few seconds, enough pauses to move the 99th percentile. After 1,000 it is every ten
-# minutes or more; cyclic garbage that outlives two young collections waits that long.
-FULL_COLLECTION_AFTER = 1000  # generation-1 collections
-
-
-def tune_gc() -> None:
-    """Freeze what exists now (Faust, aiokafka, numpy, the schemas: about 100,000 objects that
-    live as long as the worker) so no pass walks it again, and make full passes rare."""
-    gc.collect()
-    gc.freeze()
-    young, middle, _ = gc.get_threshold()
-    gc.set_threshold(young, middle, FULL_COLLECTION_AFTER)
 
 
 def prepare_topics(config: WorkerConfig, retry_delays: tuple[float, float] = (0.5, 10.0)) -> dict[str, int]:

@@ -111,7 +111,7 @@ def admit(engine: "Engine", event: Event, earlier: "Earlier | None" = None):
             if not engine.auto_tenants:
                 raise EventRejected(f"tenant {event.tenant!r}: unknown tenant")
         demand = engine.resources.vector(event.demand, where="demand")
-        if not demand.any():
+        if not any(event.demand.values()):  # (each checked a number >= 0 above: numpy's any, cheaper)
             raise EventRejected("demand: must ask for some resource (all zero)")
         estimate = event.estimate
         if estimate is not None and (estimate.__class__ not in (int, float) or not 0 <= estimate < math.inf):

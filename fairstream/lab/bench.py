@@ -21,18 +21,28 @@ Wall-clock time is read here, in the benchmark, never in the engine.
 
 from __future__ import annotations
 
+import json
 import math
+import multiprocessing
 import os
 import platform
+import resource
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from fairstream.collector import tuned_gc
 from fairstream.core.engine import Engine
 from fairstream.core.model import NodeHeartbeat, ResourceSpace, TaskCompleted, TaskSubmitted, TenantSpec
 from fairstream.core.tenants import TenantTree
 from fairstream.policies import get as get_policy
+from fairstream.sim.output import DecisionWriter, write_run
+from fairstream.sim.scenario import load_scenario
+from fairstream.sim.simulator import Simulator
+from fairstream.sim.traces.busy import busy_cluster
+from fairstream.sim.traces.swim import load_swim, swim_day
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "swim" / "FB-2009_samples_24_times_1hr_0.tsv"
 
@@ -108,9 +118,6 @@ def bench_policy(policy: str, tenants: int, nodes: int, pending: int, steps: int
 
 
 def bench_trace(path: Path, policy: str = "ltrf", progress: bool | None = None) -> dict:
-    from fairstream.sim.simulator import Simulator
-    from fairstream.sim.traces.swim import load_swim
-
     scenario = load_swim(str(path))
     started = time.perf_counter()
     result = Simulator(scenario, policy, {}, progress=progress).run()
@@ -156,12 +163,12 @@ DAY_TRACES = [DEFAULT_TRACE, DEFAULT_TRACE.with_name("FB-2009_samples_24_times_1
 
 def _day_run(args: tuple) -> dict:
     """One policy over the SWIM day, in a process of its own so its peak memory is its own."""
-    import resource
+    with tuned_gc():  # (a spawned process: the collector as the commands and the worker set it)
+        return _day_run_tuned(*args)
 
-    from fairstream.sim.simulator import Simulator
-    from fairstream.sim.traces.swim import swim_day
 
-    paths, scale, nodes, policy, progress, hours = args
+def _day_run_tuned(paths: list[Path], scale: float, nodes: int, policy: str, progress: bool | None,
+                   hours: float | None) -> dict:
     started = time.perf_counter()
     scenario = swim_day([str(p) for p in paths], scale=scale, nodes=nodes, hours=hours)
     decisions = 0
@@ -206,8 +213,6 @@ def bench_day(policies: list[str], scale: float = 1.0, nodes: int = 50, paths: l
     (``traces.swim.swim_day``), byte counts times ``scale``, on ``nodes`` nodes of <12 cpu,
     24 GB>, each policy simulated whole in a fresh process: wall time, tasks per second and
     peak memory (``ru_maxrss``, the trace loaded included)."""
-    import multiprocessing
-
     paths = paths or DAY_TRACES
     missing = [str(p) for p in paths if not Path(p).exists()]
     if missing:
@@ -234,16 +239,11 @@ def _machine() -> dict:
 def _e2e_run(args: tuple) -> dict:
     """One policy over the busy workload as ``simulate --no-baseline --no-plots`` runs it:
     the scenario file read and validated, the run, its files written."""
-    import json
-    import resource
-    import tempfile
+    with tuned_gc():  # (a spawned process: the collector as the commands and the worker set it)
+        return _e2e_run_tuned(*args)
 
-    from fairstream.sim.output import DecisionWriter, write_run
-    from fairstream.sim.scenario import load_scenario
-    from fairstream.sim.simulator import Simulator
-    from fairstream.sim.traces.busy import busy_cluster
 
-    policy, divide, durations = args
+def _e2e_run_tuned(policy: str, divide: float, durations: str) -> dict:
     scenario = busy_cluster(durations=durations)
     params = {}
     if divide != 1:
@@ -282,8 +282,6 @@ def bench_e2e(policies: list[str], durations: str = "per-task", time_check: bool
     --no-plots``, each policy in a fresh process: placed tasks per second of wall time, and
     (``time_check``) whether the run with every time divided by 10 (a policy's time
     parameters too: LTRF's quantum) places the same tasks on the same nodes."""
-    import multiprocessing
-
     context = multiprocessing.get_context("spawn")
     runs = {}
     for policy in policies:

@@ -48,10 +48,10 @@ MAY_IMPORT = {
     "fairstream/sim": ("fairstream.core", "fairstream.policies", "fairstream.schemas", "fairstream.wire.jsoncodec"),
     "state": ("fairstream.core", "fairstream.policies", "fairstream.wire"),
     "streams": ("fairstream.core", "fairstream.policies", "fairstream.wire", "fairstream.state",
-                "fairstream.sim.scenario"),
+                "fairstream.sim.scenario", "fairstream.collector"),
     "producers": ("fairstream.core.model", "fairstream.wire", "fairstream.sim"),
     "fairstream/lab": ("fairstream.core", "fairstream.policies", "fairstream.sim", "fairstream.wire", "fairstream.state",
-                       "fairstream.producers", "fairstream.streams.config"),
+                       "fairstream.producers", "fairstream.streams.config", "fairstream.collector"),
     "fairstream/schemas": (),
 }
 PACKAGE_OF_FOLDER = {"fairstream/core": "fairstream.core", "policies": "fairstream.policies",

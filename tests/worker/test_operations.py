@@ -102,7 +102,7 @@ def test_the_worker_reports_every_garbage_collector_pause_by_generation():
 def test_the_worker_freezes_its_start_up_objects_and_makes_full_collections_rare():
     import gc
 
-    from fairstream.streams.run import FULL_COLLECTION_AFTER, tune_gc
+    from fairstream.collector import FULL_COLLECTION_AFTER, tune_gc
 
     before = gc.get_threshold()
     try:
