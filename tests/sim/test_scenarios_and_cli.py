@@ -513,3 +513,29 @@ def test_a_reader_that_went_away_ends_the_command_quietly():
     finally:
         os.close(write)
     assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_a_command_runs_with_the_workers_collector_settings_and_leaves_them_as_they_were(monkeypatch, tmp_path):
+    # The engine runs alike in both drivers: a command that simulates freezes what is loaded
+    # and makes full collections rare, as the worker does (fairstream/collector.py), and the
+    # process it ran in (here, the tests') gets its own settings back.
+    import gc
+
+    from fairstream.collector import FULL_COLLECTION_AFTER
+    from fairstream.sim import simulator
+
+    seen = []
+    run = simulator.Simulator.run
+
+    def watched(self):
+        seen.append((gc.get_threshold()[2], gc.get_freeze_count() > 10_000))
+        return run(self)
+
+    monkeypatch.setattr(simulator.Simulator, "run", watched)
+    before = gc.get_threshold()
+    scenario = tmp_path / "s.json"
+    scenario.write_text(json.dumps(macro_benchmark(scale=0.02).to_json()))
+    assert main(["simulate", "--scenario", str(scenario), "--policy", "drf", "--no-baseline", "--no-plots",
+                 "--out", str(tmp_path / "run")]) == 0
+    assert seen and all(entry == (FULL_COLLECTION_AFTER, True) for entry in seen)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
