@@ -66,8 +66,8 @@ class Cycle:
         # This pass's placements, in order: (decision, tenant, entry, node row); a later stage
         # may withdraw one (``withdraw``) before it ever reaches the engine.
         self.placed: list[tuple[Decision, str, Task, int]] = []
-        # Requests with a placement withdrawn: entry id -> (entry, the decisions withdrawn) (``settle``).
-        self._withdrawn_from: dict[int, tuple[Task, list[Decision]]] = {}
+        # Requests with a placement withdrawn: entry id -> (entry, the task ids withdrawn) (``settle``).
+        self._withdrawn_from: dict[int, tuple[Task, list[str]]] = {}
         # The node reserved for one waiting task (``Snapshot.reservation``): no other shape goes there.
         self.reservation = snapshot.reservation
         self._failed_shapes: set[int] = set()
@@ -246,26 +246,26 @@ class Cycle:
         self.decisions.remove(decision)
         self.decisions.withdrawn += 1
         if entry.index >= 0:
-            self._withdrawn_from.setdefault(id(entry), (entry, []))[1].append(decision)
+            self._withdrawn_from.setdefault(id(entry), (entry, []))[1].append(task_id)
         if not any(placed[1] == tenant and placed[2].job == entry.job for placed in self.placed):
             self.limits.unstarted(tenant, entry.job)  # (if it was its job's only start in this pass)
         self._give_back(node, tenant, entry.job, entry.demand)
 
     def settle(self) -> None:
-        """After withdrawals: a request's placements left in this pass become its first ones, in
-        their order, so its tasks still start in order. The k-th left keeps its node and takes
-        the k-th placement the pass made for the request: its task id, reason and code (its
-        tasks are alike: a request of four placed on n2 and then n3, then withdrawn from n2,
-        runs its task 2 on n3, placed for the reason its first turn had, and task 3 waits)."""
+        """After withdrawals: a request's placements left in this pass take, in their order, the
+        lowest of the task ids it placed here, so its tasks still start in order (its tasks are
+        alike: a request of four placed on n2 and then n3, then withdrawn from n2, runs its task
+        2 on n3, and task 3 waits). Each keeps its node, reason and code: the policy's choice
+        when it was made (a backfill placement stays on the reserved node it was let onto)."""
         for entry, withdrawn in self._withdrawn_from.values():
             kept = [at for at, placed in enumerate(self.placed) if placed[2] is entry]
-            turns = sorted([self.placed[at][0] for at in kept] + withdrawn, key=lambda d: _request_index(d.task))
-            for at, turn in zip(kept, turns):
+            ids = sorted([self.placed[at][0].task for at in kept] + withdrawn, key=_request_index)
+            for at, task_id in zip(kept, ids):
                 decision, tenant, _, node = self.placed[at]
-                if turn is not decision:
-                    moved = turn._replace(node=decision.node)
-                    self.decisions[next(i for i, d in enumerate(self.decisions) if d is decision)] = moved
-                    self.placed[at] = (moved, tenant, entry, node)
+                if decision.task != task_id:
+                    renamed = decision._replace(task=task_id)
+                    self.decisions[next(i for i, d in enumerate(self.decisions) if d is decision)] = renamed
+                    self.placed[at] = (renamed, tenant, entry, node)
         self._withdrawn_from.clear()
 
     def _give_back(self, node: int, tenant: str, job: str, demand: np.ndarray) -> None:

@@ -317,8 +317,8 @@ def test_a_reservation_of_a_tenant_above_its_fair_share_does_not_keep_a_starved_
 # its fair share 0.18 (the reference's); u0 holds 6/10 against 0.18, and 3/10 without the
 # placement on n2: a victim. But a request's placement could be withdrawn only after the ones
 # placed after it (t0-3, on n3), and the stage frees one node at a time, so t9 waited to 31.
-# Now any placement may go: the one on n2 is withdrawn, the one on n3 becomes t0-2 (with the
-# reason of u0's first turn), t9 takes n2 at 28, and t0-3 waits.
+# Now any placement may go: the one on n2 is withdrawn, the one on n3 becomes t0-2 (its reason
+# and code its own), t9 takes n2 at 28, and t0-3 waits.
 REQUEST_PLACED_ON_TWO_NODES = {
     "resources": ["cpu", "mem"],
     "nodes": [{"id": "n0", "capacity": {"cpu": 4, "mem": 2}, "labels": {"zone": "b"}},
