@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from fairstream.core import native
+from fairstream.core.admission import split_task_id
 from fairstream.core.fairness import BELOW_MIN_SHARE, FairKey, dominant_share, fair_key, resource_share, resource_shares
 from fairstream.core.model import EPSILON, Decision, DecisionKind, ReasonCode, Task, TaskState, event_time
 from fairstream.core.fit import NodeFit, alignment_scores
@@ -37,11 +38,6 @@ class DecisionList(list):
 
     blocked: tuple[str, Task] | None = None
     withdrawn: int = 0
-
-
-def _request_index(task_id: str) -> int:
-    """The index of a request's task from its id (``model.request_task_id``: ``j1-m-3``: 3)."""
-    return int(task_id.rpartition("-")[2])
 
 
 def _asked_of(part: str, name: str) -> property:
@@ -259,7 +255,8 @@ class Cycle:
         when it was made (a backfill placement stays on the reserved node it was let onto)."""
         for entry, withdrawn in self._withdrawn_from.values():
             kept = [at for at, placed in enumerate(self.placed) if placed[2] is entry]
-            ids = sorted([self.placed[at][0].task for at in kept] + withdrawn, key=_request_index)
+            ids = sorted([self.placed[at][0].task for at in kept] + withdrawn,
+                         key=lambda task: split_task_id(task)[1])  # (by the index in the request)
             for at, task_id in zip(kept, ids):
                 decision, tenant, _, node = self.placed[at]
                 if decision.task != task_id:
