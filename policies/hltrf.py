@@ -30,6 +30,7 @@ from fairstream.core.queues import ordering_resource
 from fairstream.core.snapshot import Snapshot
 from fairstream.core.preemption import reclaim, snapshot_fair_shares
 from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, RESERVATION_PARAM, LongTermUsage, long_term_accounting, preemption_rule
+from fairstream.policies.ltrf import usage_pass
 from fairstream.policies.base import Needs, Ordering, Param, PolicySpec, Traits, parse_non_negative
 
 
@@ -132,8 +133,21 @@ def tree_walk_order(snapshot: Snapshot, params: Mapping[str, Any]) -> TenantOrde
     return TenantOrder("accumulated usage / weight", key, value_of=lambda k: float(k[-1].share))
 
 
+def walks_one_level(snapshot: Snapshot, params: Mapping[str, Any]) -> bool:
+    """Whether this pass's walk is the flat pass by usage (``ltrf.usage_pass``): a tree of one
+    level (every leaf under the root, which has no ordering of its own), walked without a
+    timeout. Each placement then goes to the demanding leaf of the lowest ``node_key``, and
+    charging it moves no other leaf's key, so a heap of the leaves gives the walk's order, and
+    the pass may run compiled. (With a timeout the leaf would be the same, its reason not.) A
+    property test holds it to the walk (``tests/core/test_oracle.py``)."""
+    return math.isinf(params["t_wait"]) and snapshot.tree.depth <= 1 and not snapshot.tree.queue_orderings
+
+
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     t_wait = params["t_wait"]
+    if walks_one_level(snapshot, params):
+        return usage_pass(snapshot, params, "hltrf", lambda leaf, key: f"hltrf: lowest usage/weight at each level ({leaf})",
+                          min_share_class=False, victim_shares=snapshot_fair_shares)
     tree, rows, now = snapshot.tree, snapshot.rows, snapshot.time
     cycle = Cycle(snapshot, "hltrf")
     usage = LongTermUsage(snapshot)

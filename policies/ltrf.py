@@ -12,9 +12,11 @@ accumulated usage as a dominant share of the accumulated vector (long-term DRF).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-from fairstream.core.fairness import fair_key
+import numpy as np
+
+from fairstream.core.fairness import FairKey, fair_key
 from fairstream.core.model import Decision, Task
 from fairstream.core.placement import Cycle, FlatKey, Service, TenantOrder, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
@@ -23,38 +25,56 @@ from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, RES
 from fairstream.policies.base import Needs, Ordering, PolicySpec, Traits
 
 
-def usage_order(snapshot: Snapshot, usage: LongTermUsage) -> TenantOrder:
+def usage_order(snapshot: Snapshot, usage: LongTermUsage, min_share_class: bool = True) -> TenantOrder:
     """Lowest weighted accumulated usage ``f_i / w_i`` first (formula 11), as ``usage`` charges
-    a pass's placements."""
+    a pass's placements; a tenant below its min share before the others if ``min_share_class``."""
 
     def key(cycle: Cycle, tenant: str):
         row = snapshot.rows[tenant]
         weighted = usage.key(row) / snapshot.share_fraction[row]
-        return fair_key(weighted, leaf_arrival(snapshot, tenant), tenant, cycle.below_min_share(tenant))
+        return fair_key(weighted, leaf_arrival(snapshot, tenant), tenant,
+                        min_share_class and cycle.below_min_share(tenant))
 
     return TenantOrder("accumulated usage / weight", key)
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
+    return usage_pass(snapshot, params, "ltrf", lambda tenant, k: f"ltrf: lowest accumulated usage/weight ({k.share:.4g})")
+
+
+def usage_pass(snapshot: Snapshot, params: Mapping[str, Any], policy: str, reason: Callable[[str, FairKey], str],
+               min_share_class: bool = True, victim_shares: Callable[[Snapshot], np.ndarray] | None = None
+               ) -> list[Decision]:
+    """The flat pass by the lowest weighted accumulated usage (``usage_order``), charging each
+    placement as Algorithm 1 does, then preemption if ``params`` ask for it (victims: the most
+    served first). ``policy`` names the decisions, ``reason(tenant, key)`` gives each one's
+    reason. ``hltrf`` makes it for a tree of one level (``min_share_class`` False: its walk's
+    keys have no below-min-share class; ``victim_shares``: the shares its victims' usage is
+    weighed by, one per row, instead of the share fractions)."""
     usage = LongTermUsage(snapshot)
-    key = usage_order(snapshot, usage).key
+    key = usage_order(snapshot, usage, min_share_class).key
 
     def charge(cycle: Cycle, tenant: str, task: Task) -> None:
         usage.charge(cycle, snapshot.rows[tenant], task)
 
-    def reason(cycle: Cycle, tenant: str, k) -> str:
-        return f"ltrf: lowest accumulated usage/weight ({k.share:.4g})"
+    shares: list[np.ndarray] = []  # (``victim_shares``, made when first needed)
 
     def victim_key(tenant: str, allocation) -> float:  # long-term usage: the most served go first
         row = snapshot.rows[tenant]
-        return usage.key(row) / snapshot.share_fraction[row]
+        if victim_shares is None:
+            return usage.key(row) / snapshot.share_fraction[row]
+        if not shares:
+            shares.append(victim_shares(snapshot))
+        share = shares[0][row]
+        return usage.key(row) / share if share > 0 else float("inf")
 
-    cycle = Cycle(snapshot, "ltrf")
+    cycle = Cycle(snapshot, policy)
     rule = preemption_rule(params)
     # (As drf; a discounted charge is not linear in the demand: the Python loop's.)
     flat = FlatKey(usage.vectors, usage.resource, charge=snapshot.quantum, extra=snapshot.pseudo_accumulated,
                    compiled=rule is None and usage.discount == 1.0)
-    serve_in_order(snapshot, "ltrf", Service(key, reason, charge=charge, flat_key=flat), cycle=cycle)
+    serve_in_order(snapshot, policy, Service(key, lambda cycle, tenant, k: reason(tenant, k), charge=charge, flat_key=flat),
+                   cycle=cycle)
     if rule is not None:
         reclaim(cycle, rule, victim_key)
     return cycle.decisions

@@ -24,7 +24,7 @@ from fairstream.sim.simulator import Simulator
 
 from test_properties import ALL, scenarios
 
-COMPILED_POLICIES = ["drf", "fair", "ltrf"]
+COMPILED_POLICIES = ["drf", "fair", "ltrf", "hltrf"]  # (hltrf on a tree of one level: hltrf.walks_one_level)
 
 
 def test_the_compiled_module_is_built_by_the_install():

@@ -14,6 +14,7 @@ that accepts them. After every pass:
   it: expected to end before the reserved task can start, a start the backfill does not move;
 - a tenant said to be first in line gets the next room that fits its task;
 - the simulator and a worker replaying its recorded input take the same decisions.
+- hltrf on a tree of one level (its flat pass) decides as its walk down the tree.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from fairstream.core.fairness import fair_shares
 from fairstream.core.model import DecisionKind, TenantSpec
 from fairstream.core.tenants import TenantTree
 from fairstream.policies import get as get_policy
+from fairstream.policies import hltrf as hltrf_module
 from fairstream.sim.scenario import parse_scenario
 from fairstream.sim.simulator import Simulator
 from fairstream.state.engine_snapshot import encode_engine
@@ -405,6 +407,45 @@ def test_a_worker_replaying_the_recorded_input_takes_the_simulators_decisions(do
     steps = [log_step(time, events) for time, events in result.events]
     replayed = [d for step in replay(worker, steps) for d in step.decisions]
     assert [d.to_json() for d in replayed] == [d.to_json() for d in result.decisions]
+
+
+def one_level(document: dict) -> dict:
+    """``document`` with every leaf under the root: its queues gone (in a live config too)."""
+    def leaves(tenants: list[dict]) -> list[dict]:
+        return [{key: value for key, value in t.items() if key != "parent"} for t in tenants if t["id"].startswith("u")]
+
+    events = [{**e, "tenants": leaves(e["tenants"])} if e["type"] == "tenants" else e for e in document["events"]]
+    return {**document, "tenants": leaves(document["tenants"]), "events": events}
+
+
+@SETTINGS
+@given(document=everything(), half_life=st.booleans(), reservation=st.sampled_from(["on", "off", "backfill"]),
+       preemption=st.booleans(), discount=st.sampled_from(["1", "0.5"]))
+def test_hltrf_on_a_tree_of_one_level_decides_as_its_walk_of_the_tree(document, half_life, reservation, preemption,
+                                                                        discount):
+    # With every leaf under the root and no timeout, hltrf's pass is the flat pass by usage
+    # (``hltrf.walks_one_level``: a heap of the leaves, compiled when it may be) instead of its
+    # walk down the tree per placement. Its decisions (reasons included) and the run's summary
+    # are the walk's, with min shares, caps, preemption, reservations and a discount (which
+    # keeps the pass in Python).
+    document = one_level(document)
+    params = params_for("hltrf", half_life, reservation) | {"discount": discount}
+    if not preemption:
+        params["preemption"] = "off"
+    flat_passes, walks_one_level = [], hltrf_module.walks_one_level
+
+    def run(walks_one_level) -> tuple[list, dict]:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(hltrf_module, "walks_one_level", walks_one_level)
+            result = Simulator(parse_scenario(document), "hltrf", params).run()
+        return [d.to_json() for d in result.decisions], result.summary()
+
+    def counted(snapshot, params) -> bool:
+        flat_passes.append(walks_one_level(snapshot, params))
+        return flat_passes[-1]
+
+    assert run(counted) == run(lambda snapshot, params: False)
+    assert all(flat_passes)
 
 
 def in_fractions(document: dict) -> dict:
