@@ -39,6 +39,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     cycle = Cycle(snapshot, "tetris")
     capacity = snapshot.capacity
     tenants = snapshot.demanding()
+    best_nodes: dict[int, tuple[int, float]] = {}  # (``best_pair``'s, kept for the pass)
     while True:
         order = sorted(tenants, key=lambda t: fair_key(
             dominant_share(cycle.allocation[snapshot.rows[t]], capacity) / snapshot.share_fraction[snapshot.rows[t]],
@@ -49,14 +50,16 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
             break
         window = max(1, math.ceil((1 - f) * total - 1e-9))
         candidates = candidates_in_window(cycle, order, left, window)
-        choice = best_pair(cycle, candidates)
+        choice = best_pair(cycle, candidates, best_nodes)
         if choice is None and window < total:
-            choice = best_pair(cycle, candidates_in_window(cycle, order, left, total))
+            choice = best_pair(cycle, candidates_in_window(cycle, order, left, total), best_nodes)
         if choice is None:
             break
         tenant, task, node, score = choice
         cycle.commit(tenant, task, node, f"tetris: best alignment {score:.4g} among the first {window} "
                                          f"of {total} DRF-sorted tasks (f={f:g})", ReasonCode.PACKING)
+        for shape in [shape for shape, (best, _) in best_nodes.items() if best == node]:
+            del best_nodes[shape]  # its best node lost room: its scores are made again
     return cycle.decisions
 
 
@@ -77,27 +80,39 @@ def candidates_in_window(cycle: Cycle, order: list[str], left: dict[str, int], w
     return out
 
 
-def best_pair(cycle: Cycle, candidates: list[tuple[str, Task]]):
+def best_pair(cycle: Cycle, candidates: list[tuple[str, Task]], best_nodes: dict[int, tuple[int, float]] | None = None):
     """The (tenant, task, node, score) with the largest alignment among candidates that fit a
-    node their constraints and caps allow; candidates that fit nowhere are dropped for the pass."""
+    node their constraints and caps allow; candidates that fit nowhere are dropped for the pass.
+
+    ``best_nodes``: per task shape without constraints, its best node and score, as this pass
+    found them (filled here; the caller drops a shape's entry when its best node takes a
+    placement). A placement changes one node's free room, and only lowers its score and its
+    fit, so every other shape's best node stays the first of the highest score: the scan of
+    every node is made once per shape and best node, not once per candidate and placement."""
     best = None
     capacity = cycle.snapshot.capacity
     for tenant, task in candidates:
         if not cycle.within_caps(tenant, task):
             cycle.skip_for(tenant, task)
             continue
-        fits = (cycle.free >= task.demand - EPSILON).all(axis=1)
-        if not task.constraints.empty:
-            fits &= cycle.eligible(task.constraints) & cycle.below_job_limit(tenant, task)
-        if not fits.any():
-            cycle.skip_for(tenant, task)  # free capacity (and room under a max_per_node) only shrinks within a pass
-            continue
-        scores = alignment_scores(cycle.free, task.demand, capacity)
-        scores[~fits] = -np.inf
-        node = int(np.argmax(scores))
+        kept = task.constraints.empty and best_nodes is not None  # (a job's max_per_node moves with its placements)
+        found = best_nodes.get(task.shape) if kept else None
+        if found is None:
+            fits = (cycle.free >= task.demand - EPSILON).all(axis=1)
+            if not task.constraints.empty:
+                fits &= cycle.eligible(task.constraints) & cycle.below_job_limit(tenant, task)
+            if not fits.any():
+                cycle.skip_for(tenant, task)  # free capacity (and room under a max_per_node) only shrinks within a pass
+                continue
+            scores = alignment_scores(cycle.free, task.demand, capacity)
+            scores[~fits] = -np.inf
+            node = int(np.argmax(scores))
+            found = (node, float(scores[node]))
+            if kept:
+                best_nodes[task.shape] = found
         # Larger score wins; ties keep the earlier candidate (DRF order, then arrival).
-        if best is None or scores[node] > best[3] + 1e-12:
-            best = (tenant, task, node, float(scores[node]))
+        if best is None or found[1] > best[3] + 1e-12:
+            best = (tenant, task, *found)
     return best
 
 

@@ -474,10 +474,18 @@ def _serve_compiled(cycle: Cycle, flat_key: FlatKey, reason: ReasonFn, initial_s
         return False
     placements, blocked = result
     rows, arrival = snap.rows, snap.arrival
+    before = (None, -1, "", code)  # the placement before: its entry, node, reason and code
     for tenant, task, node, share, within in placements:
-        tenant_key = fair_key(share, float(arrival[rows[tenant]]), tenant)
-        cycle.record_placement(tenant, task, node, within, reason(cycle, tenant, tenant_key),
-                               order_code(tenant_key, code))
+        if task is before[0] and node == before[1]:
+            # It continues the run before it (a request's next task on the same node): the
+            # engine starts the run as one and publishes it as one decision with the run's
+            # first reason (``engine._grouped``), so this one's is not made.
+            said, why = before[2], before[3]
+        else:
+            tenant_key = fair_key(share, float(arrival[rows[tenant]]), tenant)
+            said, why = reason(cycle, tenant, tenant_key), order_code(tenant_key, code)
+        cycle.record_placement(tenant, task, node, within, said, why)
+        before = (task, node, said, why)
     cycle.decisions.blocked = blocked
     return True
 
