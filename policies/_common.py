@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -11,7 +11,7 @@ from fairstream.core.accounting import AccountingConfig
 from fairstream.core.fairness import marginal_counted, normalised_usage
 from fairstream.core.model import ModelError, ResourceSpace, Task
 from fairstream.core.placement import Cycle
-from fairstream.core.preemption import PreemptionRule
+from fairstream.core.preemption import PreemptionRule, snapshot_fair_shares
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies.base import Param, parse_choice, parse_fraction, parse_name, parse_non_negative, parse_positive
 
@@ -129,3 +129,18 @@ class LongTermUsage:
             added = snap.quantum[row] * marginal_counted(before, snap.share[row], task.demand, self.discount)
         self.vectors[row] += added
         return added
+
+    def per_fair_share(self) -> Callable[[str, Any], float]:
+        """A preemption victim key (``preemption.reclaim``'s): the tenant's usage per its fair
+        share (``snapshot_fair_shares``, made when first asked), inf with none. ``hltrf``'s: its
+        walk gives an idle sibling's part to the busy ones, so the leaf it served must not look
+        furthest ahead by a weight it no longer has."""
+        rows, fair = self.snapshot.rows, []
+
+        def key(tenant: str, allocation) -> float:
+            if not fair:
+                fair.append(snapshot_fair_shares(self.snapshot))
+            share = fair[0][rows[tenant]]
+            return self.key(rows[tenant]) / share if share > 0 else float("inf")
+
+        return key

@@ -28,7 +28,7 @@ from fairstream.core.model import ROOT, Decision, ReasonCode
 from fairstream.core.placement import Cycle, TenantOrder
 from fairstream.core.queues import ordering_resource
 from fairstream.core.snapshot import Snapshot
-from fairstream.core.preemption import reclaim, snapshot_fair_shares
+from fairstream.core.preemption import reclaim
 from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, RESERVATION_PARAM, LongTermUsage, long_term_accounting, preemption_rule
 from fairstream.policies.ltrf import usage_pass
 from fairstream.policies.base import Needs, Ordering, Param, PolicySpec, Traits, parse_non_negative
@@ -146,8 +146,9 @@ def walks_one_level(snapshot: Snapshot, params: Mapping[str, Any]) -> bool:
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     t_wait = params["t_wait"]
     if walks_one_level(snapshot, params):
-        return usage_pass(snapshot, params, "hltrf", lambda leaf, key: f"hltrf: lowest usage/weight at each level ({leaf})",
-                          min_share_class=False, victim_shares=snapshot_fair_shares)
+        return usage_pass(snapshot, params, "hltrf",
+                          lambda cycle, leaf, key: f"hltrf: lowest usage/weight at each level ({leaf})",
+                          min_share_class=False, victims_per_fair_share=True)
     tree, rows, now = snapshot.tree, snapshot.rows, snapshot.time
     cycle = Cycle(snapshot, "hltrf")
     usage = LongTermUsage(snapshot)
@@ -198,19 +199,9 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
             drop(leaf)
     rule = preemption_rule(params)
     if rule is not None:
-        # Victims: the leaves of the highest long-term usage per fair share. The fair share, not
-        # the static effective share, because this walk gives an idle sibling's part to the busy
-        # ones: the leaf it served by the tree must not look furthest ahead by a weight it no
-        # longer has (``fairness.fair_shares`` keeps an idle sibling's part in its queue too).
-        fair: list = []
-
-        def victim_key(tenant: str, allocation) -> float:
-            if not fair:
-                fair.append(snapshot_fair_shares(snapshot))
-            share = fair[0][rows[tenant]]
-            return usage.key(rows[tenant]) / share if share > 0 else float("inf")
-
-        reclaim(cycle, rule, victim_key)
+        # Victims: the leaves of the highest long-term usage per fair share, not per static
+        # effective share (``fairness.fair_shares`` keeps an idle sibling's part in its queue).
+        reclaim(cycle, rule, usage.per_fair_share())
     return cycle.decisions
 
 

@@ -12,13 +12,11 @@ accumulated usage as a dominant share of the accumulated vector (long-term DRF).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-import numpy as np
-
-from fairstream.core.fairness import FairKey, fair_key
+from fairstream.core.fairness import fair_key
 from fairstream.core.model import Decision, Task
-from fairstream.core.placement import Cycle, FlatKey, Service, TenantOrder, leaf_arrival, serve_in_order
+from fairstream.core.placement import Cycle, FlatKey, ReasonFn, Service, TenantOrder, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
 from fairstream.core.preemption import reclaim
 from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, RESERVATION_PARAM, LongTermUsage, long_term_accounting, preemption_rule
@@ -39,44 +37,36 @@ def usage_order(snapshot: Snapshot, usage: LongTermUsage, min_share_class: bool 
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
-    return usage_pass(snapshot, params, "ltrf", lambda tenant, k: f"ltrf: lowest accumulated usage/weight ({k.share:.4g})")
+    return usage_pass(snapshot, params, "ltrf",
+                      lambda cycle, tenant, k: f"ltrf: lowest accumulated usage/weight ({k.share:.4g})")
 
 
-def usage_pass(snapshot: Snapshot, params: Mapping[str, Any], policy: str, reason: Callable[[str, FairKey], str],
-               min_share_class: bool = True, victim_shares: Callable[[Snapshot], np.ndarray] | None = None
-               ) -> list[Decision]:
+def usage_pass(snapshot: Snapshot, params: Mapping[str, Any], policy: str, reason: ReasonFn,
+               min_share_class: bool = True, victims_per_fair_share: bool = False) -> list[Decision]:
     """The flat pass by the lowest weighted accumulated usage (``usage_order``), charging each
     placement as Algorithm 1 does, then preemption if ``params`` ask for it (victims: the most
-    served first). ``policy`` names the decisions, ``reason(tenant, key)`` gives each one's
-    reason. ``hltrf`` makes it for a tree of one level (``min_share_class`` False: its walk's
-    keys have no below-min-share class; ``victim_shares``: the shares its victims' usage is
-    weighed by, one per row, instead of the share fractions)."""
+    served first). ``policy`` names the decisions, ``reason`` gives each one's reason (as
+    ``Service.reason``). ``hltrf`` makes it for a tree of one level (``min_share_class`` False:
+    its walk's keys have no below-min-share class; its victims' usage is weighed by their fair
+    shares, ``LongTermUsage.per_fair_share``, not their share fractions)."""
     usage = LongTermUsage(snapshot)
     key = usage_order(snapshot, usage, min_share_class).key
 
     def charge(cycle: Cycle, tenant: str, task: Task) -> None:
         usage.charge(cycle, snapshot.rows[tenant], task)
 
-    shares: list[np.ndarray] = []  # (``victim_shares``, made when first needed)
-
     def victim_key(tenant: str, allocation) -> float:  # long-term usage: the most served go first
         row = snapshot.rows[tenant]
-        if victim_shares is None:
-            return usage.key(row) / snapshot.share_fraction[row]
-        if not shares:
-            shares.append(victim_shares(snapshot))
-        share = shares[0][row]
-        return usage.key(row) / share if share > 0 else float("inf")
+        return usage.key(row) / snapshot.share_fraction[row]
 
     cycle = Cycle(snapshot, policy)
     rule = preemption_rule(params)
     # (As drf; a discounted charge is not linear in the demand: the Python loop's.)
     flat = FlatKey(usage.vectors, usage.resource, charge=snapshot.quantum, extra=snapshot.pseudo_accumulated,
                    compiled=rule is None and usage.discount == 1.0)
-    serve_in_order(snapshot, policy, Service(key, lambda cycle, tenant, k: reason(tenant, k), charge=charge, flat_key=flat),
-                   cycle=cycle)
+    serve_in_order(snapshot, policy, Service(key, reason, charge=charge, flat_key=flat), cycle=cycle)
     if rule is not None:
-        reclaim(cycle, rule, victim_key)
+        reclaim(cycle, rule, usage.per_fair_share() if victims_per_fair_share else victim_key)
     return cycle.decisions
 
 

@@ -541,5 +541,5 @@ def leaf_arrival(snapshot: Snapshot, tenant: str) -> float:
     return float(snapshot.arrival[snapshot.rows[tenant]])
 
 
-__all__ = ["Cycle", "DecisionList", "FlatKey", "Service", "TenantOrder", "dominant_share_order", "ordering_resource", "serve_in_order", "order_code", "leaf_arrival",
+__all__ = ["Cycle", "DecisionList", "FlatKey", "ReasonFn", "Service", "TenantOrder", "dominant_share_order", "ordering_resource", "serve_in_order", "order_code", "leaf_arrival",
            "alignment_scores", "room_for_any"]
