@@ -91,26 +91,31 @@ class QuantumTree:
                 self._children_count[parent] = self._children_count.get(parent, 0) + 1
             parent = node
 
-    def _set(self, node: str, parent: str, value: float) -> None:
-        self._children_sum[parent] += value - self.quantum[node]
-        self.quantum[node] = value
-
-    def record(self, tree: TenantTree, leaf: str, run_time: float) -> None:
+    def record(self, tree: TenantTree, leaf: str, run_times: list[float]) -> None:
+        """Tasks of ``leaf`` finished after these run times, in turn: each moves the leaf's
+        mean and then every ancestor's (the float operations of one call per task, the leaf's
+        path looked up once)."""
         if not self.adaptive:
             return
-        self.version += 1
+        self.version += len(run_times)
         count, total = self._finished.get(leaf, (0, 0.0))
-        count, total = count + 1, total + run_time
-        self._finished[leaf] = (count, total)
         path = (ROOT,) + tree.path(leaf)
-        self._set(leaf, path[-2], total / count)
-        for depth in range(len(path) - 2, -1, -1):
-            node = path[depth]
-            mean = self._children_sum[node] / self._children_count[node]
-            if node == ROOT:
-                self.quantum[ROOT] = mean
-            else:
-                self._set(node, path[depth - 1], mean)
+        parent = path[-2]
+        quantum, sums, counts = self.quantum, self._children_sum, self._children_count
+        for run_time in run_times:
+            count, total = count + 1, total + run_time
+            value = total / count
+            sums[parent] += value - quantum[leaf]  # (the sum over the parent's children follows)
+            quantum[leaf] = value
+            for depth in range(len(path) - 2, -1, -1):
+                node = path[depth]
+                mean = sums[node] / counts[node]
+                if node == ROOT:
+                    quantum[ROOT] = mean
+                else:
+                    sums[path[depth - 1]] += mean - quantum[node]
+                    quantum[node] = mean
+        self._finished[leaf] = (count, total)
 
     def of(self, leaf: str) -> float:
         return self.quantum.get(leaf, self.quantum[ROOT]) if self.adaptive else self.initial
@@ -197,13 +202,16 @@ class RecentTasks:
                 total_weighted += value_start
             demand[k], weighted[k] = total, total_weighted
 
-    def retire(self, entry: _Running) -> None:
-        entry.done = True
-        self.done += 1
-        if entry.recent:
-            self._remove(entry)
-        if self.done > 64 and self.done * 2 > len(self.entries):
-            self._rebuild()
+    def retire(self, entries: list[_Running]) -> None:
+        """These tasks ended, in turn: each leaves the sums if inside the suffix; the list is
+        compacted once most of it has ended (checked after each, as one call each would)."""
+        for entry in entries:
+            entry.done = True
+            self.done += 1
+            if entry.recent:
+                self._remove(entry)
+            if self.done > 64 and self.done * 2 > len(self.entries):
+                self._rebuild()
 
     def _rebuild(self) -> None:
         self.entries = [e for e in self.entries if not e.done]
@@ -502,10 +510,12 @@ class Accounting:
         ledger = self.ledgers[row]
         ledger.running -= len(finished)
         subtract_each_floored(self.allocation[row], [entry.values for entry, _ in finished])  # (float dust cleared)
-        for entry, now in finished:
-            self._release_weighted(row, entry)
-            ledger.recent.retire(entry)
-            self.quanta.record(tree, ledger.name, now - entry.start)
+        # (each task's weighted allocation, recent sums and quantum are apart: each in turn)
+        if self.weighted_allocation is not None:
+            for entry, _ in finished:
+                self._release_weighted(row, entry)
+        ledger.recent.retire([entry for entry, _ in finished])
+        self.quanta.record(tree, ledger.name, [now - entry.start for entry, now in finished])
         # A leaf's quantum moves only with its own finished tasks (section 5.2.1, bottom-up).
         self._changed(row, quantum=True)
 
@@ -516,7 +526,7 @@ class Accounting:
         ledger.running -= 1
         subtract_floored(self.allocation[row], entry.values)
         self._release_weighted(row, entry)
-        ledger.recent.retire(entry)
+        ledger.recent.retire([entry])
         self._changed(row)
         if ledger.pending == 0:
             ledger.waiting_since = now

@@ -263,7 +263,8 @@ class Engine:
 def _grouped(decisions: list[Decision], requests: list[str | None]) -> list[Decision]:
     """One decision per request and node: the placements of a pass that took tasks of one
     request to one node become one decision listing them (``Decision.tasks``), where the first
-    of them was; single tasks stay as they are."""
+    of them was (a policy's decision of several, ``Decision.tasks``, joins it as its tasks);
+    single tasks stay as they are."""
     groups: dict[tuple[str, str, int], list[Decision]] = {}
     order: list = []
     segment = 0  # placements after a preemption are not merged into ones before it
@@ -287,7 +288,8 @@ def _grouped(decisions: list[Decision], requests: list[str | None]) -> list[Deci
         if len(group) == 1:
             out.append(group[0])
         else:
-            out.append(group[0]._replace(count=len(group), tasks=tuple(d.task for d in group)))
+            tasks = tuple(task for decision in group for task in decision.task_ids)
+            out.append(group[0]._replace(count=len(tasks), tasks=tasks))
     return out
 
 __all__ = ["Engine", "EventRejected", "PolicyViolation", "StepResult", "CompletionStatus"]

@@ -72,14 +72,20 @@ class Jobs:
 
     def stopped(self, tenant: str, job: str, demand: np.ndarray, time: float) -> None:
         """One running task of ``job`` stopped at ``time`` (finished, requeued or preempted)."""
-        jobs = self.running[tenant]
-        jobs[job] -= 1
-        if not jobs[job]:
-            del jobs[job]
-        usage = self.usage.get(tenant)
-        if usage is not None and job in usage:
-            usage[job].stop(demand, time)
-            self.left(tenant, job)
+        self.stopped_each(tenant, [(job, demand, time)])
+
+    def stopped_each(self, tenant: str, ended: list[tuple[str, np.ndarray, float]]) -> None:
+        """Running tasks of leaf ``tenant`` stopped, each ``(job, demand, time)``, in turn."""
+        jobs, usage = self.running[tenant], self.usage.get(tenant)
+        for job, demand, time in ended:
+            left = jobs[job] - 1
+            if left:
+                jobs[job] = left
+            else:
+                del jobs[job]
+            if usage is not None and job in usage:
+                usage[job].stop(demand, time)
+                self.left(tenant, job)
 
     def left(self, tenant: str, job: str) -> None:
         """A task of the job stopped or left the queue: its usage may be dropped at the end of

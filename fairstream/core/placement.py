@@ -232,6 +232,18 @@ class Cycle:
         self.decisions.append(decision)
         return decision
 
+    def record_run(self, tenant: str, task: Task, node: int, within: int, count: int, reason: str,
+                   code: ReasonCode) -> Decision:
+        """Record one decision placing ``count`` tasks of the request ``task`` on ``node``, its
+        next after the first ``within``, as the engine publishes such a run: ``tasks`` lists
+        them, ``task`` is the first (``record_placement`` of each, grouped). Only the compiled
+        pass records runs: ``commit`` and what reads ``placed`` deal in one task each."""
+        ids = task.task_ids(within, count)
+        decision = Decision(self.snapshot.time, ids[0], task.job, tenant, self.snapshot.node_ids[node],
+                            task.demand_map, self.policy, reason, code, count=count, tasks=tuple(ids))
+        self.decisions.append(decision)
+        return decision
+
     def withdraw(self, task_id: str) -> None:
         """Take back this pass's placement of ``task_id`` (never started: no decision reaches
         the engine for it, and it stays pending): its room and its tenant's allocation return.
@@ -474,18 +486,16 @@ def _serve_compiled(cycle: Cycle, flat_key: FlatKey, reason: ReasonFn, initial_s
         return False
     placements, blocked = result
     rows, arrival = snap.rows, snap.arrival
-    before = (None, -1, "", code)  # the placement before: its entry, node, reason and code
-    for tenant, task, node, share, within in placements:
-        if task is before[0] and node == before[1]:
-            # It continues the run before it (a request's next task on the same node): the
-            # engine starts the run as one and publishes it as one decision with the run's
-            # first reason (``engine._grouped``), so this one's is not made.
-            said, why = before[2], before[3]
+    # A run of placements of an entry's next tasks on one node, one after another, comes as
+    # one (``count`` > 1) and is recorded as one decision listing its tasks, with the reason of
+    # its first: the engine starts it as one and would publish it so (``engine._grouped``).
+    for tenant, task, node, share, within, count in placements:
+        tenant_key = fair_key(share, float(arrival[rows[tenant]]), tenant)
+        said, why = reason(cycle, tenant, tenant_key), order_code(tenant_key, code)
+        if count == 1:
+            cycle.record_placement(tenant, task, node, within, said, why)
         else:
-            tenant_key = fair_key(share, float(arrival[rows[tenant]]), tenant)
-            said, why = reason(cycle, tenant, tenant_key), order_code(tenant_key, code)
-        cycle.record_placement(tenant, task, node, within, said, why)
-        before = (task, node, said, why)
+            cycle.record_run(tenant, task, node, within, count, said, why)
     cycle.decisions.blocked = blocked
     return True
 

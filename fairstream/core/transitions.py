@@ -155,13 +155,17 @@ def _finish_running(engine: Engine, ending: list[tuple[Task, float]], result: St
     row = engine.registry.row[first.node]
     subtract_each_floored(engine.registry.storage_used[row], [task.demand_values for task, _ in ending])
     engine.reservations.node_changed(row)
-    unschedulable, workload, jobs = engine.verdicts.unschedulable, engine.workload, engine.jobs
-    for task, time in ending:
-        unschedulable.discard(task.id)
-        workload.running_changed(row, task, False)
+    # (the parts below are apart: each takes the run in turn)
+    tasks = [task for task, _ in ending]
+    for task in tasks:
         task.state = TaskState.DONE
-        jobs.stopped(task.tenant, task.job, task.demand, time)
-        result.finished.append(task)
+    unschedulable = engine.verdicts.unschedulable
+    if unschedulable:
+        for task in tasks:
+            unschedulable.discard(task.id)
+    engine.workload.running_changed_each(row, tasks, False)
+    engine.jobs.stopped_each(first.tenant, [(task.job, task.demand, time) for task, time in ending])
+    result.finished.extend(tasks)
     engine.changes.grown.add(row)
     engine.changes.touched.add(first.tenant)
     engine.accounting.on_finish(engine.accounting.row[first.tenant],
@@ -270,7 +274,9 @@ def _start_run(engine: Engine, decisions: list[Decision], first: int, requests: 
     if problem is not None:
         raise PolicyViolation(f"{decision.policy} {problem}")
     following: list[str] = []
-    if request is not None and request.count > 1:
+    if decision.count > 1:  # a run given as one decision: its tasks, as listed, or none
+        used = _listed_run(engine, decision, task, request, row, used, capacity, following)
+    elif request is not None and request.count > 1:
         used = _run_after(engine, decisions, first, task, request, row, used, capacity, following)
     registry.storage_used[row] = used
     time = decision.time
@@ -279,8 +285,7 @@ def _start_run(engine: Engine, decisions: list[Decision], first: int, requests: 
     for each in started[1:]:
         each.state, each.node, each.start = TaskState.RUNNING, node.id, time
     engine.reservations.node_changed(row)
-    for each in started:
-        workload.running_changed(row, each, True)
+    workload.running_changed_each(row, started, True)
     engine.jobs.started(task.tenant, task.job, task.demand, time,
                         engine.tree.orders_jobs and orders_jobs(engine.tree, task.tenant), len(started))
     if request is None:
@@ -293,6 +298,9 @@ def _start_run(engine: Engine, decisions: list[Decision], first: int, requests: 
                                          len(started))
     for each, entry in zip(started, entries):
         each.running_entry = entry
+    if decision.count > 1:
+        requests.append(request.id)
+        return first + 1
     requests.extend([None if request is None else request.id] * len(started))
     return first + len(started)
 
@@ -305,7 +313,7 @@ def _run_after(engine: Engine, decisions: list[Decision], first: int, task: Task
     ``following``; returns the node's used room with them."""
     end = first + 1
     while (end < len(decisions) and end - first < request.count and decisions[end].node == decisions[first].node
-           and decisions[end].kind is not DecisionKind.PREEMPT):
+           and decisions[end].kind is not DecisionKind.PREEMPT and decisions[end].count == 1):
         end += 1
     if end == first + 1:
         return used
@@ -319,6 +327,38 @@ def _run_after(engine: Engine, decisions: list[Decision], first: int, task: Task
         used = more
         following.append(task_id)
     return used
+
+
+def _listed_run(engine: Engine, decision: Decision, task: Task, request: Task | None, row: int,
+                used: list[float], capacity: list[float], following: list[str]) -> list[float]:
+    """A placement of ``decision.count`` tasks in one decision (``decision.tasks``; its first,
+    ``task``, taken): they must be the next tasks of ``request``, within the job's
+    ``max_per_node`` on node ``row`` and the node's room, else ``PolicyViolation``. Their ids
+    but the first go to ``following``; returns the node's used room with them (the float
+    operations of adding each task's demand in turn)."""
+    count, listed = decision.count, decision.tasks
+    if (request is None or count > request.count or listed[0] != decision.task
+            or request.task_ids(1, count - 1) != list(listed[1:])):
+        raise PolicyViolation(f"{decision.policy} placed tasks {list(listed)} on {decision.node} in one decision, "
+                              "not the next tasks of one request")
+    most = task.constraints.max_per_node
+    if most is not None and count > most - engine.workload.job_rows(engine.registry.row).get(
+            (task.tenant, task.job), {}).get(row, 0):
+        raise PolicyViolation(f"{decision.policy} placed {count} tasks of job {task.job} on {decision.node}, "
+                              f"beyond its max_per_node {most}")
+    # ``used`` holds the first task already. Demands are >= 0, so the sums only grow: the
+    # last is the one to check (``_added_within`` of each in turn would find no other).
+    after = []
+    for have, want in zip(used, task.demand_values):
+        for _ in range(count - 1):
+            have += want
+        after.append(have)
+    for total, room in zip(after, capacity):
+        if total > room + EPSILON:
+            raise PolicyViolation(f"{decision.policy} over-commits node {decision.node} with {count} tasks "
+                                  f"of {request.id}")
+    following.extend(listed[1:])
+    return after
 
 
 def _placement_problem(engine: Engine, task: Task, node: Node, row: int) -> str | None:

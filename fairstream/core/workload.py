@@ -240,6 +240,13 @@ class Workload:
                 if not rows:
                     del self._job_rows[(task.tenant, task.job)]  # (kept to the jobs that run: not history)
 
+    def running_changed_each(self, row: int, tasks: list[Task], started: bool) -> None:
+        """``running_changed`` of each of ``tasks``, in turn (nothing to do until an index is
+        made)."""
+        if self._running_on is not None or self._job_rows is not None:
+            for task in tasks:
+                self.running_changed(row, task, started)
+
     def running(self) -> list[Task]:
         """The running tasks, in the task table's order."""
         return [task for task in self.tasks.values() if task.state is TaskState.RUNNING]

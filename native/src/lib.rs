@@ -589,7 +589,8 @@ fn rows_of(array: &PyReadonlyArray2<f64>) -> PyResult<(usize, usize, Vec<f64>)> 
 /// (None: the dominant share), the grown rows, fresh shapes and grown demands of a pass over
 /// candidates, the reservation (node, shape). Returns None when the pass meets a task this
 /// pass does not handle, else `(placements, blocked)`: placements `(tenant, entry, node, share
-/// of the key it was served with, tasks of the entry taken before it in this pass)` in order,
+/// of the key it was served with, tasks of the entry taken before it in this pass, count)` in
+/// order, `count` > 1 for a run of the entry's next tasks placed one after another on one node,
 /// blocked `(tenant, entry)` or None. Tenant names are the caller's string objects.
 #[pyfunction]
 #[pyo3(signature = (pending, pending_state, eps, served, candidates, rows, free, capacity, vectors, charge, extra,
@@ -685,9 +686,23 @@ fn serve_flat<'py>(
         Err(Stop::Error(err)) => return Err(err),
         Ok(()) => {}
     }
+    // A placement that continues the one before it (the same entry's next task, on the same
+    // node) joins it: the caller records such a run as one decision of `count` tasks.
     let placements = PyList::empty(py);
+    let mut run: Option<(usize, Bound<'py, PyAny>, usize, f64, i64, i64)> = None;
     for (t, task, node, share, within) in pass.placements {
-        placements.append((pass.tenants[t].name.clone(), task, node, share, within))?;
+        if let Some(open) = run.as_mut() {
+            if open.1.is(&task) && open.2 == node {
+                open.5 += 1;
+                continue;
+            }
+        }
+        if let Some((t, task, node, share, within, count)) = run.replace((t, task, node, share, within, 1)) {
+            placements.append((pass.tenants[t].name.clone(), task, node, share, within, count))?;
+        }
+    }
+    if let Some((t, task, node, share, within, count)) = run {
+        placements.append((pass.tenants[t].name.clone(), task, node, share, within, count))?;
     }
     let blocked = match pass.blocked {
         Some((t, task)) => (pass.tenants[t].name.clone(), task).into_pyobject(py)?.into_any(),

@@ -370,6 +370,51 @@ def test_the_engine_refuses_a_run_of_a_requests_tasks_at_the_first_it_would_refu
     assert e.used[0].tolist() == [2.0]
 
 
+def run_of(tasks: list[str], count: int | None = None, first: str | None = None) -> Decision:
+    """One decision placing ``tasks`` (of request ``r``, job ``j``, 1 mem each) on ``n0``;
+    ``count`` and ``first`` (its ``task``) as given, else as ``tasks`` say."""
+    return Decision(1.0, first or tasks[0], "j", "A", "n0", {"mem": 1.0}, "fifo", "test", ReasonCode.ARRIVAL_ORDER,
+                    count=len(tasks) if count is None else count, tasks=tuple(tasks))
+
+
+@pytest.mark.parametrize("mem, constraints, given, refusal", [
+    pytest.param(8.0, None, run_of(["r-0", "r-1", "r-2"]), None,
+                 id="a request's next three tasks in one decision start as three decisions would"),
+    pytest.param(2.5, None, run_of(["r-0", "r-1", "r-2"]), "over-commits node n0 with 3 tasks of r",
+                 id="a run past the node's room is refused whole"),
+    pytest.param(8.0, {"max_per_node": 2}, run_of(["r-0", "r-1", "r-2"]), "3 tasks of job j on n0, beyond its max_per_node 2",
+                 id="a run past its job's max_per_node is refused whole"),
+    pytest.param(8.0, None, run_of(["r-0", "r-2"]), "not the next tasks of one request",
+                 id="a run that skips one of the request's tasks is refused"),
+    pytest.param(8.0, None, run_of(["r-0", "r-2", "r-1"]), "not the next tasks of one request",
+                 id="a run out of the request's order is refused"),
+    pytest.param(8.0, None, run_of(["r-0", "r-1"], count=3), "not the next tasks of one request",
+                 id="a run whose count is not its tasks' is refused"),
+    pytest.param(8.0, None, run_of(["r-1", "r-1", "r-2"], first="r-0"), "not the next tasks of one request",
+                 id="a run whose tasks do not begin with the task it names is refused"),
+    pytest.param(8.0, None, run_of(["r-0", "r-1", "r-2", "r-3"]), "not the next tasks of one request",
+                 id="a run of more tasks than the request holds is refused"),
+])
+def test_a_run_of_a_requests_tasks_in_one_decision_starts_whole_or_is_refused_whole(mem, constraints, given, refusal):
+    # The compiled pass gives a run of a request's next tasks on one node as one decision
+    # (``Decision.tasks``; ``transitions._listed_run``): the engine checks it as a whole, and a
+    # refused one starts none of its tasks.
+    e = engine(tree("A"), "fifo")
+    e.step(0, [node("n0", mem=mem)])
+    e.spec = dataclasses.replace(e.spec, decide=lambda snapshot, params: [given])
+    request = TaskSubmitted(1, "r", "j", "A", {"mem": 1}, constraints, 3)
+    if refusal is None:
+        published = e.step(1, [request]).decisions
+        assert [(d.task, d.count, d.tasks) for d in published] == [("r-0", 3, ("r-0", "r-1", "r-2"))]
+        assert sorted(e.tasks) == ["r-0", "r-1", "r-2"] and "r" not in e.requests
+        assert e.used[0].tolist() == [3.0]
+        return
+    with pytest.raises(PolicyViolation, match=refusal):
+        e.step(1, [request])
+    assert not e.tasks and e.requests["r"].count == 3
+    assert e.used[0].tolist() == [0.0]
+
+
 def same_bits(ours: np.ndarray, numpys: np.ndarray) -> bool:
     """The same bits, but any NaN for a NaN: of two NaNs added, which one's payload (and sign)
     comes out is the platform's choice (IEEE 754 leaves it open; numpy's loops and Python's
