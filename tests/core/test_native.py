@@ -21,7 +21,9 @@ from fairstream.core.fairness import counted_allocation
 from fairstream.policies import get as get_policy
 from fairstream.sim.scenario import parse_scenario
 from fairstream.sim.simulator import Simulator
+from fairstream.state.engine_snapshot import encode_engine
 
+from test_oracle import in_fractions
 from test_properties import ALL, scenarios
 
 COMPILED_POLICIES = ["drf", "fair", "ltrf", "hltrf"]  # (hltrf on a tree of one level: hltrf.walks_one_level)
@@ -96,6 +98,45 @@ PARAMS = st.sampled_from([{}, {"reservation": "off"}, {"reservation": "backfill"
 @given(document=mostly_flat_scenarios(), policy=st.sampled_from(COMPILED_POLICIES), params=PARAMS)
 def test_the_compiled_pass_decides_exactly_as_the_python_pass(document, policy, params, counted):
     assert decisions_of(document, policy, params, compiled=True) == decisions_of(document, policy, params, compiled=False)
+
+
+@st.composite
+def requests_on_roomy_nodes(draw):
+    """Flat tenants' requests of 2-8 small tasks on nodes that hold several: runs of three and
+    more tasks of a request on one node, which the compiled pass gives as one decision."""
+    nodes = [{"id": f"n{i}", "capacity": {"cpu": draw(st.integers(4, 16)), "mem": draw(st.integers(4, 16))}}
+             for i in range(draw(st.integers(1, 3)))]
+    tenants = [{"id": f"u{i}", "weight": draw(st.integers(1, 3))} for i in range(draw(st.integers(1, 3)))]
+    tasks = [{"id": f"r{k}", "job": f"j{k % 3}", "tenant": draw(st.sampled_from(tenants))["id"],
+              "submit": draw(st.integers(0, 6)), "duration": draw(st.integers(1, 5)), "count": draw(st.integers(2, 8)),
+              "demand": {"cpu": draw(st.integers(1, 3)), "mem": draw(st.integers(1, 3))}}
+             for k in range(draw(st.integers(1, 12)))]
+    return {"resources": ["cpu", "mem"], "nodes": nodes, "tenants": tenants, "tasks": tasks}
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(document=st.one_of(requests_on_roomy_nodes(), mostly_flat_scenarios()), policy=st.sampled_from(COMPILED_POLICIES),
+       params=PARAMS)
+def test_the_compiled_passs_runs_in_one_decision_leave_the_state_of_the_python_passs_one_at_a_time(document, policy,
+                                                                                                   params):
+    # The compiled pass gives a request's next tasks on one node as one decision
+    # (``Cycle.record_run``), which the engine starts whole (``transitions._listed_run``); the
+    # Python pass gives one decision per task, which the engine starts as a run too. After
+    # every step, the engine's whole state (its snapshot's bytes) is the same, with demands in
+    # tenths and node weights, so that a run's sums depend on the order of their additions.
+    document = in_fractions(document)
+
+    def steps(compiled: bool) -> list:
+        seen = []
+        before = native.set_enabled(compiled)
+        try:
+            Simulator(parse_scenario(document), policy, params,
+                      on_step=lambda engine, result: seen.append((result.decisions, encode_engine(engine)))).run()
+        finally:
+            native.set_enabled(before)
+        return seen
+
+    assert steps(True) == steps(False)
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])

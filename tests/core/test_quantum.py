@@ -1,12 +1,18 @@
 """Fixed vs adaptive task quantum (ICS'14 section 6.5, Figure 7): with a 600 s quantum and
 ~11 s tasks, the accumulated usage LTRF orders by jumps up by 600 s per task when a burst
 starts and drops when the burst finishes (Figure 7a: 1019 -> 630 in 11 s); the Quantum Updater
-brings the quantum down to the real task time and the curve has no drops (Figure 7b)."""
+brings the quantum down to the real task time and the curve has no drops (Figure 7b). And a run
+of tasks finishing at once moves the quanta and the recent tasks' sums as one at a time."""
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from builders import scenario
+from fairstream.core.accounting import QuantumTree, RecentTasks, _Running
+from fairstream.core.model import TenantSpec
+from fairstream.core.tenants import TenantTree
 from fairstream.sim.simulator import Simulator
 
 
@@ -48,3 +54,59 @@ def test_adaptive_quantum_has_no_drops_once_tuned():
     # quantum: drops of well under 1 % remain where a burst ends, against over 50 % fixed.
     assert largest_drop(time, values, after=15) < 0.02
     assert result.metrics.engine.accounting.quantum(0) == pytest.approx(11, abs=0.2)
+
+
+def recent_tasks(starts: list[float], values: list[float]) -> tuple[RecentTasks, list[_Running]]:
+    """A tenant's recent tasks of one resource, started in this order."""
+    recent, entries = RecentTasks(1), []
+    for start, value in zip(starts, values):
+        entry = _Running(start, np.array([value]), values=(value,))
+        recent.extend([entry])
+        entries.append(entry)
+    return recent, entries
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), n=st.integers(1, 200))
+def test_tasks_retired_in_runs_leave_the_recent_sums_of_one_at_a_time_to_the_bit(data, n):
+    # ``RecentTasks.retire`` takes a run of completions (``Accounting.on_finish``); the list is
+    # compacted, and the sums made again, once most of it has ended, checked after each task:
+    # with more than 64 done, a run may cross that line in its middle.
+    starts = sorted(data.draw(st.lists(st.floats(0, 100), min_size=n, max_size=n)))
+    values = data.draw(st.lists(st.floats(0.1, 10), min_size=n, max_size=n))
+    order = data.draw(st.permutations(range(n)))
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, n), max_size=20))) | {n})
+    quantum, now = data.draw(st.floats(0, 50)), 100.0
+    in_runs, run_entries = recent_tasks(starts, values)
+    alone, alone_entries = recent_tasks(starts, values)
+    at = 0
+    for cut in cuts:
+        in_runs.retire([run_entries[k] for k in order[at:cut]])
+        for k in order[at:cut]:
+            alone.retire([alone_entries[k]])
+        at = cut
+        in_runs.advance(now, quantum)
+        alone.advance(now, quantum)
+        assert (in_runs.demand, in_runs.weighted, in_runs.boundary, in_runs.done, len(in_runs.entries)) == \
+            (alone.demand, alone.weighted, alone.boundary, alone.done, len(alone.entries))
+
+
+@settings(max_examples=200, deadline=None)
+@given(run_times=st.lists(st.floats(0.1, 1e4), min_size=1, max_size=30), cut=st.integers(0, 30),
+       leaf=st.sampled_from(["a1", "a2", "b"]))
+def test_a_run_of_finished_tasks_moves_the_quanta_as_one_task_at_a_time_to_the_bit(run_times, cut, leaf):
+    # ``QuantumTree.record`` takes a run's run times: each moves the leaf's mean, then every
+    # ancestor's, in turn (section 5.2.1, bottom-up).
+    tree = TenantTree.from_specs([TenantSpec("a"), TenantSpec("a1", parent="a"), TenantSpec("a2", parent="a", weight=2),
+                                  TenantSpec("b")])
+
+    def quanta(record) -> QuantumTree:
+        quantum = QuantumTree(60.0, adaptive=True)
+        for node in tree.leaves:
+            quantum.initialise(tree.path(node))
+        record(quantum)
+        return quantum
+
+    in_runs = quanta(lambda q: (q.record(tree, leaf, run_times[:cut]), q.record(tree, leaf, run_times[cut:])))
+    alone = quanta(lambda q: [q.record(tree, leaf, [run_time]) for run_time in run_times])
+    assert vars(in_runs) == vars(alone)
