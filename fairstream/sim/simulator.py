@@ -12,6 +12,7 @@ The run is a function of the scenario, the policy and its parameters alone.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
@@ -241,16 +242,17 @@ class Simulator:
                 raise ModelError(f"event at t={now}: {why}")
             if self.on_step is not None:
                 self.on_step(engine, result)
-            for task in result.finished:
-                job = jobs[task.job]
-                job.finished += 1
+            # The finished tasks of one spec in a row (a run of a request's) count as one.
+            for spec, tasks in itertools.groupby(result.finished, key=lambda task: spec_of(task.id)):
+                ended = sum(1 for _ in tasks)
+                job = jobs[spec.job]
+                job.finished += ended
                 job.finish = now
-                bar.update(1)
-                spec = spec_of(task.id)
-                for released in gates.finished(spec, now):
+                bar.update(ended)
+                for released in gates.finished(spec, now, ended):
                     push(max(released.submit, gates.release_time(released, now)), _SUBMIT, released)
                 if lazy:
-                    left[spec.id] -= 1
+                    left[spec.id] -= ended
                     if not left[spec.id]:
                         del left[spec.id], specs[spec.id]
             for decision in result.decisions:
@@ -338,12 +340,13 @@ class ReleaseGates:
     def release_time(self, spec: TaskSpec, now: float) -> float:
         return now + spec.delay if spec.after_job is not None else now
 
-    def finished(self, spec: TaskSpec, now: float) -> list[TaskSpec]:
-        """One task of ``spec`` finished: the specs this releases."""
+    def finished(self, spec: TaskSpec, now: float, count: int = 1) -> list[TaskSpec]:
+        """``count`` tasks of ``spec`` finished: the specs this releases (as many calls of
+        one would: a count reaches zero at the last of them)."""
         released: list[TaskSpec] = []
         job, stage = spec.job, spec.stage
-        self.remaining[job][stage] -= 1
-        self.job_left[job] -= 1
+        self.remaining[job][stage] -= count
+        self.job_left[job] -= count
         if self.remaining[job][stage] == 0:
             # The next stage of this job goes once every lower stage is done.
             held = self.held_stage.get(job, {})
