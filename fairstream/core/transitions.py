@@ -276,7 +276,9 @@ def _start_run(engine: Engine, decisions: list[Decision], first: int, requests: 
     following: list[str] = []
     if decision.count > 1:  # a run given as one decision: its tasks, as listed, or none
         used = _listed_run(engine, decision, task, request, row, used, capacity, following)
-    elif request is not None and request.count > 1:
+    elif (request is not None and request.count > 1 and first + 1 < len(decisions)
+          and decisions[first + 1].node == decision.node and decisions[first + 1].tenant == decision.tenant):
+        # (else no run follows: the next placement is not of this tenant on this node)
         used = _run_after(engine, decisions, first, task, request, row, used, capacity, following)
     registry.storage_used[row] = used
     time = decision.time

@@ -128,11 +128,23 @@ class Workload:
         tasks[task.id] = task
         self.advance_request(request)
         started = [task]
-        for task_id in following:  # (each made as ``take`` makes it: the request's arrival number moves on)
-            task = task_of(request, task_id)
-            tasks[task_id] = task
-            self.advance_request(request)
-            started.append(task)
+        if following and not request.cancelled:
+            # (``advance_request`` of each, in one: with none cancelled, the next task's index
+            # and arrival number are one more, the tasks left one fewer)
+            seq = request.seq
+            for offset, task_id in enumerate(following):
+                task = task_of(request, task_id, seq + offset)
+                tasks[task_id] = task
+                started.append(task)
+            request.index += len(following)
+            request.seq += len(following)
+            request.count -= len(following)
+        else:
+            for task_id in following:  # (each made as ``take`` makes it: the request's arrival number moves on)
+                task = task_of(request, task_id)
+                tasks[task_id] = task
+                self.advance_request(request)
+                started.append(task)
         retired = self.retire_request(request)
         self.dequeue(request, len(started))
         return started, retired
@@ -272,12 +284,13 @@ class Workload:
         return self._job_rows
 
 
-def task_of(request: Task, task_id: str) -> Task:
+def task_of(request: Task, task_id: str, seq: int | None = None) -> Task:
     """Task ``task_id`` of ``request`` as a task of its own (pending), with the request's
-    current arrival number: a request makes an object for a task only when the task leaves it."""
+    current arrival number (or ``seq``): a request makes an object for a task only when the
+    task leaves it."""
     return Task(task_id, request.job, request.tenant, request.demand, request.submit, request.constraints,
-                estimate=request.estimate, seq=request.seq, demand_map=request.demand_map, shape=request.shape,
-                demand_values=request.demand_values)
+                estimate=request.estimate, seq=request.seq if seq is None else seq, demand_map=request.demand_map,
+                shape=request.shape, demand_values=request.demand_values)
 
 
 __all__ = ["Workload", "task_of"]
