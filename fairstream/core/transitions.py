@@ -339,7 +339,7 @@ def _listed_run(engine: Engine, decision: Decision, task: Task, request: Task | 
     but the first go to ``following``; returns the node's used room with them (the float
     operations of adding each task's demand in turn)."""
     count, listed = decision.count, decision.tasks
-    if (request is None or count > request.count or listed[0] != decision.task
+    if (request is None or count > request.count or listed[:1] != (decision.task,)
             or request.task_ids(1, count - 1) != list(listed[1:])):
         raise PolicyViolation(f"{decision.policy} placed tasks {list(listed)} on {decision.node} in one decision, "
                               "not the next tasks of one request")

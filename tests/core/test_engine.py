@@ -392,6 +392,8 @@ def run_of(tasks: list[str], count: int | None = None, first: str | None = None)
                  id="a run whose count is not its tasks' is refused"),
     pytest.param(8.0, None, run_of(["r-1", "r-1", "r-2"], first="r-0"), "not the next tasks of one request",
                  id="a run whose tasks do not begin with the task it names is refused"),
+    pytest.param(8.0, None, run_of([], count=3, first="r-0"), "not the next tasks of one request",
+                 id="a run of three that lists no task is refused"),
     pytest.param(8.0, None, run_of(["r-0", "r-1", "r-2", "r-3"]), "not the next tasks of one request",
                  id="a run of more tasks than the request holds is refused"),
 ])
