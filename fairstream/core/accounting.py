@@ -208,14 +208,8 @@ class RecentTasks:
         for entry in entries:
             entry.done = True
             self.done += 1
-            if entry.recent:  # (``_remove``, written out: a sign flip is exact, so ``-=`` has its bits)
-                entry.recent = False
-                round_start = self.round_start
-                start = entry.start if entry.start > round_start else round_start
-                demand, weighted = self.demand, self.weighted
-                for k, value in enumerate(entry.values if entry.counted_values is None else entry.counted_values):
-                    demand[k] -= value
-                    weighted[k] -= value * start
+            if entry.recent:
+                self._remove(entry)
             if self.done > 64 and self.done * 2 > len(self.entries):
                 self._rebuild()
 

@@ -57,9 +57,7 @@ def subtract_each_floored(vector: np.ndarray, amounts: Iterable[Sequence[float]]
     of a node's or a tenant's totals) read and written once, for the demands of a run of tasks."""
     values = vector.tolist()
     for each in amounts:
-        for k, amount in enumerate(each):  # (``subtract_floored``, written out: once per task)
-            left = values[k] - amount
-            values[k] = left if left > 0.0 or left != left else 0.0
+        subtract_floored(values, each)
     vector[:] = values
 
 

@@ -215,12 +215,20 @@ class Cycle:
         self.placed.append((decision, tenant, task, node))
 
     def record_placement(self, tenant: str, task: Task, node: int, within: int, reason: str,
-                         code: ReasonCode) -> Decision:
+                         code: ReasonCode, count: int = 1) -> Decision:
         """Record the decision placing ``task`` (an entry: its task ``within`` of a request) on
-        ``node``; the pass's working state is ``commit``'s to change."""
+        ``node``; the pass's working state is ``commit``'s to change. With ``count`` > 1 (only
+        the compiled pass's runs: ``commit`` and what reads ``placed`` deal in one task each),
+        the decision places the request's ``count`` tasks from there, listed in ``tasks``, as
+        the engine publishes such a run (``engine._grouped``)."""
+        if count == 1:
+            first, tasks = task.task_id(within), ()
+        else:
+            ids = task.task_ids(within, count)
+            first, tasks = ids[0], tuple(ids)
         decision = Decision(
             time=self.snapshot.time,
-            task=task.task_id(within),
+            task=first,
             job=task.job,
             tenant=tenant,
             node=self.snapshot.node_ids[node],
@@ -228,19 +236,9 @@ class Cycle:
             policy=self.policy,
             reason=reason,
             code=code,
+            count=count,
+            tasks=tasks,
         )
-        self.decisions.append(decision)
-        return decision
-
-    def record_run(self, tenant: str, task: Task, node: int, within: int, count: int, reason: str,
-                   code: ReasonCode) -> Decision:
-        """Record one decision placing ``count`` tasks of the request ``task`` on ``node``, its
-        next after the first ``within``, as the engine publishes such a run: ``tasks`` lists
-        them, ``task`` is the first (``record_placement`` of each, grouped). Only the compiled
-        pass records runs: ``commit`` and what reads ``placed`` deal in one task each."""
-        ids = task.task_ids(within, count)
-        decision = Decision(self.snapshot.time, ids[0], task.job, tenant, self.snapshot.node_ids[node],
-                            task.demand_map, self.policy, reason, code, count=count, tasks=tuple(ids))
         self.decisions.append(decision)
         return decision
 
@@ -491,11 +489,8 @@ def _serve_compiled(cycle: Cycle, flat_key: FlatKey, reason: ReasonFn, initial_s
     # its first: the engine starts it as one and would publish it so (``engine._grouped``).
     for tenant, task, node, share, within, count in placements:
         tenant_key = fair_key(share, float(arrival[rows[tenant]]), tenant)
-        said, why = reason(cycle, tenant, tenant_key), order_code(tenant_key, code)
-        if count == 1:
-            cycle.record_placement(tenant, task, node, within, said, why)
-        else:
-            cycle.record_run(tenant, task, node, within, count, said, why)
+        cycle.record_placement(tenant, task, node, within, reason(cycle, tenant, tenant_key),
+                               order_code(tenant_key, code), count)
     cycle.decisions.blocked = blocked
     return True
 

@@ -320,8 +320,7 @@ def _run_after(engine: Engine, decisions: list[Decision], first: int, task: Task
     if end == first + 1:
         return used
     most = task.constraints.max_per_node
-    room = math.inf if most is None else \
-        most - 1 - engine.workload.job_rows(engine.registry.row).get((task.tenant, task.job), {}).get(row, 0)
+    room = math.inf if most is None else most - 1 - _running_of_job(engine, task, row)
     for task_id, later in zip(request.task_ids(1, end - first - 1), decisions[first + 1 : end]):
         more = _added_within(used, task.demand_values, capacity)
         if later.task != task_id or len(following) >= room or more is None:
@@ -344,8 +343,7 @@ def _listed_run(engine: Engine, decision: Decision, task: Task, request: Task | 
         raise PolicyViolation(f"{decision.policy} placed tasks {list(listed)} on {decision.node} in one decision, "
                               "not the next tasks of one request")
     most = task.constraints.max_per_node
-    if most is not None and count > most - engine.workload.job_rows(engine.registry.row).get(
-            (task.tenant, task.job), {}).get(row, 0):
+    if most is not None and count > most - _running_of_job(engine, task, row):
         raise PolicyViolation(f"{decision.policy} placed {count} tasks of job {task.job} on {decision.node}, "
                               f"beyond its max_per_node {most}")
     # ``used`` holds the first task already. Demands are >= 0, so the sums only grow: the
@@ -372,9 +370,14 @@ def _placement_problem(engine: Engine, task: Task, node: Node, row: int) -> str 
     if not task.constraints.allows(node.id, node.labels):
         return f"placed {task.id} on {node.id} against its constraints"
     most = task.constraints.max_per_node
-    if most is not None and engine.workload.job_rows(engine.registry.row).get((task.tenant, task.job), {}).get(row, 0) >= most:
+    if most is not None and _running_of_job(engine, task, row) >= most:
         return f"placed {task.id} on {node.id}, where job {task.job} already runs its max_per_node {most}"
     return None
+
+
+def _running_of_job(engine: Engine, task: Task, row: int) -> int:
+    """How many tasks of ``task``'s job run on node row ``row`` (what ``max_per_node`` bounds)."""
+    return engine.workload.job_rows(engine.registry.row).get((task.tenant, task.job), {}).get(row, 0)
 
 
 def _added_within(used: list[float], demand: tuple[float, ...], capacity: list[float]) -> list[float] | None:

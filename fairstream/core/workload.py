@@ -128,17 +128,13 @@ class Workload:
         tasks[task.id] = task
         self.advance_request(request)
         started = [task]
-        if following and not request.cancelled:
-            # (``advance_request`` of each, in one: with none cancelled, the next task's index
-            # and arrival number are one more, the tasks left one fewer)
+        if following and not request.cancelled:  # (arrival numbers one apart: moved on in one step)
             seq = request.seq
             for offset, task_id in enumerate(following):
                 task = task_of(request, task_id, seq + offset)
                 tasks[task_id] = task
                 started.append(task)
-            request.index += len(following)
-            request.seq += len(following)
-            request.count -= len(following)
+            self.advance_request(request, len(following))
         else:
             for task_id in following:  # (each made as ``take`` makes it: the request's arrival number moves on)
                 task = task_of(request, task_id)
@@ -197,15 +193,21 @@ class Workload:
         return (request, k) if k < request.index + request.count + len(request.cancelled) else None
 
     @staticmethod
-    def advance_request(request: Task) -> None:
-        """The request's next task left it: move on to the next index not cancelled."""
-        k = request.index + 1
-        while k in request.cancelled:
-            k += 1
-        request.seq += k - request.index
-        request.cancelled = frozenset(c for c in request.cancelled if c >= k) if request.cancelled else request.cancelled
-        request.index = k
-        request.count -= 1
+    def advance_request(request: Task, n: int = 1) -> None:
+        """The request's next ``n`` tasks left it: move on to the next index not cancelled."""
+        if not request.cancelled:  # (each step moves the index and the arrival number by one)
+            request.index += n
+            request.seq += n
+            request.count -= n
+            return
+        for _ in range(n):
+            k = request.index + 1
+            while k in request.cancelled:
+                k += 1
+            request.seq += k - request.index
+            request.cancelled = frozenset(c for c in request.cancelled if c >= k)
+            request.index = k
+            request.count -= 1
 
     def retire_request(self, request: Task) -> bool:
         """Forget ``request`` if no task is left in it; returns whether it was."""

@@ -120,7 +120,7 @@ def requests_on_roomy_nodes(draw):
 def test_the_compiled_passs_runs_in_one_decision_leave_the_state_of_the_python_passs_one_at_a_time(document, policy,
                                                                                                    params):
     # The compiled pass gives a request's next tasks on one node as one decision
-    # (``Cycle.record_run``), which the engine starts whole (``transitions._listed_run``); the
+    # (``Cycle.record_placement`` with a count), which the engine starts whole (``transitions._listed_run``); the
     # Python pass gives one decision per task, which the engine starts as a run too. After
     # every step, the engine's whole state (its snapshot's bytes) is the same, with demands in
     # tenths and node weights, so that a run's sums depend on the order of their additions.
