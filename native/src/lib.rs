@@ -666,11 +666,23 @@ fn serve_flat<'py>(
     let served: Vec<Bound<'py, PyString>> = match served {
         Some(served) => served,
         None => {
-            // `serve_in_order`'s default: the waiting tenants, in order, that are candidates (all without)
+            // `serve_in_order`'s default: the waiting tenants that are candidates (all without).
+            // In the candidates' own order, which is usually far the smaller set: the order of
+            // service is the keys' (share, arrival, name: no two tenants tie), not this one's.
             let mut chosen = Vec::new();
-            for name in pending.keys().iter() {
-                if candidates.as_ref().map_or(Ok(true), |set| set.contains(&name))? {
-                    chosen.push(name.cast_into::<PyString>().map_err(PyErr::from)?);
+            match &candidates {
+                Some(set) => {
+                    for name in set.try_iter()? {
+                        let name = name?;
+                        if pending.contains(&name)? {
+                            chosen.push(name.cast_into::<PyString>().map_err(PyErr::from)?);
+                        }
+                    }
+                }
+                None => {
+                    for name in pending.keys().iter() {
+                        chosen.push(name.cast_into::<PyString>().map_err(PyErr::from)?);
+                    }
                 }
             }
             chosen
