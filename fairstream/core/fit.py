@@ -222,9 +222,21 @@ def alignment_scores(free: np.ndarray, demand: np.ndarray, capacity: np.ndarray)
     """Tetris's alignment score of one task against every node: the dot product of the node's
     idle resources and the task's demand, both in units of the cluster's total capacity so that
     no resource outweighs another by its unit (cores vs GB). QKnobler's affinity (C3) is the same
-    product."""
+    product.
+
+    The sum runs over resources in their order, one elementwise step each, never through a
+    matrix product: BLAS sums in an order of its own, which differs between builds and CPUs
+    (and between one row and the same row of a larger matrix), so decisions that compare
+    scores would depend on the machine (principle 1) and one node's score could not be made
+    again alone. Each node's score here is the same bits however many nodes are scored.
+    ``free``: node x resource, or one node's row."""
     scale = np.where(capacity > 0, capacity, 1.0)
-    return (np.maximum(free, 0.0) / scale) @ (demand / scale)
+    idle = np.maximum(free, 0.0) / scale
+    weights = (demand / scale).tolist()
+    scores = idle[..., 0] * weights[0]
+    for k in range(1, len(weights)):
+        scores = scores + idle[..., k] * weights[k]
+    return scores
 
 
 __all__ = ["NodeFit", "alignment_scores"]

@@ -1,10 +1,14 @@
 """The engine's smaller parts, each alone: unschedulable verdicts (``core/verdicts.py``), a
-tenant-local pass's changes (``core/candidates.py``) and the reservation (``core/reservation.py``)."""
+tenant-local pass's changes (``core/candidates.py``), the reservation (``core/reservation.py``)
+and the alignment score (``core/fit.py``)."""
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fairstream.core.candidates import Changes
+from fairstream.core.fit import alignment_scores
 from fairstream.core.model import NO_CONSTRAINTS, Constraints, Node, ReasonCode, ResourceSpace, TaskSubmitted
 from fairstream.core.nodes import Nodes
 from fairstream.core.reservation import Reservations
@@ -118,3 +122,33 @@ def test_a_heartbeat_joins_a_new_node_and_merges_resource_weights():
     registry.heartbeat("n0", np.array([4.0, 8.0]), None, {0: 1.0, 1: 1.0}, 3.0)
     assert registry.nodes[0].weights is None, "all ones: no weights"
     assert registry.room_for_some(0, np.array([[4.0, 8.0]])) and not registry.room_for_some(0, np.array([[5.0, 1.0]]))
+
+
+def aligned_by_hand(free: list[float], demand: list[float], capacity: list[float]) -> float:
+    """One node's alignment score in plain floats, resource by resource in order: IEEE
+    arithmetic, so the same bits on every machine."""
+    score = None
+    for have, want, total in zip(free, demand, capacity):
+        scale = total if total > 0 else 1.0
+        term = (max(have, 0.0) / scale) * (want / scale)
+        score = term if score is None else score + term
+    return score
+
+
+amounts = st.floats(min_value=-4.0, max_value=64.0, allow_nan=False).map(lambda x: round(x, 3))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4).flatmap(lambda r: st.tuples(
+    st.lists(st.lists(amounts, min_size=r, max_size=r), min_size=1, max_size=40),
+    st.lists(amounts.map(abs), min_size=r, max_size=r),
+    st.lists(st.sampled_from([0.0, 1.0, 96.0, 1000.0, 4096.5]), min_size=r, max_size=r))))
+def test_a_nodes_alignment_score_is_the_same_bits_alone_among_many_and_by_hand(case):
+    # Tetris's score compares nodes by float: summed in an order of BLAS's own it differed, on
+    # one machine, between a node scored alone and the same node among many (and so between
+    # machines). Resource by resource in order it is what IEEE arithmetic gives anywhere.
+    free, demand, capacity = case
+    scores = alignment_scores(np.array(free), np.array(demand), np.array(capacity))
+    for row, expected in zip(free, scores.tolist()):
+        assert alignment_scores(np.array(row), np.array(demand), np.array(capacity)).item() == expected
+        assert aligned_by_hand(row, demand, capacity) == expected
