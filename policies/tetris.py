@@ -17,6 +17,7 @@ work-conserving like every other policy here (the paper is silent on this case).
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Any, Mapping
 
@@ -37,15 +38,10 @@ PARAMS = (
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     f = params["f"]
     cycle = Cycle(snapshot, "tetris")
-    capacity = snapshot.capacity
-    tenants = snapshot.demanding()
+    drf = DrfOrder(cycle, snapshot.demanding())
     best_nodes: dict[int, tuple[int, float]] = {}  # (``best_pair``'s, kept for the pass)
     while True:
-        order = sorted(tenants, key=lambda t: fair_key(
-            dominant_share(cycle.allocation[snapshot.rows[t]], capacity) / snapshot.share_fraction[snapshot.rows[t]],
-            leaf_arrival(snapshot, t), t, cycle.below_min_share(t)))
-        left = {t: cycle.pending_left(t) for t in order}
-        total = sum(left.values())
+        order, left, total = drf.order, drf.left, drf.total
         if total == 0:
             break
         window = max(1, math.ceil((1 - f) * total - 1e-9))
@@ -60,7 +56,40 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
                                          f"of {total} DRF-sorted tasks (f={f:g})", ReasonCode.PACKING)
         for shape in [shape for shape, (best, _) in best_nodes.items() if best == node]:
             del best_nodes[shape]  # its best node lost room: its scores are made again
+        drf.placed(tenant)
     return cycle.decisions
+
+
+class DrfOrder:
+    """The demanding tenants of a pass in DRF order (weighted dominant share, then arrival, then
+    id: no two tie), with how many of its tasks each has left to place (``left``) and their sum
+    (``total``), kept through the pass's placements."""
+
+    def __init__(self, cycle: Cycle, tenants: list[str]) -> None:
+        self.cycle, self.tenants = cycle, tenants
+        self.keys = {t: self.key(t) for t in tenants}
+        self.order = sorted(tenants, key=self.keys.__getitem__)
+        self.left = {t: cycle.pending_left(t) for t in self.order}
+        self.total = sum(self.left.values())
+
+    def key(self, tenant: str):
+        cycle, snapshot = self.cycle, self.cycle.snapshot
+        row = snapshot.rows[tenant]
+        return fair_key(dominant_share(cycle.allocation[row], snapshot.capacity) / snapshot.share_fraction[row],
+                        leaf_arrival(snapshot, tenant), tenant, cycle.below_min_share(tenant))
+
+    def placed(self, tenant: str) -> None:
+        """The pass placed a task of ``tenant``: only its key and what it has left moved, unless
+        min shares are in play (a placement moves its queues' allocation, so its siblings' keys)."""
+        if self.cycle.capped:
+            self.__init__(self.cycle, self.tenants)
+            return
+        self.order.remove(tenant)
+        self.keys[tenant] = self.key(tenant)
+        bisect.insort(self.order, tenant, key=self.keys.__getitem__)
+        self.total -= self.left[tenant]
+        self.left[tenant] = self.cycle.pending_left(tenant)
+        self.total += self.left[tenant]
 
 
 def candidates_in_window(cycle: Cycle, order: list[str], left: dict[str, int], window: int) -> list[tuple[str, Task]]:
@@ -98,15 +127,22 @@ def best_pair(cycle: Cycle, candidates: list[tuple[str, Task]], best_nodes: dict
         kept = task.constraints.empty and best_nodes is not None  # (a job's max_per_node moves with its placements)
         found = best_nodes.get(task.shape) if kept else None
         if found is None:
-            fits = (cycle.free >= task.demand - EPSILON).all(axis=1)
-            if not task.constraints.empty:
-                fits &= cycle.eligible(task.constraints) & cycle.below_job_limit(tenant, task)
-            if not fits.any():
-                cycle.skip_for(tenant, task)  # free capacity (and room under a max_per_node) only shrinks within a pass
-                continue
-            scores = alignment_scores(cycle.free, task.demand, capacity)
-            scores[~fits] = -np.inf
-            node = int(np.argmax(scores))
+            if kept:  # (every node's score, kept for the pass: only nodes that changed are scored again)
+                scores = cycle.nodes.aligned_scores(task)
+                node = int(np.argmax(scores))
+                if scores[node] == -np.inf:
+                    cycle.skip_for(tenant, task)  # free capacity only shrinks within a pass
+                    continue
+            else:
+                fits = (cycle.free >= task.demand - EPSILON).all(axis=1)
+                if not task.constraints.empty:
+                    fits &= cycle.eligible(task.constraints) & cycle.below_job_limit(tenant, task)
+                if not fits.any():
+                    cycle.skip_for(tenant, task)  # free capacity (and room under a max_per_node) only shrinks within a pass
+                    continue
+                scores = alignment_scores(cycle.free, task.demand, capacity)
+                scores[~fits] = -np.inf
+                node = int(np.argmax(scores))
             found = (node, float(scores[node]))
             if kept:
                 best_nodes[task.shape] = found

@@ -40,12 +40,18 @@ class NodeFit:
         # Per (tenant, job) of a task with a ``max_per_node``: its running tasks per node row,
         # this pass's placements included (``job_rows``).
         self._job_rows_: dict[tuple[str, str], dict[int, int]] = {}
+        # Per shape of a task without constraints: [every node's alignment score, -inf where it
+        # does not fit or may not go; how many of ``_changed`` it reflects] (``aligned_scores``).
+        self._aligned: dict[int, list] = {}
+        self._changed: list[int] = []  # the nodes whose free room the pass changed, in turn
 
     def took(self, node: int, tenant: str, job: str) -> None:
         """The pass placed a task of ``tenant``'s ``job`` on ``node`` (``free`` already less)."""
         self.free_rows[node] = self.free[node].tolist()
         if self._job_rows_:
             self.count_on(tenant, job, node, 1)
+        if self._aligned:
+            self._changed.append(node)
 
     def gave_back(self, node: int, tenant: str, job: str) -> None:
         """A task of ``tenant``'s ``job`` left ``node`` in this pass (``free`` already more):
@@ -54,6 +60,8 @@ class NodeFit:
         if self._job_rows_:
             self.count_on(tenant, job, node, -1)
         self.first_fit.clear()
+        if self._aligned:
+            self._changed.append(node)
 
     def eligible(self, constraints: Constraints) -> np.ndarray:
         """Per node: do ``constraints`` allow it? (Made once per constraints in a pass.)"""
@@ -163,6 +171,10 @@ class NodeFit:
         those it fits and may use, the lowest number on ties; None if none."""
         if not len(self.free):
             return None
+        if task.constraints.empty:
+            scores = self.aligned_scores(task)
+            node = int(np.argmax(scores))  # the first maximum: the lowest node number
+            return None if scores[node] == -np.inf else node
         fits = (self.free >= task.demand - EPSILON).all(axis=1) & self.usable(task)
         if not task.constraints.empty:
             fits &= self.eligible(task.constraints) & self.below_job_limit(task.tenant, task)
@@ -171,6 +183,36 @@ class NodeFit:
         scores = alignment_scores(self.free, task.demand, self.snapshot.capacity)
         scores[~fits] = -np.inf
         return int(np.argmax(scores))  # argmax takes the first maximum: the lowest node number
+
+    def aligned_scores(self, task: Task) -> np.ndarray:
+        """Every node's alignment score with ``task``, a task without constraints
+        (``alignment_scores``), -inf on the nodes whose free room it does not fit or that it
+        may not use (``usable``): the pass's own array, to read, not to change.
+
+        Made for its shape in one scan when first asked in the pass, then kept: when asked
+        again, only the nodes whose free room the pass changed since are scored again, each
+        alone (``node_alignment``), which gives the bits of a scan."""
+        entry = self._aligned.get(task.shape)
+        changed = self._changed
+        if entry is not None and len(changed) - entry[1] <= len(self.free) // 8:
+            scores, seen, need, scale, weights = entry
+            if seen < len(changed):
+                usable, rows = self.usable(task), self.free_rows
+                for node in set(changed[seen:]):
+                    row = rows[node]  # (made again by ``took`` and ``gave_back``)
+                    if all(have >= want for have, want in zip(row, need)) and (usable is True or usable[node]):
+                        scores[node] = node_alignment(row, scale, weights)
+                    else:
+                        scores[node] = -np.inf
+                entry[1] = len(changed)
+            return scores
+        # (also when most nodes changed since: one scan costs less than scoring them one by one)
+        need = task.demand - EPSILON
+        fits = (self.free >= need).all(axis=1) & self.usable(task)
+        scores = alignment_scores(self.free, task.demand, self.snapshot.capacity)
+        scores[~fits] = -np.inf
+        self._aligned[task.shape] = [scores, len(changed), need.tolist(), *alignment_factors(task.demand, self.snapshot.capacity)]
+        return scores
 
     def held_by_job_limit(self, task: Task) -> bool:
         """``task`` would fit the free room of a node its constraints allow where its job
@@ -230,13 +272,30 @@ def alignment_scores(free: np.ndarray, demand: np.ndarray, capacity: np.ndarray)
     scores would depend on the machine (principle 1) and one node's score could not be made
     again alone. Each node's score here is the same bits however many nodes are scored.
     ``free``: node x resource, or one node's row."""
-    scale = np.where(capacity > 0, capacity, 1.0)
-    idle = np.maximum(free, 0.0) / scale
-    weights = (demand / scale).tolist()
+    scale, weights = alignment_factors(demand, capacity)
+    idle = np.maximum(free, 0.0) / np.array(scale)
     scores = idle[..., 0] * weights[0]
     for k in range(1, len(weights)):
         scores = scores + idle[..., k] * weights[k]
     return scores
 
 
-__all__ = ["NodeFit", "alignment_scores"]
+def alignment_factors(demand: np.ndarray, capacity: np.ndarray) -> tuple[list[float], list[float]]:
+    """What ``alignment_scores`` divides idle room by (the cluster's capacity, 1 where it has
+    none) and weighs it by (the demand over that) per resource, as plain floats."""
+    scale = np.where(capacity > 0, capacity, 1.0)
+    return scale.tolist(), (demand / scale).tolist()
+
+
+def node_alignment(free: list[float], scale: list[float], weights: list[float]) -> float:
+    """One node's ``alignment_scores`` from its free room as plain floats (``alignment_factors``
+    for the rest): the same IEEE operations in the same order, so the same bits. (Not
+    Python's ``max(have, 0.0)``: it keeps -0.0 where numpy's ``maximum`` gives 0.0.)"""
+    score = 0.0
+    for k, (have, over, weight) in enumerate(zip(free, scale, weights)):
+        term = ((have if have > 0.0 or have != have else 0.0) / over) * weight
+        score = term if k == 0 else score + term
+    return score
+
+
+__all__ = ["NodeFit", "alignment_factors", "alignment_scores", "node_alignment"]

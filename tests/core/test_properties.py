@@ -494,12 +494,14 @@ def test_per_machine_drf_visiting_the_nodes_with_room_decides_as_visiting_every_
 @SETTINGS
 @given(document=scenarios(), policy=st.sampled_from(["tetris", "perf"]), f=st.sampled_from(["0", "0.2", "0.5", "1"]),
        lost_at=st.none() | st.integers(1, 8))
-def test_tetris_keeping_each_shapes_best_node_for_the_pass_decides_as_scanning_every_node_each_time(document, policy, f,
-                                                                                                   lost_at):
+def test_tetris_keeping_scores_and_order_for_the_pass_decides_as_scanning_every_node_and_sorting_each_time(
+        document, policy, f, lost_at):
     """``tetris.best_pair`` keeps, per task shape without constraints, the best node and score
-    it found in a pass until that node takes a placement. The reference scans every node for
-    every candidate after every placement: the decisions are the same, ties included (small
-    whole demands on small nodes make many)."""
+    it found in a pass until that node takes a placement, and every node's score
+    (``NodeFit.aligned_scores``) until that node's room changes; ``DrfOrder`` moves only the
+    tenant placed. The reference scans every node for every candidate and sorts every tenant
+    after every placement: the decisions are the same, ties included (small whole demands on
+    small nodes make many)."""
     from unittest import mock
 
     from fairstream.policies import tetris
@@ -509,10 +511,14 @@ def test_tetris_keeping_each_shapes_best_node_for_the_pass_decides_as_scanning_e
     def without_kept_nodes(cycle, candidates, best_nodes=None):
         return scan_every_time(cycle, candidates)
 
+    def sorted_again(order, tenant):
+        order.__init__(order.cycle, order.tenants)
+
     params = {"f": f} if policy == "tetris" else {}
     kept, scanned = [], []
     drive(document, policy, lambda engine: None, params=params, lost_at=lost_at, record=kept)
-    with mock.patch.object(tetris, "best_pair", without_kept_nodes):
+    with mock.patch.object(tetris, "best_pair", without_kept_nodes), \
+            mock.patch.object(tetris.DrfOrder, "placed", sorted_again):
         drive(document, policy, lambda engine: None, params=params, lost_at=lost_at, record=scanned)
     assert kept == scanned
 
