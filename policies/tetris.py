@@ -138,7 +138,7 @@ def best_pair(cycle: Cycle, candidates: list[tuple[str, Task]], best_nodes: dict
                 if not task.constraints.empty:
                     fits &= cycle.eligible(task.constraints) & cycle.below_job_limit(tenant, task)
                 if not fits.any():
-                    cycle.skip_for(tenant, task)  # free capacity (and room under a max_per_node) only shrinks within a pass
+                    cycle.skip_for(tenant, task)  # free room (and room under a max_per_node) only shrinks in a pass
                     continue
                 scores = alignment_scores(cycle.free, task.demand, capacity)
                 scores[~fits] = -np.inf

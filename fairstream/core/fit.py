@@ -211,7 +211,8 @@ class NodeFit:
         fits = (self.free >= need).all(axis=1) & self.usable(task)
         scores = alignment_scores(self.free, task.demand, self.snapshot.capacity)
         scores[~fits] = -np.inf
-        self._aligned[task.shape] = [scores, len(changed), need.tolist(), *alignment_factors(task.demand, self.snapshot.capacity)]
+        factors = alignment_factors(task.demand, self.snapshot.capacity)
+        self._aligned[task.shape] = [scores, len(changed), need.tolist(), *factors]
         return scores
 
     def held_by_job_limit(self, task: Task) -> bool:

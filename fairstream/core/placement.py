@@ -504,7 +504,7 @@ def _first_blocked_of_all(cycle: Cycle, only: list[str], key: KeyFn, initial_sha
     snapshot = cycle.snapshot
     if (blocked_key is not None and initial_shares is not None and not cycle.capped
             and float(initial_shares.min()) > blocked_key.share):
-        return  # the usual case, in one step: every tenant, left out or not, comes after it
+        return  # every tenant, left out or not, comes after it (only if the blocked tenant placed first)
     chosen = set(only)
     rest = [tenant for tenant in snapshot.pending if tenant not in chosen]
     if not rest:
@@ -513,7 +513,7 @@ def _first_blocked_of_all(cycle: Cycle, only: list[str], key: KeyFn, initial_sha
         rows = np.array([snapshot.rows[t] for t in rest])
         shares = initial_shares[rows]
         if blocked_key is not None and float(shares.min()) > blocked_key.share:
-            return  # the usual case: every tenant left out comes after it
+            return  # every tenant left out comes after it
         arrival = snapshot.arrival[rows]
         order = np.lexsort((np.array(rest), arrival, shares)).tolist()
         keyed = ((fair_key(float(shares[i]), float(arrival[i]), rest[i]), rest[i]) for i in order)

@@ -537,7 +537,8 @@ impl<'py> Pass<'py> {
                 return Ok(());
             }
         }
-        // The waiting tenants not served, found only now: the quick check above usually ends it.
+        // The waiting tenants not served, found only now. (The check above can end it only when the
+        // blocked tenant placed before it was blocked: its own row is among `initial`.)
         // Served names are matched as borrowed UTF-8 (no copies), and only the left-out
         // tenants whose key comes before the blocked key are kept.
         let served: HashSet<&str> = self.tenants.iter().map(|tenant| tenant.name.to_str()).collect::<PyResult<_>>()?;
