@@ -67,9 +67,13 @@ class DrfOrder:
 
     def __init__(self, cycle: Cycle, tenants: list[str]) -> None:
         self.cycle, self.tenants = cycle, tenants
-        self.keys = {t: self.key(t) for t in tenants}
-        self.order = sorted(tenants, key=self.keys.__getitem__)
-        self.left = {t: cycle.pending_left(t) for t in self.order}
+        self.sort_all()
+
+    def sort_all(self) -> None:
+        """Every tenant's key and what it has left, made again."""
+        self.keys = {t: self.key(t) for t in self.tenants}
+        self.order = sorted(self.tenants, key=self.keys.__getitem__)
+        self.left = {t: self.cycle.pending_left(t) for t in self.order}
         self.total = sum(self.left.values())
 
     def key(self, tenant: str):
@@ -82,7 +86,7 @@ class DrfOrder:
         """The pass placed a task of ``tenant``: only its key and what it has left moved, unless
         min shares are in play (a placement moves its queues' allocation, so its siblings' keys)."""
         if self.cycle.capped:
-            self.__init__(self.cycle, self.tenants)
+            self.sort_all()
             return
         self.order.remove(tenant)
         self.keys[tenant] = self.key(tenant)

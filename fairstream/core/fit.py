@@ -175,9 +175,9 @@ class NodeFit:
             scores = self.aligned_scores(task)
             node = int(np.argmax(scores))  # the first maximum: the lowest node number
             return None if scores[node] == -np.inf else node
+        # With constraints (its job's max_per_node moves with the pass's placements): a scan each time.
         fits = (self.free >= task.demand - EPSILON).all(axis=1) & self.usable(task)
-        if not task.constraints.empty:
-            fits &= self.eligible(task.constraints) & self.below_job_limit(task.tenant, task)
+        fits &= self.eligible(task.constraints) & self.below_job_limit(task.tenant, task)
         if not fits.any():
             return None
         scores = alignment_scores(self.free, task.demand, self.snapshot.capacity)
@@ -211,8 +211,8 @@ class NodeFit:
         fits = (self.free >= need).all(axis=1) & self.usable(task)
         scores = alignment_scores(self.free, task.demand, self.snapshot.capacity)
         scores[~fits] = -np.inf
-        factors = alignment_factors(task.demand, self.snapshot.capacity)
-        self._aligned[task.shape] = [scores, len(changed), need.tolist(), *factors]
+        scale, weights = alignment_factors(task.demand, self.snapshot.capacity)
+        self._aligned[task.shape] = [scores, len(changed), need.tolist(), scale.tolist(), weights]
         return scores
 
     def held_by_job_limit(self, task: Task) -> bool:
@@ -274,18 +274,18 @@ def alignment_scores(free: np.ndarray, demand: np.ndarray, capacity: np.ndarray)
     again alone. Each node's score here is the same bits however many nodes are scored.
     ``free``: node x resource, or one node's row."""
     scale, weights = alignment_factors(demand, capacity)
-    idle = np.maximum(free, 0.0) / np.array(scale)
+    idle = np.maximum(free, 0.0) / scale
     scores = idle[..., 0] * weights[0]
     for k in range(1, len(weights)):
         scores = scores + idle[..., k] * weights[k]
     return scores
 
 
-def alignment_factors(demand: np.ndarray, capacity: np.ndarray) -> tuple[list[float], list[float]]:
-    """What ``alignment_scores`` divides idle room by (the cluster's capacity, 1 where it has
-    none) and weighs it by (the demand over that) per resource, as plain floats."""
+def alignment_factors(demand: np.ndarray, capacity: np.ndarray) -> tuple[np.ndarray, list[float]]:
+    """What ``alignment_scores`` divides idle room by per resource (the cluster's capacity, 1
+    where it has none) and weighs it by (the demand over that, as plain floats)."""
     scale = np.where(capacity > 0, capacity, 1.0)
-    return scale.tolist(), (demand / scale).tolist()
+    return scale, (demand / scale).tolist()
 
 
 def node_alignment(free: list[float], scale: list[float], weights: list[float]) -> float:

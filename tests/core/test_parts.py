@@ -158,7 +158,7 @@ def test_a_nodes_alignment_score_is_the_same_bits_alone_among_many_one_by_one_an
     scale, weights = alignment_factors(np.array(demand), np.array(capacity))
     for row, expected in zip(free, scores.tolist()):
         assert bits(alignment_scores(np.array(row), np.array(demand), np.array(capacity)).item()) == bits(expected)
-        assert bits(node_alignment(row, scale, weights)) == bits(expected)
+        assert bits(node_alignment(row, scale.tolist(), weights)) == bits(expected)
         assert bits(aligned_by_hand(row, demand, capacity)) == bits(expected)
 
 

@@ -512,7 +512,7 @@ def test_tetris_keeping_scores_and_order_for_the_pass_decides_as_scanning_every_
         return scan_every_time(cycle, candidates)
 
     def sorted_again(order, tenant):
-        order.__init__(order.cycle, order.tenants)
+        order.sort_all()
 
     params = {"f": f} if policy == "tetris" else {}
     kept, scanned = [], []
