@@ -35,7 +35,7 @@ import numpy as np
 
 from fairstream.core import native
 from fairstream.core.fairness import counted_allocation, resource_shares
-from fairstream.core.model import ROOT, add_values, subtract_each_floored, subtract_floored
+from fairstream.core.model import ROOT, subtract_each_floored, subtract_floored
 from fairstream.core.tenants import TenantTree
 
 
@@ -320,6 +320,16 @@ def decay(elapsed: float, h: float) -> tuple[float, float]:
     return kept, h / math.log(2.0) * (1.0 - kept)
 
 
+def _pending_added(pending: np.ndarray, row: int, values: tuple[float, ...], count: int) -> None:
+    """``count`` tasks' demand ``values`` join row ``row`` of ``pending``, task by task in
+    plain floats (the float operations of one task at a time), the row read and written once."""
+    waiting = pending[row].tolist()
+    for _ in range(count):
+        for k, value in enumerate(values):
+            waiting[k] += value
+    pending[row] = waiting
+
+
 def _pending_to_allocated(pending: np.ndarray, allocation: np.ndarray, row: int, values: tuple[float, ...],
                           count: int) -> None:
     """``count`` tasks' demand ``values`` leave row ``row`` of ``pending`` and join that of
@@ -449,18 +459,22 @@ class Accounting:
 
     # ------------------------------------------------------------- task events
 
-    def on_submit(self, row: int, demand: np.ndarray, now: float, count: int = 1) -> None:
-        """``count`` tasks of ``demand`` arrive (a request: one call)."""
+    def on_submit(self, row: int, demand: np.ndarray, now: float, count: int = 1,
+                  values: tuple[float, ...] | None = None) -> None:
+        """``count`` tasks of ``demand`` arrive: a request's, in one call; or, given ``values``
+        (the demand as plain floats), single tasks one after another (a run of a job's
+        submissions: the same state, to the bit, as one call each, the demand joining the
+        pending total task by task)."""
         ledger = self.ledgers[row]
         if not ledger.active:
             self._arrive(row, now)
         if ledger.pending == 0:
             ledger.waiting_since = now
         ledger.pending += count
-        if count == 1:
-            add_values(self.pending_demand[row], demand.tolist())
-        else:
+        if values is None:
             self.pending_demand[row] += demand * count
+        else:
+            _pending_added(self.pending_demand, row, values, count)
 
     def _arrive(self, row: int, now: float) -> None:
         """A tenant becomes active. On its first activity of the round it gets its PAR (16)."""
@@ -479,17 +493,16 @@ class Accounting:
             ledger.pseudo_accumulated = max(self.usage_keys(earlier, now), default=0.0)
             ledger.pseudo_at = now
 
-    def on_start(self, row: int, demand: np.ndarray, now: float, weighted: np.ndarray | None = None,
-                 count: int = 1) -> list["_Running"]:
-        """``count`` tasks of ``demand`` start (a run of one request's tasks on one node: one
-        call, the same state to the bit as one call each); returns their running entries, to
-        hand back on finish or requeue. ``weighted``: the demand times its node's resource
-        weights (formula 9), if not 1."""
+    def on_start(self, row: int, demand: np.ndarray, values: tuple[float, ...], now: float,
+                 weighted: np.ndarray | None = None, count: int = 1) -> list["_Running"]:
+        """``count`` tasks of ``demand`` (``values``: the same as plain floats) start (a run of
+        one request's tasks on one node: one call, the same state to the bit as one call each);
+        returns their running entries, to hand back on finish or requeue. ``weighted``: the
+        demand times its node's resource weights (formula 9), if not 1."""
         ledger = self.ledgers[row]
         ledger.pending -= count
         ledger.running += count
         ledger.waiting_since = now if ledger.pending > 0 else None
-        values = tuple(demand.tolist())
         counted_values = None
         if weighted is not None and weighted is not demand and not np.array_equal(weighted, demand):
             if self.weighted_allocation is None:

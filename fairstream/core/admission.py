@@ -5,7 +5,8 @@ batch ahead with ``Admission`` (``Engine.admission``), each event as if those it
 applied, so one that would be rejected stays out of a step and its time off the clock.
 
 Reads the engine's state (tasks, requests, finished ids, the tree, nodes, the tenants'
-ledgers) and never writes it.
+ledgers) and never writes it; it keeps the last demand it parsed (``Workload.last_demand``),
+a cache that is not state (never in a snapshot, and the same decisions without it).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
 
 from fairstream.core.model import (
     MAX_COUNT,
@@ -110,13 +113,11 @@ def admit(engine: "Engine", event: Event, earlier: "Earlier | None" = None):
                 raise EventRejected(f"tenant {event.tenant!r}: a queue with children; tasks go to leaves")
             if not engine.auto_tenants:
                 raise EventRejected(f"tenant {event.tenant!r}: unknown tenant")
-        demand = engine.resources.vector(event.demand, where="demand")
-        if not any(event.demand.values()):  # (each checked a number >= 0 above: numpy's any, cheaper)
-            raise EventRejected("demand: must ask for some resource (all zero)")
+        parsed = parsed_demand(engine, event)
         estimate = event.estimate
         if estimate is not None and (estimate.__class__ not in (int, float) or not 0 <= estimate < math.inf):
             raise EventRejected(f"estimate: must be a finite number of seconds >= 0, got {estimate!r}")
-        return demand, Constraints.from_json(event.constraints)
+        return parsed
     if isinstance(event, TaskCompleted):
         task, workload = event.task, engine.workload
         if task in workload.tasks:  # (pending or running: most completions)
@@ -188,6 +189,42 @@ def orderings_problem(spec: "PolicySpec", tree: TenantTree) -> str | None:
     return (f"tenants[{queues[0]}].ordering: orders a queue's children, which only a hierarchical policy "
             f"(hltrf) does; {spec.name} shares the cluster among leaves by their effective weights "
             "(set ordering on leaves, for their jobs)")
+
+
+class ParsedDemand(NamedTuple):
+    """A submission's demand and constraints as the engine keeps them: the demand as a vector,
+    as a map of every resource (the decisions') and as plain floats, and the constraints."""
+
+    vector: np.ndarray
+    constraints: Constraints
+    as_map: dict[str, float]
+    values: tuple[float, ...]
+
+
+def parsed_demand(engine: "Engine", event: TaskSubmitted) -> ParsedDemand:
+    """``event``'s demand and constraints checked and parsed (``ModelError`` if they cannot
+    be). A job's tasks usually arrive one after another with one demand, so the last parse is
+    kept (``Workload.last_demand``, a cache: never in a snapshot) and a demand equal to it is
+    compared, not parsed again. Only a demand of positive floats without constraints is kept:
+    two such maps that compare equal hold the same bits, whereas 0.0 == -0.0 and 1.0 == 1 ==
+    True would let another input (another shape, a bool) pass as the kept one."""
+    raw = event.demand
+    last = engine.workload.last_demand
+    if last is not None and not event.constraints and raw == last[0]:
+        for amount in raw.values():
+            if amount.__class__ is not float:
+                break
+        else:
+            return last[1]
+    demand = engine.resources.vector(raw, where="demand")
+    if not any(raw.values()):  # (each checked a number >= 0 above: numpy's any, cheaper)
+        raise EventRejected("demand: must ask for some resource (all zero)")
+    values = demand.tolist()
+    parsed = ParsedDemand(demand, Constraints.from_json(event.constraints),
+                          dict(zip(engine.resources.names, values)), tuple(values))
+    if not event.constraints and all(amount.__class__ is float and amount > 0 for amount in raw.values()):
+        engine.workload.last_demand = (dict(raw), parsed)
+    return parsed
 
 
 def known(engine: "Engine", task: str, earlier: Earlier) -> bool:

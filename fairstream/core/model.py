@@ -34,14 +34,6 @@ def event_time(time: float) -> float:
     return round(time, TIME_DECIMALS)
 
 
-def add_values(vector: np.ndarray, amounts: Sequence[float], sign: float = 1.0) -> None:
-    """``vector += amounts`` (``sign`` -1.0: ``-=``), in place, in plain floats: numpy's bits
-    (a sign flip is exact) at a third of its cost on a vector of two or three (a task's demand
-    joining a node, an allocation or a pending total)."""
-    for k, amount in enumerate(amounts):
-        vector[k] += sign * amount
-
-
 def subtract_floored(vector: np.ndarray, amounts: Sequence[float]) -> None:
     """``vector -= amounts`` and then ``np.maximum(vector, 0.0, out=vector)``, in place: a
     task's demand leaving an allocation, with float dust below zero cleared. In plain floats,

@@ -91,6 +91,20 @@ class PendingQueue:
         self.count += task.count
         self.jobs[task.job] = self.jobs.get(task.job, 0) + task.count
 
+    def add_more(self, tasks: list[Task]) -> None:
+        """``add`` of each of ``tasks``: single tasks of one shape and job, in arrival order,
+        after the last entry of their shape (``Workload.enqueue_more``)."""
+        first = tasks[0]
+        group = self.groups.get(first.shape)
+        if group is None or (group.tasks and group.tasks[-1].seq > first.seq):
+            for task in tasks:  # (not so: one at a time)
+                self.add(task)
+            return
+        group.tasks.extend(tasks)
+        group.count += len(tasks)
+        self.count += len(tasks)
+        self.jobs[first.job] = self.jobs.get(first.job, 0) + len(tasks)
+
     def removed(self, task: Task, n: int = 1) -> None:
         """Call after ``n`` tasks of entry ``task`` left the pending state (placed or
         cancelled); the entry leaves the queue once it is no longer pending."""

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
-from fairstream.core.admission import EventRejected, admit
+from fairstream.core.admission import EventRejected, ParsedDemand, admit
 from fairstream.core.jobs import orders_jobs
 from fairstream.core.model import (
     EPSILON,
@@ -53,16 +53,24 @@ class StepResult:
 
 def apply_events(engine: Engine, events: Iterable[Event], result: StepResult) -> None:
     """Apply the events of a step in order; one that admission rejects goes to
-    ``result.rejected`` with the reason (nothing changed). The completions of running tasks in
-    a row, on one node and of one tenant, finish together (``_finish_running``: the node and the
-    tenant's ledger looked up once), with the same state, to the bit, as one at a time."""
+    ``result.rejected`` with the reason (nothing changed). Runs are applied together, with the
+    same state, to the bit, as one event at a time:
+    - the completions of running tasks in a row, on one node and of one tenant, finish together
+      (``_finish_running``: the node and the tenant's ledger looked up once);
+    - tasks submitted in a row, of one tenant and job with one demand and no constraints (a
+      job's tasks as they usually arrive), are stored one by one as they come (admission of the
+      next reads the task table), and queued and counted once (``_queue_more``)."""
     tasks = engine.workload.tasks
     ending: list[tuple[Task, float]] = []  # running tasks out of the table, their bookkeeping to do
+    arrived: list[Task] = []  # a run of submissions: the first applied, the rest stored, to queue
     for event in events:
         if event.__class__ is TaskCompleted:
             task = tasks.get(event.task)
             # (A completion of a task in the table is always admitted: ``admission.admit``.)
             if task is not None and task.state is TaskState.RUNNING:
+                if len(arrived) > 1:
+                    _queue_more(engine, arrived)
+                arrived = []
                 if ending and (task.node != ending[0][0].node or task.tenant != ending[0][0].tenant):
                     _finish_running(engine, ending, result)
                     ending = []
@@ -72,12 +80,45 @@ def apply_events(engine: Engine, events: Iterable[Event], result: StepResult) ->
         if ending:
             _finish_running(engine, ending, result)
             ending = []
+        if event.__class__ is TaskSubmitted and event.count is None:
+            # (Admission of a submission reads the task table, the requests and the tree, not
+            # what ``_queue_more`` does later: the queues, verdicts and ledgers.)
+            try:
+                parsed = admit(engine, event)
+            except ModelError as exc:
+                result.rejected.append((event, str(exc)))
+                continue
+            if arrived:
+                first = arrived[0]
+                if parsed.vector is first.demand and event.tenant == first.tenant and event.job == first.job:
+                    arrived.append(engine.workload.submit_like(event, first))  # (one parse: the same shape)
+                    continue
+                if len(arrived) > 1:
+                    _queue_more(engine, arrived)
+            arrived = [_submit(engine, event, parsed)]
+            continue
+        if len(arrived) > 1:
+            _queue_more(engine, arrived)
+        arrived = []
         try:
             _apply_event(engine, event, result)
         except ModelError as exc:
             result.rejected.append((event, str(exc)))
+    if len(arrived) > 1:
+        _queue_more(engine, arrived)
     if ending:
         _finish_running(engine, ending, result)
+
+
+def _queue_more(engine: Engine, arrived: list[Task]) -> None:
+    """The tasks of a run of submissions after its first (``apply_events``; stored already)
+    join their queue, the tasks to judge and their tenant's ledger, in order."""
+    more = arrived[1:]
+    engine.workload.enqueue_more(more)
+    engine.verdicts.to_check.extend(more)
+    first = arrived[0]
+    engine.accounting.on_submit(engine.accounting.row[first.tenant], first.demand, more[0].submit, len(more),
+                                first.demand_values)
 
 
 def _apply_event(engine: Engine, event: Event, result: StepResult) -> None:
@@ -85,7 +126,7 @@ def _apply_event(engine: Engine, event: Event, result: StepResult) -> None:
     admission rejects it: nothing changed); a completion's task goes to ``result.finished``, a
     lost node's requeues to its decisions."""
     if isinstance(event, TaskSubmitted):
-        _submit(engine, event)
+        _submit(engine, event, admit(engine, event))
     elif isinstance(event, TaskCompleted):
         _complete_not_running(engine, event, result)
     elif isinstance(event, NodeHeartbeat):
@@ -111,16 +152,17 @@ def _configure(engine: Engine, event: TenantsChanged) -> None:
     engine.changes.touched.update(engine.workload.pending)  # every tenant's key may have moved: all are candidates
 
 
-def _submit(engine: Engine, event: TaskSubmitted) -> Task:
-    demand, constraints = admit(engine, event)
+def _submit(engine: Engine, event: TaskSubmitted, parsed: ParsedDemand) -> Task:
+    """Apply a submission that admission passed (``parsed``: its demand and constraints)."""
     if engine.tree.ensure_leaf(event.tenant):
         engine.accounting.add_tenant(event.tenant, engine.tree.path(event.tenant))
         engine.refresh_shares()  # at once: the new tenant's PAR below reads shares
-    task = engine.workload.submit(event, demand, constraints, engine.resources.as_dict(demand))
+    task = engine.workload.submit(event, parsed.vector, parsed.constraints, parsed.as_map, parsed.values)
     engine.verdicts.to_check.append(task)
     engine.changes.touched.add(task.tenant)
     engine.changes.fresh.add(task.shape)
-    engine.accounting.on_submit(engine.accounting.row[task.tenant], demand, event.time, task.count)
+    engine.accounting.on_submit(engine.accounting.row[task.tenant], task.demand, event.time, task.count,
+                                task.demand_values if event.count is None else None)
     return task
 
 
@@ -296,8 +338,8 @@ def _start_run(engine: Engine, decisions: list[Decision], first: int, requests: 
         engine.verdicts.unschedulable.discard(request.id)
     # Formula 9: accounted usage is the demand times the node's resource weights.
     weighted = task.demand if node.weights is None else task.demand * node.weights
-    entries = engine.accounting.on_start(engine.accounting.row[task.tenant], task.demand, time, weighted,
-                                         len(started))
+    entries = engine.accounting.on_start(engine.accounting.row[task.tenant], task.demand, task.demand_values, time,
+                                         weighted, len(started))
     for each, entry in zip(started, entries):
         each.running_entry = entry
     if decision.count > 1:
@@ -382,7 +424,7 @@ def _running_of_job(engine: Engine, task: Task, row: int) -> int:
 
 def _added_within(used: list[float], demand: tuple[float, ...], capacity: list[float]) -> list[float] | None:
     """A node's used room with ``demand`` added, or None if that over-commits it: the float
-    operations of ``(used + demand > capacity + EPSILON).any()`` and of ``add_values``, in plain
+    operations of ``(used + demand > capacity + EPSILON).any()`` and of ``used + demand``, in plain
     floats (numpy costs several times more on a vector of two or three)."""
     after = [have + want for have, want in zip(used, demand)]
     for total, room in zip(after, capacity):

@@ -43,6 +43,8 @@ class Workload:
         self._holders: dict[int, set[str]] | None = None  # (``holders``)
         self._running_on: dict[int, dict[str, Task]] | None = None  # (``running_on``)
         self._job_rows: dict[tuple[str, str], dict[int, int]] | None = None  # (``job_rows``)
+        # The last demand parsed and its parse (``admission.parsed_demand``), a cache:
+        self.last_demand: tuple[dict, tuple] | None = None
 
     # ------------------------------------------------------------ tasks in and out
 
@@ -53,9 +55,10 @@ class Workload:
             finished.popitem(last=False)
 
     def submit(self, event: TaskSubmitted, demand: np.ndarray, constraints: Constraints,
-               demand_map: dict[str, float]) -> Task:
+               demand_map: dict[str, float], demand_values: tuple[float, ...] | None = None) -> Task:
         """The task (or request, if ``event`` has a count) ``event`` submits, admitted with this
-        demand and these constraints: numbered, stored and queued."""
+        demand and these constraints (``demand_values``: the demand as plain floats, if made
+        already): numbered, stored and queued."""
         count = 1 if event.count is None else event.count
         task = Task(
             id=event.task,
@@ -68,7 +71,7 @@ class Workload:
             seq=self.seq + 1,
             demand_map=demand_map,
             shape=self.shape_of(demand, constraints, event.tenant, event.job),
-            demand_values=tuple(demand.tolist()),
+            demand_values=tuple(demand.tolist()) if demand_values is None else demand_values,
             count=count,
             index=-1 if event.count is None else 0,
         )
@@ -79,6 +82,22 @@ class Workload:
             self.requests[task.id] = task
         self.enqueue(task)
         return task
+
+    def submit_like(self, event: TaskSubmitted, first: Task) -> Task:
+        """The task ``event`` submits, admitted with the demand and constraints of ``first``
+        (a task of its own, of the same tenant and job, submitted right before it, after
+        tasks like it only): numbered and stored like ``submit``, queued by ``enqueue_more``."""
+        self.seq += 1
+        task = self.tasks[event.task] = Task(
+            event.task, first.job, first.tenant, first.demand, event.time, first.constraints,
+            estimate=None if event.estimate is None else float(event.estimate), seq=self.seq,
+            demand_map=first.demand_map, shape=first.shape, demand_values=first.demand_values)
+        return task
+
+    def enqueue_more(self, tasks: list[Task]) -> None:
+        """``enqueue`` of each of ``tasks`` (``submit_like``'s, in order), the queue and its
+        shape looked up once: the first task like them waits in that queue already."""
+        self.pending[tasks[0].tenant].add_more(tasks)
 
     def finish(self, task_id: str, time: float) -> Task | None:
         """Task ``task_id`` (pending or running, not in a request) ended at ``time``: it leaves

@@ -12,10 +12,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from builders import engine, node, submit, tree
-from fairstream.core.accounting import AccountingConfig
+from fairstream.core.accounting import AccountingConfig, _pending_added
 from fairstream.core.engine import PolicyViolation
 from fairstream.core.model import (Decision, DecisionKind, ModelError, NodeLost, ReasonCode, TaskCompleted, TaskSubmitted,
-                                   TenantSpec, add_values, subtract_floored)
+                                   TenantSpec, subtract_floored)
 
 UNIT = {"quantum": 1, "quantum_mode": "fixed"}
 
@@ -442,20 +442,19 @@ def test_a_demand_leaving_an_allocation_is_numpys_subtract_and_floor_to_the_bit(
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.floats(allow_infinity=True), st.floats(allow_infinity=True)), min_size=1, max_size=3),
-       st.sampled_from([1.0, -1.0]))
-@example(pairs=[(0.0, 0.0), (math.nan, struct.unpack("d", struct.pack("Q", 0x7FF8000000000001))[0])], sign=1.0)
-def test_a_demand_joining_or_leaving_a_total_is_numpys_add_or_subtract_to_the_bit(pairs, sign):
-    # ``add_values`` replaces ``v += d`` (``sign`` -1.0: ``v -= d``) on a node's, an
-    # allocation's or a pending total's row.
+       st.integers(1, 4))
+@example(pairs=[(0.0, 0.0), (math.nan, struct.unpack("d", struct.pack("Q", 0x7FF8000000000001))[0])], count=1)
+@example(pairs=[(0.0, 0.1)], count=3)  # (0.1 + 0.1 + 0.1 is not 0.1 * 3)
+def test_tasks_joining_a_pending_total_are_numpys_add_once_per_task_to_the_bit(pairs, count):
+    # ``_pending_added`` replaces ``v += d`` once per task (a run of a job's submissions, or
+    # one) on a pending total's row.
     held, demand = [float(h) for h, _ in pairs], [float(d) for _, d in pairs]
-    ours, numpys = np.array(held), np.array(held)
+    ours, numpys = np.array([held]), np.array(held)
     with np.errstate(invalid="ignore", over="ignore"):
-        add_values(ours, demand, sign)
-        if sign > 0:
+        _pending_added(ours, 0, tuple(demand), count)
+        for _ in range(count):
             numpys += np.array(demand)
-        else:
-            numpys -= np.array(demand)
-    assert same_bits(ours, numpys)
+    assert same_bits(ours[0], numpys)
 
 
 def test_float_dust_below_zero_is_cleared_and_negative_zero_is_numpys():

@@ -465,7 +465,8 @@ def decisions_one_at_a_time(engine: Engine, decisions):
 
 
 def events_one_at_a_time(engine: Engine, events, result) -> None:
-    """The reference for runs of completions: each of a step's events applied alone."""
+    """The reference for runs of completions and submissions: each of a step's events
+    applied alone."""
     for event in events:
         transitions.apply_events(engine, [event], result)
 
@@ -477,8 +478,9 @@ def test_runs_of_tasks_started_or_finished_at_once_leave_the_state_of_one_at_a_t
         document, policy, half_life, reservation):
     # ``transitions.apply_decisions`` starts the placements of one request's next tasks on one
     # node in one go, ``transitions.apply_events`` the completions in a row of one tenant's
-    # tasks on one node: after every step, the engine's whole state (its snapshot's bytes) and
-    # its decisions are those of applying each alone.
+    # tasks on one node, and the submissions in a row of one job's tasks of one demand: after
+    # every step, the engine's whole state (its snapshot's bytes) and its decisions are those
+    # of applying each alone.
     document = in_fractions(document)
 
     def steps(apply_decisions, apply_events) -> list:
