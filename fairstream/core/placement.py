@@ -474,7 +474,7 @@ def _serve_compiled(cycle: Cycle, flat_key: FlatKey, reason: ReasonFn, initial_s
         return None if array is None else np.asarray(array, dtype=np.float64)
 
     result = native.module.serve_flat(
-        snap.pending, TaskState.PENDING, EPSILON, only, snap.candidates, snap.rows,
+        snap.pending, TaskState.PENDING, EPSILON, only, snap.candidates, snap.rows, snap.tenants,
         floats(cycle.free), floats(snap.capacity),
         floats(flat_key.vectors), floats(flat_key.charge), floats(flat_key.extra), floats(snap.share_fraction),
         floats(snap.arrival), floats(initial_shares), flat_key.resource,
@@ -502,18 +502,20 @@ def _first_blocked_of_all(cycle: Cycle, only: list[str], key: KeyFn, initial_sha
     over all would have found its next task blocked when its key came up, if before
     ``blocked_key``. Its key cannot have moved: nothing of it was placed."""
     snapshot = cycle.snapshot
-    if (blocked_key is not None and initial_shares is not None and not cycle.capped
-            and float(initial_shares.min()) > blocked_key.share):
-        return  # every tenant, left out or not, comes after it (only if the blocked tenant placed first)
     chosen = set(only)
-    rest = [tenant for tenant in snapshot.pending if tenant not in chosen]
+    if blocked_key is not None and initial_shares is not None and not cycle.capped:
+        # Only a tenant whose share is not above the blocked key's can come before it: those
+        # rows' names (rows are the tenants' positions), not every waiting tenant's.
+        names, waiting = snapshot.tenants, snapshot.pending
+        rest = [names[row] for row in np.flatnonzero(initial_shares <= blocked_key.share).tolist()]
+        rest = [tenant for tenant in rest if tenant in waiting and tenant not in chosen]
+    else:
+        rest = [tenant for tenant in snapshot.pending if tenant not in chosen]
     if not rest:
         return
     if initial_shares is not None and not cycle.capped:  # the keys in one sort, in C: rest may be most tenants
         rows = np.array([snapshot.rows[t] for t in rest])
         shares = initial_shares[rows]
-        if blocked_key is not None and float(shares.min()) > blocked_key.share:
-            return  # every tenant left out comes after it
         arrival = snapshot.arrival[rows]
         order = np.lexsort((np.array(rest), arrival, shares)).tolist()
         keyed = ((fair_key(float(shares[i]), float(arrival[i]), rest[i]), rest[i]) for i in order)

@@ -128,6 +128,7 @@ struct Entry<'py> {
 struct Pass<'py> {
     pending: Bound<'py, PyDict>,
     rows: Bound<'py, PyDict>,
+    names: Bound<'py, PyList>, // tenant names by row (`Snapshot.tenants`)
     pending_state: Bound<'py, PyAny>, // TaskState.PENDING
     eps: f64,
     nres: usize,
@@ -537,24 +538,42 @@ impl<'py> Pass<'py> {
                 return Ok(());
             }
         }
-        // The waiting tenants not served, found only now. (The check above can end it only when the
-        // blocked tenant placed before it was blocked: its own row is among `initial`.)
-        // Served names are matched as borrowed UTF-8 (no copies), and only the left-out
-        // tenants whose key comes before the blocked key are kept.
-        let served: HashSet<&str> = self.tenants.iter().map(|tenant| tenant.name.to_str()).collect::<PyResult<_>>()?;
+        // The waiting tenants not served, found only now: served ones are known by row, and only
+        // the left-out tenants whose key comes before the blocked key are kept. With a blocked
+        // key, only the rows whose share is not above its share can (their names by row from
+        // `names`), not every waiting tenant.
+        let mut served = vec![false; initial.len().max(self.arrival.len())];
+        for tenant in &self.tenants {
+            served[tenant.row] = true;
+        }
         let mut before: Vec<(Key, usize)> = Vec::new(); // (key, row)
-        for name in self.pending.keys().iter() {
-            let name = name.cast_into::<PyString>().map_err(PyErr::from)?;
-            if served.contains(name.to_str()?) {
-                continue;
+        match &blocked_key {
+            Some(bk) => {
+                for (row, &share) in initial.iter().enumerate() {
+                    if served[row] || !(share <= bk.share) {
+                        continue;
+                    }
+                    let name = self.names.get_item(row)?.cast_into::<PyString>().map_err(PyErr::from)?;
+                    if !self.pending.contains(&name)? {
+                        continue;
+                    }
+                    let key = Key { share, arrival: self.arrival[row], name };
+                    if key < *bk {
+                        before.push((key, row));
+                    }
+                }
             }
-            let row: usize = self.rows.get_item(&name)?.ok_or_else(|| PyKeyError::new_err(name.clone().unbind()))?.extract()?;
-            let key = Key { share: initial[row], arrival: self.arrival[row], name };
-            if blocked_key.as_ref().is_none_or(|bk| key < *bk) {
-                before.push((key, row));
+            None => {
+                for name in self.pending.keys().iter() {
+                    let name = name.cast_into::<PyString>().map_err(PyErr::from)?;
+                    let row: usize =
+                        self.rows.get_item(&name)?.ok_or_else(|| PyKeyError::new_err(name.clone().unbind()))?.extract()?;
+                    if !served[row] {
+                        before.push((Key { share: initial[row], arrival: self.arrival[row], name }, row));
+                    }
+                }
             }
         }
-        drop(served); // (it borrows the tenants, to which the kept ones are added now)
         before.sort_by(|a, b| a.0.cmp(&b.0));
         for (key, row) in before {
             self.tenants.push(Tenant { name: key.name, row, groups: None, heads: None });
@@ -583,8 +602,9 @@ fn rows_of(array: &PyReadonlyArray2<f64>) -> PyResult<(usize, usize, Vec<f64>)> 
 /// reads them: `pending` (tenant -> PendingQueue), `served` (the tenants the pass serves, in
 /// the snapshot's order; None: those of `pending` in `candidates`, a set, or all if that is
 /// None too; with `reserving`, the waiting tenants not among them are looked at
-/// for the first blocked entry), `rows` (tenant -> row), `free` (node x resource), `vectors` (row x resource: what the
-/// key measures), `charge` (per row, or None: a placement adds the demand), `extra` (per row,
+/// for the first blocked entry), `rows` (tenant -> row), `names` (row -> tenant), `free`
+/// (node x resource), `vectors` (row x resource: what the key measures), `charge` (per row, or
+/// None: a placement adds the demand), `extra` (per row,
 /// added to the share, or None), `initial` (per row: the keys' first shares; None: made from
 /// the vectors, as `FlatKey.initial_shares`), `resource`
 /// (None: the dominant share), the grown rows, fresh shapes and grown demands of a pass over
@@ -594,7 +614,7 @@ fn rows_of(array: &PyReadonlyArray2<f64>) -> PyResult<(usize, usize, Vec<f64>)> 
 /// order, `count` > 1 for a run of the entry's next tasks placed one after another on one node,
 /// blocked `(tenant, entry)` or None. Tenant names are the caller's string objects.
 #[pyfunction]
-#[pyo3(signature = (pending, pending_state, eps, served, candidates, rows, free, capacity, vectors, charge, extra,
+#[pyo3(signature = (pending, pending_state, eps, served, candidates, rows, names, free, capacity, vectors, charge, extra,
                     fraction, arrival, initial, resource, grown, fresh, grown_demands, reservation, reserving))]
 #[allow(clippy::too_many_arguments)]
 fn serve_flat<'py>(
@@ -605,6 +625,7 @@ fn serve_flat<'py>(
     served: Option<Vec<Bound<'py, PyString>>>,
     candidates: Option<Bound<'py, PyAny>>,
     rows: &Bound<'py, PyDict>,
+    names: &Bound<'py, PyList>,
     free: PyReadonlyArray2<'py, f64>,
     capacity: PyReadonlyArray1<'py, f64>,
     vectors: PyReadonlyArray2<'py, f64>,
@@ -628,6 +649,7 @@ fn serve_flat<'py>(
     let mut pass = Pass {
         pending: pending.clone(),
         rows: rows.clone(),
+        names: names.clone(),
         pending_state: pending_state.clone(),
         eps,
         nres,
