@@ -530,19 +530,11 @@ impl<'py> Pass<'py> {
     /// `_first_blocked_of_all`: the first blocked entry a pass over every tenant would find,
     /// among the waiting tenants the pass did not serve (the candidates left them out).
     fn first_blocked_of_all(&mut self, initial: &[f64], blocked_key: Option<Key>) -> R<()> {
-        let below = |shares: &mut dyn Iterator<Item = f64>, key: &Key| {
-            shares.fold(f64::INFINITY, f64::min) > key.share
-        };
-        if let Some(key) = &blocked_key {
-            if !initial.is_empty() && below(&mut initial.iter().copied(), key) {
-                return Ok(());
-            }
-        }
         // The waiting tenants not served, found only now: served ones are known by row, and only
         // the left-out tenants whose key comes before the blocked key are kept. With a blocked
         // key, only the rows whose share is not above its share can (their names by row from
-        // `names`), not every waiting tenant.
-        let mut served = vec![false; initial.len().max(self.arrival.len())];
+        // `names`), not every waiting tenant: none when every share is above it.
+        let mut served = vec![false; self.arrival.len()];
         for tenant in &self.tenants {
             served[tenant.row] = true;
         }
