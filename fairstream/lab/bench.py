@@ -118,18 +118,20 @@ def bench_policy(policy: str, tenants: int, nodes: int, pending: int, steps: int
     }
 
 
-def _apart(*args, **kwargs) -> dict:
-    """``bench_policy`` in a fresh process, as ``bench day`` and ``bench e2e`` run each policy:
-    in one process, a policy measured after another ran 10-30 % slower (``fair`` after
-    ``drf``: p50 36-43 µs, against 32-33 µs alone, on 2026-11-27), from what the run before
-    left behind."""
+def _tuned(function, *args, **kwargs):
+    """``function(*args, **kwargs)`` in a spawned process, with the collector as the commands
+    and the worker set it."""
+    with tuned_gc():
+        return function(*args, **kwargs)
+
+
+def _in_own_process(function, *args, **kwargs):
+    """``function(*args, **kwargs)`` in a fresh process (``_tuned``), so that what one policy's
+    run leaves behind does not weigh on the next one's (in one process, ``bench_policy`` of a
+    policy after another ran 10-30 % slower: ``fair`` after ``drf``, p50 36-43 µs against
+    32-33 µs alone, on 2026-11-27) and its peak memory is its own."""
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_bench_policy_tuned, (args, kwargs))
-
-
-def _bench_policy_tuned(args: tuple, kwargs: dict) -> dict:
-    with tuned_gc():  # (a spawned process: the collector as the commands and the worker set it)
-        return bench_policy(*args, **kwargs)
+        return pool.apply(_tuned, (function, *args), kwargs)
 
 
 def bench_trace(path: Path, policy: str = "ltrf", progress: bool | None = None) -> dict:
@@ -159,11 +161,12 @@ def bench_engine(tenants: int, nodes: int, pending: int, policies: list[str], tr
         "policies": {},
     }
     for policy in policies:
-        out["policies"][policy] = _apart(policy, tenants, nodes, pending)
+        out["policies"][policy] = _in_own_process(bench_policy, policy, tenants, nodes, pending)
     if knob_policies:
         out["knob_setup"] = {"tenants": 100, "nodes": 100, "pending": 5000, "resources": ["cpu", "mem", "disk"],
                              "node_capacity": NODE}
-        out["knob_policies"] = {policy: _apart(policy, 100, 100, 5000, steps=100, resources=("cpu", "mem", "disk"))
+        out["knob_policies"] = {policy: _in_own_process(bench_policy, policy, 100, 100, 5000, steps=100,
+                                                        resources=("cpu", "mem", "disk"))
                                 for policy in knob_policies}
     path = Path(trace) if trace else DEFAULT_TRACE
     if path.exists():
@@ -176,14 +179,9 @@ def bench_engine(tenants: int, nodes: int, pending: int, policies: list[str], tr
 DAY_TRACES = [DEFAULT_TRACE, DEFAULT_TRACE.with_name("FB-2009_samples_24_times_1hr_1.tsv")]
 
 
-def _day_run(args: tuple) -> dict:
-    """One policy over the SWIM day, in a process of its own so its peak memory is its own."""
-    with tuned_gc():  # (a spawned process: the collector as the commands and the worker set it)
-        return _day_run_tuned(*args)
-
-
-def _day_run_tuned(paths: list[Path], scale: float, nodes: int, policy: str, progress: bool | None,
-                   hours: float | None) -> dict:
+def _day_run(paths: list[Path], scale: float, nodes: int, policy: str, progress: bool | None,
+             hours: float | None) -> dict:
+    """One policy over the SWIM day (``bench_day`` runs it in a process of its own)."""
     started = time.perf_counter()
     scenario = swim_day([str(p) for p in paths], scale=scale, nodes=nodes, hours=hours)
     decisions = 0
@@ -232,11 +230,7 @@ def bench_day(policies: list[str], scale: float = 1.0, nodes: int = 50, paths: l
     missing = [str(p) for p in paths if not Path(p).exists()]
     if missing:
         return {"benchmark": "day", "skipped": f"{', '.join(missing)} not found"}
-    context = multiprocessing.get_context("spawn")
-    runs = {}
-    for policy in policies:
-        with context.Pool(1) as pool:
-            runs[policy] = pool.apply(_day_run, ((paths, scale, nodes, policy, progress, hours),))
+    runs = {policy: _in_own_process(_day_run, paths, scale, nodes, policy, progress, hours) for policy in policies}
     return {"benchmark": "day", "machine": _machine(),
             "setup": {"traces": [Path(p).name for p in paths], "scale": scale, "nodes": nodes, "hours": hours,
                       "node_capacity": {"cpu": 12, "mem": 24}},
@@ -251,14 +245,10 @@ def _machine() -> dict:
     return {"python": platform.python_version(), "cpus": os.cpu_count(), "compiled_path": native.enabled()}
 
 
-def _e2e_run(args: tuple) -> dict:
+def _e2e_run(policy: str, divide: float, durations: str) -> dict:
     """One policy over the busy workload as ``simulate --no-baseline --no-plots`` runs it:
-    the scenario file read and validated, the run, its files written."""
-    with tuned_gc():  # (a spawned process: the collector as the commands and the worker set it)
-        return _e2e_run_tuned(*args)
-
-
-def _e2e_run_tuned(policy: str, divide: float, durations: str) -> dict:
+    the scenario file read and validated, the run, its files written (``bench_e2e`` runs it in
+    a spawned process, through ``_tuned``)."""
     scenario = busy_cluster(durations=durations)
     params = {}
     if divide != 1:
@@ -301,9 +291,9 @@ def bench_e2e(policies: list[str], durations: str = "per-task", time_check: bool
     runs = {}
     for policy in policies:
         with context.Pool(1) as pool:
-            run = pool.apply(_e2e_run, ((policy, 1, durations),))
+            run = pool.apply(_tuned, (_e2e_run, policy, 1, durations))
             if time_check:
-                divided = pool.apply(_e2e_run, ((policy, 10, durations),))
+                divided = pool.apply(_tuned, (_e2e_run, policy, 10, durations))
                 run["same_placements_with_times_divided_by_10"] = divided["placements"] == run["placements"]
         run.pop("placements")
         runs[policy] = run
