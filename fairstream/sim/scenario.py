@@ -21,6 +21,7 @@ import jsonschema
 from fairstream.core.model import (DEFAULT_RESOURCES, MAX_COUNT, ROOT, Constraints, ModelError, ResourceSpace, TenantSpec,
                               request_task_id)
 from fairstream.core.tenants import TenantTree, specs_from_json
+from fairstream.wire import jsoncodec
 
 
 @dataclass
@@ -181,12 +182,12 @@ def _where(path) -> str:
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file; raises ``ModelError`` with a one-line message."""
     try:
-        text = Path(path).read_text()
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise ModelError(f"{path}: cannot read ({exc.strerror})") from None
     try:
-        document = json.loads(text)
-    except json.JSONDecodeError as exc:
+        document = jsoncodec.loads(data)  # (the worker's decoder: a third of the standard library's time)
+    except json.JSONDecodeError as exc:  # (its errors are the standard library's, line and column too)
         raise ModelError(f"{path}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     return parse_scenario(document)
 

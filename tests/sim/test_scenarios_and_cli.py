@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,9 @@ import pytest
 
 from fairstream.cli import main
 from fairstream.core.model import ModelError
+from fairstream.sim.output import metrics_document, write_run
 from fairstream.sim.scenario import load_scenario, parse_scenario
+from fairstream.sim.simulator import Simulator
 from fairstream.sim.traces import load_trace
 from fairstream.sim.traces.macro import macro_benchmark
 
@@ -68,9 +71,14 @@ def test_invalid_scenarios_give_one_line_naming_the_field(changes, message):
     assert "\n" not in str(err.value)
 
 
-def test_cli_reports_a_bad_file_in_one_line_and_exit_code_2(tmp_path):
+@pytest.mark.parametrize("content", [
+    pytest.param(b'{"nodes": [}', id="a file that is not JSON"),
+    pytest.param(b'{"nodes": "\xff"}', id="a file that is not UTF-8"),
+    pytest.param(b'{"nodes": NaN}', id="a file with a NaN, which JSON lacks"),
+])
+def test_cli_reports_a_bad_file_in_one_line_and_exit_code_2(tmp_path, content):
     bad = tmp_path / "bad.json"
-    bad.write_text('{"nodes": [}')
+    bad.write_bytes(content)
     proc = subprocess.run([sys.executable, "-m", "fairstream.cli", "simulate", "--scenario", str(bad), "--policy", "ltrf",
                            "--out", str(tmp_path / "out")], capture_output=True, text=True)
     assert proc.returncode == 2
@@ -359,6 +367,17 @@ def test_demo_prints_the_per_queue_table_and_writes_figures(tmp_path, capsys):
     assert (tmp_path / "come_and_go.png").stat().st_size > 0
     parts = json.loads((tmp_path / "summary.json").read_text())["come_and_go"]["share_of_use_until_then"]
     assert parts["fair"]["A"] == pytest.approx(1 / 3, abs=0.005) and parts["ltrf"]["A"] == pytest.approx(0.5, abs=0.005)
+
+
+def test_metrics_json_reads_back_as_the_metrics_document_with_inf_and_nan_as_null(tmp_path):
+    example = Path(__file__).parents[2] / "examples" / "two-tenants.json"
+    result = Simulator(load_scenario(example), "drf", {}).run()
+    # (a theory's entries are written as given: an unbounded one is inf, an undefined one NaN)
+    theory = {"bound": math.inf, "per_knob": {0.5: [math.nan, 1.5, -math.inf]}}
+    write_run(result, tmp_path, plots=False, theory=theory)
+    written = json.loads((tmp_path / "metrics.json").read_text())
+    assert written["knob_theory"] == {"bound": None, "per_knob": {"0.5": [None, 1.5, None]}}
+    assert written == json.loads(json.dumps(metrics_document(result, theory=theory)))
 
 
 def test_explain_prints_qknobler_theory_and_simulate_records_it_with_the_measured_soft_fairness(tmp_path, capsys):
