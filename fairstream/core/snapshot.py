@@ -303,16 +303,6 @@ class Snapshot:
                 value.setflags(write=False)  # (half the cost of ``flags.writeable = False``)
         object.__setattr__(self, "_later", later)
 
-    @classmethod
-    def of(cls, **values) -> Snapshot:
-        """``Snapshot(**fields)`` for the engine's pass: the same object, made without the frozen
-        dataclass's ``__init__``, which sets its 35 fields one call each (a few per cent of a
-        busy run). ``values`` must name fields only; those not given take their defaults."""
-        snapshot = object.__new__(cls)
-        snapshot.__dict__.update(_DEFAULTS, **values)
-        snapshot.__post_init__()
-        return snapshot
-
     def __getattr__(self, name: str):
         # Called only for attributes not set: the fields given as ``Later``.
         later = self.__dict__.get("_later")
@@ -356,11 +346,19 @@ class SnapshotBuilder:
 
     def build(self, engine: Engine, **pass_fields) -> Snapshot:
         """The snapshot of ``engine`` now; ``pass_fields``: what the engine knows of this pass
-        only (``candidates``, ``grown_rows``, ...)."""
+        only (``candidates``, ``grown_rows``, ...).
+
+        The object ``Snapshot(...)`` makes of these fields (a test holds them field for
+        field), made without the frozen dataclass's ``__init__``, which sets its 35 fields one
+        call each, and without its generic steps: the fields in one dict display, the arrays
+        made here locked as they are made, the fields made on first read handed over as the
+        functions that make them, not ``Later``s to look for (a pass of ``drf`` made its
+        snapshot in about 10 µs, most of it those steps)."""
         acc = engine.accounting
         now = engine.time if engine.time is not None else 0.0
         registry = engine.registry
-        free = registry.capacity - registry.used
+        node_capacity = registry.capacity
+        free = node_capacity - registry.used
         if registry.lost:
             free[~registry.alive] = -1.0
         n = len(acc.ledgers)
@@ -377,42 +375,61 @@ class SnapshotBuilder:
             if starved_past_timeout(starvation.since, now, engine.preemption):
                 running_tasks = engine.running_tasks()
         node_row = registry.row
-        return Snapshot.of(
-            time=now,
-            resources=engine.resources,
-            node_ids=node_ids,
-            node_labels=node_labels,
-            free=free,
-            capacity=acc.capacity.copy(),
-            tree=tree,
-            tenants=names,
-            rows=rows,
-            share_fraction=acc.fractions.copy(),
-            allocation=acc.allocation.copy(),
-            share=acc.share.copy(),
-            accumulated=Later(lambda: acc.accumulated_rows(None, now)),
-            pseudo_accumulated=Later(lambda: acc.pseudo_rows(None, now)),
-            quantum=Later(lambda: acc.quanta_by_row().copy()),
-            arrival=arrival,
-            waiting_since=Later(lambda: np.array([math.nan if l.waiting_since is None else l.waiting_since
-                                                  for l in acc.ledgers])),
-            pending=workload.waiting(),
-            accounting=acc.config,
-            running=Later(lambda: np.array([ledger.running for ledger in acc.ledgers], dtype=float)),
-            node_capacity=registry.capacity,
-            node_allocation=(NodeAllocation(lambda row: workload.running_on(node_row).get(row, {}).values())
-                             if engine.spec.traits.node_allocation else None),
-            job_rows=JobRows(lambda: workload.job_rows(node_row)),
-            starved_since=starved_since,
-            running_tasks=running_tasks,
-            running_jobs=engine.jobs.running if tree.has_limits else EMPTY_MAPPING,
-            job_usage=engine.jobs.usage if tree.orders_jobs else EMPTY_MAPPING,
-            pending_demand=engine.waiting_demand() if engine.preemption is not None else None,  # the fair share's
-            reservation=engine.reservation,
-            reserving=engine.reserving,
-            backfill_until=engine.backfill_until(),
+        capacity, fractions, allocation, share = (acc.capacity.copy(), acc.fractions.copy(), acc.allocation.copy(),
+                                                  acc.share.copy())
+        pending_demand = engine.waiting_demand() if engine.preemption is not None else None  # the fair share's
+        for array in (free, capacity, fractions, allocation, share, node_capacity):
+            array.setflags(write=False)  # (``node_capacity``: a fresh view; the storage stays writable)
+        if pending_demand is not None:
+            pending_demand.setflags(write=False)
+        for name in ("grown_rows", "grown_demands"):
+            if pass_fields.get(name) is not None:
+                pass_fields[name].setflags(write=False)
+        values = {
+            **_DEFAULTS,
+            "time": now,
+            "resources": engine.resources,
+            "node_ids": node_ids,
+            "node_labels": node_labels,
+            "free": free,
+            "capacity": capacity,
+            "tree": tree,
+            "tenants": names,
+            "rows": rows,
+            "share_fraction": fractions,
+            "allocation": allocation,
+            "share": share,
+            "arrival": arrival,
+            "pending": workload.waiting(),
+            "accounting": acc.config,
+            "node_capacity": node_capacity,
+            "node_allocation": (NodeAllocation(lambda row: workload.running_on(node_row).get(row, {}).values())
+                                if engine.spec.traits.node_allocation else None),
+            "job_rows": JobRows(lambda: workload.job_rows(node_row)),
+            "starved_since": starved_since,
+            "running_tasks": running_tasks,
+            "running_jobs": engine.jobs.running if tree.has_limits else EMPTY_MAPPING,
+            "job_usage": engine.jobs.usage if tree.orders_jobs else EMPTY_MAPPING,
+            "pending_demand": pending_demand,
+            "reservation": engine.reservation,
+            "reserving": engine.reserving,
+            "backfill_until": engine.backfill_until(),
             **pass_fields,
-        )
+            # What most policies never read, made on first read (``Snapshot.__getattr__``).
+            "_later": {
+                "accumulated": lambda: acc.accumulated_rows(None, now),
+                "pseudo_accumulated": lambda: acc.pseudo_rows(None, now),
+                "quantum": lambda: acc.quanta_by_row().copy(),
+                "waiting_since": lambda: np.array([math.nan if l.waiting_since is None else l.waiting_since
+                                                   for l in acc.ledgers]),
+                "running": lambda: np.array([ledger.running for ledger in acc.ledgers], dtype=float),
+            },
+        }
+        for name in _LATER_DEFAULTS:  # (fields made on first read must not be in the dict)
+            del values[name]
+        snapshot = object.__new__(Snapshot)
+        snapshot.__dict__.update(values)
+        return snapshot
 
 
 _ARRAYS = ("free", "capacity", "share_fraction", "allocation", "share", "accumulated", "pseudo_accumulated",
@@ -423,6 +440,9 @@ _ARRAYS = ("free", "capacity", "share_fraction", "allocation", "share", "accumul
 for _name in _ARRAYS:
     if _name in Snapshot.__dict__:
         delattr(Snapshot, _name)
-# ``Snapshot.of``'s defaults, as ``__init__`` gives them (a factory's value is a shared read-only mapping).
+# The builder's defaults, as ``__init__`` gives them (a factory's value is a shared read-only mapping).
 _DEFAULTS = {f.name: f.default if f.default is not MISSING else f.default_factory()
              for f in fields(Snapshot) if f.default is not MISSING or f.default_factory is not MISSING}
+# The fields the builder gives as made on first read that have defaults (``running``).
+_LATER_DEFAULTS = tuple(name for name in ("accumulated", "pseudo_accumulated", "quantum", "waiting_since", "running")
+                        if name in _DEFAULTS)

@@ -301,26 +301,39 @@ def test_a_snapshot_field_made_on_first_read_shows_the_pass_and_refuses_a_read_a
     assert read_late.allocation.tolist() == read_now.allocation.tolist()  # what it was given stays readable
 
 
-def test_the_engine_s_snapshot_is_the_one_the_dataclass_makes_field_for_field_and_as_read_only():
-    """``Snapshot.of`` (the engine's fast constructor) gives what ``Snapshot(...)`` gives: every
-    field, the defaults of those not given, arrays locked, ``Later`` fields made on first read."""
+@pytest.mark.parametrize("pass_of_candidates", [
+    pytest.param(False, id="a pass over every tenant"),
+    pytest.param(True, id="a pass over the candidates"),
+])
+def test_the_engine_s_snapshot_is_the_one_the_dataclass_makes_field_for_field_and_as_read_only(pass_of_candidates):
+    """The engine's snapshot (``SnapshotBuilder.build``, which makes it without the frozen
+    dataclass's ``__init__``) is what ``Snapshot(...)`` makes of the same fields: every field,
+    the defaults of those not given, arrays locked, the fields made on first read absent until
+    read (``Later`` to the dataclass)."""
     import dataclasses
 
     from fairstream.core.snapshot import Later, Snapshot
 
     e = engine(tree("A", "B"), "ltrf", resources=("mem",))
     e.step(0.0, [node("n0", mem=4), submit("a1", "A", mem=2), submit("a2", "A", mem=2), submit("b1", "B", mem=4)])
-    made = e.snapshot()
-    given = {f.name: made.__dict__[f.name] if f.name in made.__dict__ else Later(lambda name=f.name: getattr(made, name).copy())
-             for f in dataclasses.fields(Snapshot)
-             if f.name not in ("candidates", "grown_rows", "fresh_shapes", "grown_demands")}  # (defaults)
-    fast, slow = Snapshot.of(**given), Snapshot(**given)
-    assert fast.__dict__.keys() == slow.__dict__.keys()
-    assert all(fast.__dict__[k] is slow.__dict__[k] for k in fast.__dict__ if k != "_later")
-    assert fast.accumulated.tolist() == slow.accumulated.tolist() == made.accumulated.tolist()
-    assert (fast.candidates, fast.fresh_shapes, fast.starved_since) == (None, frozenset(), {})
+    e.step(1.0, [submit("b2", "B", mem=1)])
+    fields = e.changes.pass_fields(e.workload, e.registry, e.reservation, False) if pass_of_candidates else {}
+    made = e.snapshot(**fields)
+    assert (made.candidates is not None) == pass_of_candidates == (made.grown_rows is not None)
+    later = {"accumulated", "pseudo_accumulated", "quantum", "waiting_since", "running"}
+    assert set(made.__dict__["_later"]) == later and not later & set(made.__dict__)
+    for f in dataclasses.fields(Snapshot):  # (before the dataclass below locks the same arrays)
+        value = getattr(made, f.name)
+        assert not isinstance(value, np.ndarray) or not value.flags.writeable, f.name
     with pytest.raises(ValueError):
-        fast.free[0, 0] = 1.0  # read-only, as the dataclass's
+        made.free[0, 0] = 1.0  # read-only, as the dataclass's
+    given = {f.name: made.__dict__[f.name] if f.name in made.__dict__ else Later(lambda name=f.name: getattr(made, name).copy())
+             for f in dataclasses.fields(Snapshot) if f.name in made.__dict__ or f.name in later}
+    slow = Snapshot(**given)
+    assert made.__dict__.keys() == slow.__dict__.keys()
+    assert all(made.__dict__[k] is slow.__dict__[k] for k in made.__dict__ if k != "_later")
+    assert slow.accumulated.tolist() == made.accumulated.tolist()
+    assert made.starved_since == {}
 
 
 @pytest.mark.parametrize("held, placed, refused", [
