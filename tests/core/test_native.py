@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fairstream.core import native
-from fairstream.core.fairness import counted_allocation
+from fairstream.core.fairness import counted_allocation, resource_shares, soft_fairness_degree
 from fairstream.policies import get as get_policy
 from fairstream.sim.scenario import parse_scenario
 from fairstream.sim.simulator import Simulator
@@ -198,6 +198,47 @@ def test_the_compiled_usage_integral_adds_what_the_numpy_adds_to_the_last_bit(ar
     expected_raw = raw + elapsed * used
     native.module.accumulate_usage(used, share, discount, elapsed, counted, raw)
     assert (counted.tolist(), raw.tolist()) == (expected_counted.tolist(), expected_raw.tolist())
+
+
+def _laid_out(array: np.ndarray, layout: str) -> np.ndarray:
+    """``array``'s values, row-major (``C``) or column-major (``F``: not contiguous by rows,
+    so the compiled side reads it element by element)."""
+    return np.ascontiguousarray(array) if layout == "C" else np.asfortranarray(array)
+
+
+@settings(max_examples=100, deadline=None)
+@given(arrays=usage_arrays(), discount=st.floats(0.0, 1.0), elapsed=st.floats(1e-6, 1e5), layout=st.sampled_from("CF"))
+def test_the_compiled_usage_integral_adds_the_same_whatever_the_arrays_layout(arrays, discount, elapsed, layout):
+    used, share, counted, raw = (_laid_out(a, layout) for a in arrays)
+    expected_counted = counted + elapsed * counted_allocation(used, share, discount)
+    expected_raw = raw + elapsed * used
+    native.module.accumulate_usage(used, share, discount, elapsed, counted, raw)
+    assert (counted.tolist(), raw.tolist()) == (expected_counted.tolist(), expected_raw.tolist())
+
+
+@settings(max_examples=100, deadline=None)
+@given(arrays=usage_arrays(), discount=st.floats(0.0, 1.0), resource=st.sampled_from([None, 0]),
+       layout=st.sampled_from("CF"))
+def test_the_compiled_metric_state_is_the_numpy_state_to_the_last_bit(arrays, discount, resource, layout):
+    # MetricsRecorder._state's numpy twin: per tenant g, d and counted g' as shares of the
+    # metric resource (or dominant shares), and formula 12's degree over those with something
+    # pending (soft_fairness); capacities of 0 included (such a resource counts as no share).
+    allocation, share, pending, sums = (_laid_out(a, layout) for a in arrays)
+    rows = len(allocation)
+    capacity = np.where(sums[0] > 5e5, 0.0, sums[0] + 1.0)
+    fractions = np.round(sums[:, -1] / 1e6, 3)  # (some may be 0: weightless tenants count as active only)
+    g, d, counted, degree, running = native.module.metric_state(rows, allocation, share, pending, capacity, fractions,
+                                                                discount, resource)
+    assert g.tolist() == resource_shares(allocation, capacity, resource).tolist()
+    assert d.tolist() == resource_shares(allocation + pending, capacity, resource).tolist()
+    assert counted.tolist() == resource_shares(counted_allocation(allocation, share, discount), capacity,
+                                               resource).tolist()
+    active = pending.sum(axis=1) > 0
+    expected = 0.0
+    if rows >= 2 and active.sum() >= 2:
+        expected = soft_fairness_degree(resource_shares(allocation[active], capacity, None), fractions[active])
+    assert degree == expected
+    assert running.tolist() == allocation.sum(axis=0).tolist()
 
 
 @settings(max_examples=100, deadline=None)
