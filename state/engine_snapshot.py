@@ -154,7 +154,7 @@ CLASSES: tuple[_Class, ...] = (
     _Class(TenantSpec, "id parent weight min_share max_share max_resources max_running ordering"),
     _Class(Accounting, "config n_resources ledgers row allocation weighted_allocation pending_demand share "
                        "counted_usage raw_usage capacity fractions clock round_start quanta",
-           derived="_index _arrivals"),  # the top-up index, rebuilt on first use; a count of first arrivals
+           derived="_index _arrivals _pseudo"),  # the top-up index, rebuilt on first use; a count of first arrivals; PAR by row
     _Class(AccountingConfig, "round_length discount quantum adaptive_quantum resource half_life"),
     _Class(PreemptionRule, "threshold timeout"),
     _Class(Starvation, "rule since victims_exist"),

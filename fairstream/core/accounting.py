@@ -421,6 +421,7 @@ class Accounting:
                 ledger.recent.new_round(new_round)
                 ledger.pseudo_accumulated = 0.0
                 ledger.round_arrival = new_round if ledger.active else None
+            self._pseudo = None
             elapsed = now - new_round
         else:
             elapsed = now - self.clock
@@ -452,7 +453,15 @@ class Accounting:
         """Each tenant's PAR (formula 16) at ``now``, decayed since it was set if usage decays."""
         ledgers = self.ledgers if rows is None else [self.ledgers[r] for r in rows]
         if math.isinf(self.config.half_life):
-            return np.array([ledger.pseudo_accumulated for ledger in ledgers])
+            if rows is not None:
+                return np.array([ledger.pseudo_accumulated for ledger in ledgers])
+            # Every row's (a pass of ltrf reads them all): kept, read-only, until one is set
+            # again (``_arrive``, a new round) or a tenant joins.
+            kept = getattr(self, "_pseudo", None)  # (absent in an engine read from a snapshot)
+            if kept is None or len(kept) != len(ledgers):
+                kept = self._pseudo = np.array([ledger.pseudo_accumulated for ledger in ledgers], dtype=float)
+                kept.setflags(write=False)
+            return kept
         h = self.config.half_life
         return np.array([ledger.pseudo_accumulated * 2.0 ** (-max(now - ledger.pseudo_at, 0.0) / h)
                          for ledger in ledgers])
@@ -492,6 +501,7 @@ class Accounting:
             # frozen at its arrival (see docs/paper-notes.md for why not re-evaluated later).
             ledger.pseudo_accumulated = max(self.usage_keys(earlier, now), default=0.0)
             ledger.pseudo_at = now
+            self._pseudo = None
 
     def on_start(self, row: int, demand: np.ndarray, values: tuple[float, ...], now: float,
                  weighted: np.ndarray | None = None, count: int = 1) -> list["_Running"]:
@@ -573,6 +583,8 @@ class Accounting:
         ``sum demand * max(0, Q - elapsed_in_round)``, counted at each tenant's current
         discount rate. One row per tenant, in resource-seconds."""
         index = self._refreshed(now)
+        if rows is None and self.config.discount == 1.0 and native.enabled():
+            return native.module.top_ups(index.quanta, index.demand, index.weighted, now)  # (the same, one call)
         pick = slice(None) if rows is None else rows
         extra = (index.quanta[pick] - now)[:, None] * index.demand[pick] + index.weighted[pick]
         np.maximum(extra, 0.0, out=extra)  # float dust, and rows with nothing recent
@@ -612,7 +624,8 @@ class Accounting:
         if now < index.at:
             rows = list(range(len(self.ledgers)))
         else:
-            rows = list(index.dirty.union(np.flatnonzero(index.due <= now).tolist()))
+            due = native.module.rows_due(index.due, now) if native.enabled() else np.flatnonzero(index.due <= now).tolist()
+            rows = list(index.dirty.union(due))
         index.refresh(rows, [self.ledgers[row].recent for row in rows], now)
         return index
 

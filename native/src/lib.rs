@@ -748,11 +748,48 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(accumulate_usage, m)?)?;
     m.add_function(wrap_pyfunction!(integrate_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(advance_metrics, m)?)?;
+    m.add_function(wrap_pyfunction!(top_ups, m)?)?;
+    m.add_function(wrap_pyfunction!(rows_due, m)?)?;
     Ok(())
 }
 
 // ------------------------------------------------------------------------------------------
 // Per-event arithmetic of the engine and the simulator, each the twin of one numpy function.
+
+/// `Accounting.top_ups` of every row with nothing discounted (formula 15): per element of the
+/// row x resource arrays, `max((quanta[row] - now) * demand + weighted, 0)` as numpy makes it
+/// (`np.maximum(x, 0.0)`: NaN stays, -0.0 becomes 0.0), in a new array.
+#[pyfunction]
+fn top_ups<'py>(
+    py: Python<'py>,
+    quanta: PyReadonlyArray1<'py, f64>,
+    demand: PyReadonlyArray2<'py, f64>,
+    weighted: PyReadonlyArray2<'py, f64>,
+    now: f64,
+) -> PyResult<Bound<'py, numpy::PyArray2<f64>>> {
+    let (quanta, demand, weighted) = (quanta.as_array(), demand.as_array(), weighted.as_array());
+    let (rows, nres) = demand.dim();
+    if quanta.len() != rows || weighted.dim() != (rows, nres) {
+        return Err(pyo3::exceptions::PyValueError::new_err("top_ups: arrays of different shapes"));
+    }
+    let mut out = Vec::with_capacity(rows * nres);
+    for row in 0..rows {
+        let left = quanta[row] - now;
+        for k in 0..nres {
+            let extra = left * demand[[row, k]] + weighted[[row, k]];
+            out.push(if extra > 0.0 || extra.is_nan() { extra } else { 0.0 });
+        }
+    }
+    numpy::ndarray::Array2::from_shape_vec((rows, nres), out)
+        .map(|array| numpy::PyArray2::from_owned_array(py, array))
+        .map_err(|err| pyo3::exceptions::PyValueError::new_err(err.to_string()))
+}
+
+/// The rows whose `due` time is not after `now` (`np.flatnonzero(due <= now)`), in order.
+#[pyfunction]
+fn rows_due(due: PyReadonlyArray1<'_, f64>, now: f64) -> Vec<usize> {
+    due.as_array().iter().enumerate().filter(|(_, &at)| at <= now).map(|(row, _)| row).collect()
+}
 
 /// `Accounting.advance` without decay, in place: per element of the row x resource arrays,
 /// `counted += elapsed * (min(used, share) + discount * max(used - share, 0))` (formula 7's

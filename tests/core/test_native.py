@@ -11,6 +11,8 @@ requests, a lost node, reservations and backfill."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -198,6 +200,35 @@ def test_the_compiled_usage_integral_adds_what_the_numpy_adds_to_the_last_bit(ar
     expected_raw = raw + elapsed * used
     native.module.accumulate_usage(used, share, discount, elapsed, counted, raw)
     assert (counted.tolist(), raw.tolist()) == (expected_counted.tolist(), expected_raw.tolist())
+
+
+signed = st.floats(-1e6, 1e6, allow_nan=False) | st.sampled_from([0.0, -0.0, math.nan, math.inf, -math.inf])
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.integers(0, 6), resources=st.integers(1, 3), data=st.data(), now=signed)
+def test_the_compiled_top_ups_are_numpy_s_to_the_bit(rows, resources, data, now):
+    # Accounting.top_ups with nothing discounted: max((Q - now) * demand + weighted, 0), with
+    # numpy's maximum (NaN stays, -0.0 becomes 0.0); bits compared, so -0.0 is not 0.0 (but a
+    # NaN is any NaN: which operand's sign a NaN takes is the compiler's choice of order).
+    def values(count):
+        return np.array(data.draw(st.lists(signed, min_size=count, max_size=count)), dtype=float)
+
+    quanta, demand, weighted = values(rows), values(rows * resources).reshape(rows, resources), \
+        values(rows * resources).reshape(rows, resources)
+    with np.errstate(all="ignore"):
+        expected = (quanta - now)[:, None] * demand + weighted
+        np.maximum(expected, 0.0, out=expected)
+    got = native.module.top_ups(quanta, demand, weighted, now)
+    assert got.shape == expected.shape and np.isnan(got).tolist() == np.isnan(expected).tolist()
+    assert np.where(np.isnan(got), 0.0, got).tobytes() == np.where(np.isnan(expected), 0.0, expected).tobytes()
+
+
+@settings(max_examples=200, deadline=None)
+@given(due=st.lists(signed, max_size=8), now=signed)
+def test_the_compiled_rows_due_are_numpy_s(due, now):
+    due = np.array(due, dtype=float)
+    assert native.module.rows_due(due, now) == np.flatnonzero(due <= now).tolist()
 
 
 def _laid_out(array: np.ndarray, layout: str) -> np.ndarray:

@@ -243,6 +243,8 @@ def test_quantum_top_ups_kept_per_changed_tenant_equal_formula_15_summed_task_by
         acc, now = engine.accounting, engine.time
         expected = top_ups_from_scratch(engine, now)
         assert np.allclose(acc.top_ups(None, now), expected, atol=1e-9)
+        # Every row's PAR, kept between reads (``Accounting.pseudo_rows``), is the ledgers' now.
+        assert acc.pseudo_rows(None, now).tolist() == [ledger.pseudo_accumulated for ledger in acc.ledgers]
         last = [len(acc.ledgers) - 1]
         assert np.allclose(acc.top_ups(last, now), expected[last], atol=1e-9)
         # Read later (a metrics sample between events), then at the engine's time again.
