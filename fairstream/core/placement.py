@@ -470,16 +470,18 @@ def _serve_compiled(cycle: Cycle, flat_key: FlatKey, reason: ReasonFn, initial_s
         return False
     held = snap.reservation
 
-    def floats(array):  # (the compiled side reads doubles; an array of whole numbers may be ints)
-        return None if array is None else np.asarray(array, dtype=np.float64)
-
+    # (The compiled side reads doubles: an array of whole numbers may be ints. Written out, not
+    # a helper per array: nine calls a pass.)
+    f64, charge, extra, grown_demands = np.float64, flat_key.charge, flat_key.extra, snap.grown_demands
     result = native.module.serve_flat(
         snap.pending, TaskState.PENDING, EPSILON, only, snap.candidates, snap.rows, snap.tenants,
-        floats(cycle.free), floats(snap.capacity),
-        floats(flat_key.vectors), floats(flat_key.charge), floats(flat_key.extra), floats(snap.share_fraction),
-        floats(snap.arrival), floats(initial_shares), flat_key.resource,
+        np.asarray(cycle.free, f64), np.asarray(snap.capacity, f64), np.asarray(flat_key.vectors, f64),
+        None if charge is None else np.asarray(charge, f64), None if extra is None else np.asarray(extra, f64),
+        np.asarray(snap.share_fraction, f64), np.asarray(snap.arrival, f64),
+        None if initial_shares is None else np.asarray(initial_shares, f64), flat_key.resource,
         None if snap.grown_rows is None else np.asarray(snap.grown_rows, dtype=np.int64), list(snap.fresh_shapes),
-        floats(snap.grown_demands), None if held is None else (held.node, held.shape), snap.reserving)
+        None if grown_demands is None else np.asarray(grown_demands, f64),
+        None if held is None else (held.node, held.shape), snap.reserving)
     if result is None:
         return False
     placements, blocked = result
