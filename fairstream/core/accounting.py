@@ -283,6 +283,26 @@ class _TopUpIndex:
         self.dirty.clear()
         self.at = now
 
+    def rows_to_refresh(self, now: float) -> list[int]:
+        """The rows whose boundary ``refresh`` must move to ``now``: those that changed and those
+        whose oldest recent task reached its quantum by ``now``; all of them if ``now`` is
+        before the last refresh (a boundary moves back then)."""
+        if now < self.at:
+            return list(range(len(self.quanta)))
+        due = native.module.rows_due(self.due, now) if native.enabled() else np.flatnonzero(self.due <= now).tolist()
+        return list(self.dirty.union(due))
+
+    def top_ups(self, rows: list[int] | None, now: float) -> np.ndarray:
+        """``max((Q - now) * demand + weighted, 0)`` for ``rows`` (all if None), as of the last
+        refresh: the top-ups before any discount, a new array (every row's in one compiled
+        call, ``native.top_ups``, the same float operations)."""
+        if rows is None and native.enabled():
+            return native.module.top_ups(self.quanta, self.demand, self.weighted, now)
+        pick = slice(None) if rows is None else rows
+        extra = (self.quanta[pick] - now)[:, None] * self.demand[pick] + self.weighted[pick]
+        np.maximum(extra, 0.0, out=extra)  # float dust, and rows with nothing recent
+        return extra
+
     def grow(self, quanta: list[float]) -> None:
         """Rows for tenants added since (their quanta given), to be refreshed."""
         start, extra = len(self.quanta), len(quanta)
@@ -310,6 +330,11 @@ class TenantLedger:
     @property
     def active(self) -> bool:
         return self.pending + self.running > 0
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
 
 
 def decay(elapsed: float, h: float) -> tuple[float, float]:
@@ -345,10 +370,8 @@ def _pending_to_allocated(pending: np.ndarray, allocation: np.ndarray, row: int,
 
 
 class Accounting:
-    """Current allocation and accumulated usage of every leaf tenant, as plain arrays.
-
-    Rows are tenants in registration order; columns are resources.
-    """
+    """Current allocation and accumulated usage of every leaf tenant, as plain arrays: rows
+    are tenants in registration order, columns resources."""
 
     def __init__(self, n_resources: int, config: AccountingConfig) -> None:
         self.config = config
@@ -452,19 +475,18 @@ class Accounting:
     def pseudo_rows(self, rows: list[int] | None, now: float) -> np.ndarray:
         """Each tenant's PAR (formula 16) at ``now``, decayed since it was set if usage decays."""
         ledgers = self.ledgers if rows is None else [self.ledgers[r] for r in rows]
-        if math.isinf(self.config.half_life):
-            if rows is not None:
-                return np.array([ledger.pseudo_accumulated for ledger in ledgers])
-            # Every row's (a pass of ltrf reads them all): kept, read-only, until one is set
-            # again (``_arrive``, a new round) or a tenant joins.
-            kept = getattr(self, "_pseudo", None)  # (absent in an engine read from a snapshot)
-            if kept is None or len(kept) != len(ledgers):
-                kept = self._pseudo = np.array([ledger.pseudo_accumulated for ledger in ledgers], dtype=float)
-                kept.setflags(write=False)
-            return kept
-        h = self.config.half_life
-        return np.array([ledger.pseudo_accumulated * 2.0 ** (-max(now - ledger.pseudo_at, 0.0) / h)
-                         for ledger in ledgers])
+        if not math.isinf(self.config.half_life):
+            h = self.config.half_life
+            return np.array([ledger.pseudo_accumulated * 2.0 ** (-max(now - ledger.pseudo_at, 0.0) / h)
+                             for ledger in ledgers])
+        if rows is not None:
+            return np.array([ledger.pseudo_accumulated for ledger in ledgers])
+        # Every row's (a pass of ltrf reads them all): kept, read-only, until one is set again
+        # (``_arrive``, a new round) or a tenant joins; absent in an engine read back.
+        kept = getattr(self, "_pseudo", None)
+        if kept is None or len(kept) != len(ledgers):
+            kept = self._pseudo = _read_only(np.array([ledger.pseudo_accumulated for ledger in ledgers]))
+        return kept
 
     # ------------------------------------------------------------- task events
 
@@ -582,13 +604,9 @@ class Accounting:
         """Formula 15 for running tasks, for the given tenant rows (all if None):
         ``sum demand * max(0, Q - elapsed_in_round)``, counted at each tenant's current
         discount rate. One row per tenant, in resource-seconds."""
-        index = self._refreshed(now)
-        if rows is None and self.config.discount == 1.0 and native.enabled():
-            return native.module.top_ups(index.quanta, index.demand, index.weighted, now)  # (the same, one call)
-        pick = slice(None) if rows is None else rows
-        extra = (index.quanta[pick] - now)[:, None] * index.demand[pick] + index.weighted[pick]
-        np.maximum(extra, 0.0, out=extra)  # float dust, and rows with nothing recent
+        extra = self._refreshed(now).top_ups(rows, now)
         if self.config.discount < 1.0:
+            pick = slice(None) if rows is None else rows
             alloc = self.allocation[pick]
             counted = counted_allocation(alloc, self.share[pick], self.config.discount)
             rate = np.divide(counted, alloc, out=np.ones_like(alloc), where=alloc > 0)
@@ -617,15 +635,9 @@ class Accounting:
             index.quanta[row] = self.quantum(row)
 
     def _refreshed(self, now: float) -> _TopUpIndex:
-        """The index with every row's boundary moved to ``now``: rows that changed, rows whose
-        oldest recent task reached its quantum by ``now``, and all of them if ``now`` is
-        before the last refresh (a boundary moves back then)."""
+        """The index with every row's boundary moved to ``now`` (``rows_to_refresh``)."""
         index = self._index_of_all()
-        if now < index.at:
-            rows = list(range(len(self.ledgers)))
-        else:
-            due = native.module.rows_due(index.due, now) if native.enabled() else np.flatnonzero(index.due <= now).tolist()
-            rows = list(index.dirty.union(due))
+        rows = index.rows_to_refresh(now)
         index.refresh(rows, [self.ledgers[row].recent for row in rows], now)
         return index
 
