@@ -235,10 +235,11 @@ def _plain_task(task) -> bool:
     return True
 
 
-def _schema_errors(document: Any) -> None:
+def _schema_errors(document: Any) -> frozenset[int] | None:
     """Validate ``document`` against the scenario schema; raise ``ModelError`` for the best
     error. The schema's error search walks the whole document even when it is valid (5.7 s of
-    a 50,000-task file), so tasks that pass a conservative fast check are left out of it."""
+    a 50,000-task file), so tasks that pass a conservative fast check are left out of it.
+    Returns the indexes of the tasks that did not pass it (None: none did)."""
     if document.__class__ is dict and document.get("tasks").__class__ is list:
         tasks = document["tasks"]
         odd = [i for i, task in enumerate(tasks) if not _plain_task(task)]
@@ -251,15 +252,16 @@ def _schema_errors(document: Any) -> None:
                 if len(path) > 1 and path[0] == "tasks":
                     path[1] = odd[path[1]]  # the index in the whole document
                 raise ModelError(f"{_where(path)}: {error.message}")
-            return
+            return frozenset(odd)
     validator = jsonschema.Draft202012Validator(scenario_schema())
     error = jsonschema.exceptions.best_match(validator.iter_errors(document))
     if error is not None:
         raise ModelError(f"{_where(error.absolute_path)}: {error.message}")
+    return None
 
 
 def parse_scenario(document: Any) -> Scenario:
-    _schema_errors(document)
+    odd = _schema_errors(document)
 
     resources = ResourceSpace(tuple(document.get("resources", DEFAULT_RESOURCES)))
 
@@ -298,15 +300,23 @@ def parse_scenario(document: Any) -> Scenario:
             later_leaves |= ids_in - parents
     tasks: list[TaskSpec] = []
     ids: set[str] = set()
+    # A demand of a task that passed ``_plain_task`` (numbers only, no bools: equal items are
+    # equal input) is parsed once per distinct demand; a job's tasks usually share theirs.
+    demands: dict[tuple, dict[str, float]] = {}
     for i, raw in enumerate(document["tasks"]):
-        where = f"tasks[{i}]"
         if not tree.is_leaf(raw["tenant"]) and raw["tenant"] not in later_leaves:
             what = "is a queue with children" if raw["tenant"] in tree.specs else "unknown tenant"
-            raise ModelError(f"{where}.tenant: {raw['tenant']!r} {what}")
-        demand = check_vector(raw["demand"], f"{where}.demand")
-        if not any(demand.values()):
-            raise ModelError(f"{where}.demand: must ask for some resource (all zero)")
-        Constraints.from_json(raw.get("constraints"), where=f"{where}.constraints")
+            raise ModelError(f"tasks[{i}].tenant: {raw['tenant']!r} {what}")
+        known = None if odd is None or i in odd else tuple(raw["demand"].items())
+        demand = None if known is None else demands.get(known)
+        if demand is None:
+            demand = check_vector(raw["demand"], f"tasks[{i}].demand")
+            if not any(demand.values()):
+                raise ModelError(f"tasks[{i}].demand: must ask for some resource (all zero)")
+            if known is not None:
+                demands[known] = demand
+        if raw.get("constraints"):  # (none, or empty: no constraints to check)
+            Constraints.from_json(raw["constraints"], where=f"tasks[{i}].constraints")
         spec = TaskSpec(
             id=raw["id"], job=raw.get("job", raw["id"]), tenant=raw["tenant"], submit=float(raw["submit"]),
             duration=float(raw["duration"]), demand=dict(demand), constraints=raw.get("constraints"),
@@ -315,7 +325,7 @@ def parse_scenario(document: Any) -> Scenario:
         )
         for name in spec.task_ids():
             if name in ids:
-                raise ModelError(f"{where}.id: duplicate task id {name!r}")
+                raise ModelError(f"tasks[{i}].id: duplicate task id {name!r}")
             ids.add(name)
         tasks.append(spec)  # a request stays one spec: one submission, one pending entry
     jobs = {t.job for t in tasks}

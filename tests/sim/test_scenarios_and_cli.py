@@ -3,11 +3,14 @@
 import gzip
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fairstream.cli import main
 from fairstream.core.model import ModelError
@@ -69,6 +72,47 @@ def test_invalid_scenarios_give_one_line_naming_the_field(changes, message):
         parse_scenario(with_changes(**changes))
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def _tasks_document(demands: list[dict]) -> dict:
+    return {"resources": ["cpu", "mem"], "nodes": [{"id": "n0", "capacity": {"cpu": 4, "mem": 4}}],
+            "tasks": [{"id": f"t{i}", "tenant": "A", "submit": 0, "duration": 1, "demand": demand}
+                      for i, demand in enumerate(demands)]}
+
+
+def _parsed_demands(document: dict) -> list[dict] | str:
+    """Each task's parsed demand with its values' types, or the error's message."""
+    try:
+        return [[(k, v, type(v)) for k, v in spec.demand.items()] for spec in parse_scenario(document).tasks]
+    except ModelError as exc:
+        return str(exc)
+
+
+@settings(max_examples=200, deadline=None)
+@given(demands=st.lists(st.dictionaries(st.sampled_from(["cpu", "mem"]), st.sampled_from([0, 1, 1.0, 2.5]), min_size=1),
+                        min_size=1, max_size=6))
+def test_a_demand_parsed_once_for_tasks_alike_gives_what_each_task_parsed_alone_gives(demands):
+    # Tasks alike (1 and 1.0, keys in either order, all zero) parse to what each gives alone:
+    # float values, or the first failing task's error, at its own index.
+    document = _tasks_document(demands)
+    alone = [_parsed_demands({**document, "tasks": [task]}) for task in document["tasks"]]
+    failing = [k for k, outcome in enumerate(alone) if isinstance(outcome, str)]
+    if not failing:
+        assert _parsed_demands(document) == [outcome[0] for outcome in alone]
+    else:
+        assert _parsed_demands(document) == alone[failing[0]].replace("tasks[0]", f"tasks[{failing[0]}]")
+
+
+@pytest.mark.parametrize("later, message", [
+    pytest.param({"cpu": True, "mem": 1}, "tasks[1].demand.cpu", id="a bool where an earlier task had 1"),
+    pytest.param({"cpu": 1, "mem": 1, "gpu": 1}, "tasks[1].demand.gpu: unknown resource",
+                 id="an unknown resource beside an earlier task's demand"),
+    pytest.param({"cpu": math.inf, "mem": 1}, "tasks[1].demand.cpu: must be a finite number",
+                 id="an infinite amount where an earlier task had 1"),
+])
+def test_a_later_task_s_bad_demand_is_named_though_an_earlier_one_was_alike(later, message):
+    with pytest.raises(ModelError, match=re.escape(message)):
+        parse_scenario(_tasks_document([{"cpu": 1, "mem": 1}, later]))
 
 
 @pytest.mark.parametrize("content", [
