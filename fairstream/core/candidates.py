@@ -73,17 +73,17 @@ class Changes:
         if not len(rows) or not holders:
             return frozenset(out), shape_demands[:0]
         capacity, used = registry.capacity, registry.used
-        if native.enabled():  # the same scan, compiled (``native.shapes_that_fit``)
-            room = native.module.shapes_that_fit(list(holders), shape_demands, capacity, used, rows, EPSILON)
+        if native.enabled():  # the same scan, compiled (``native.shapes_that_fit``), the demands too
+            room, demands = native.module.shapes_that_fit(holders, shape_demands, capacity, used, rows, EPSILON)
         else:
             shapes = np.fromiter(holders, dtype=np.int64, count=len(holders))  # the shapes that wait
             demands = shape_demands[shapes]
             free = capacity[rows] - used[rows] + EPSILON  # (live rows only)
             fits = (demands[:, None, :] <= free[None, :, :]).all(axis=2).any(axis=1)
-            room = shapes[fits].tolist()
+            room, demands = shapes[fits].tolist(), demands[fits]
         for shape in room:
             out |= holders[shape]
-        return frozenset(out), shape_demands[np.array(room, dtype=np.int64)]
+        return frozenset(out), demands
 
 
 __all__ = ["Changes"]

@@ -861,17 +861,19 @@ fn integrate_metrics(
     integrate_totals("integrate_metrics", &mut busy.as_array_mut(), &running, &mut capacity_integral.as_array_mut(), &capacity, dt)
 }
 
-/// `Engine._candidates`' scan: of `shapes` (rows of `shape_demands`), those whose demand fits
-/// the free room `capacity - used + eps` of some row in `rows`, in the order given.
+/// `Changes.candidates`' scan: of `shapes` (the keys of the waiting shapes' holders, rows of
+/// `shape_demands`), those whose demand fits the free room `capacity - used + eps` of some row
+/// in `rows`, in the order given, and their demands (`shape_demands[those]`, a new array).
 #[pyfunction]
-fn shapes_that_fit(
-    shapes: Vec<usize>,
-    shape_demands: PyReadonlyArray2<'_, f64>,
-    capacity: PyReadonlyArray2<'_, f64>,
-    used: PyReadonlyArray2<'_, f64>,
-    rows: PyReadonlyArray1<'_, i64>,
+fn shapes_that_fit<'py>(
+    py: Python<'py>,
+    shapes: &Bound<'py, PyDict>,
+    shape_demands: PyReadonlyArray2<'py, f64>,
+    capacity: PyReadonlyArray2<'py, f64>,
+    used: PyReadonlyArray2<'py, f64>,
+    rows: PyReadonlyArray1<'py, i64>,
     eps: f64,
-) -> Vec<usize> {
+) -> PyResult<(Vec<usize>, Bound<'py, numpy::PyArray2<f64>>)> {
     let (demands, capacity, used) = (shape_demands.as_array(), capacity.as_array(), used.as_array());
     let nres = demands.ncols();
     let free: Vec<Vec<f64>> = rows
@@ -879,10 +881,18 @@ fn shapes_that_fit(
         .iter()
         .map(|&row| (0..nres).map(|k| capacity[[row as usize, k]] - used[[row as usize, k]] + eps).collect())
         .collect();
-    shapes
-        .into_iter()
-        .filter(|&shape| free.iter().any(|room| (0..nres).all(|k| demands[[shape, k]] <= room[k])))
-        .collect()
+    let mut fitting = Vec::new();
+    let mut fitting_demands = Vec::new();
+    for shape in shapes.keys().iter() {
+        let shape: usize = shape.extract()?;
+        if free.iter().any(|room| (0..nres).all(|k| demands[[shape, k]] <= room[k])) {
+            fitting.push(shape);
+            fitting_demands.extend((0..nres).map(|k| demands[[shape, k]]));
+        }
+    }
+    let found = numpy::ndarray::Array2::from_shape_vec((fitting.len(), nres), fitting_demands)
+        .map_err(|err| pyo3::exceptions::PyValueError::new_err(err.to_string()))?;
+    Ok((fitting, numpy::PyArray2::from_owned_array(py, found)))
 }
 
 /// `Engine._reserve`'s choice: among live nodes (`usable`) whose capacity holds `demand`
