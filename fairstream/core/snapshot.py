@@ -386,7 +386,7 @@ class SnapshotBuilder:
             if pass_fields.get(name) is not None:
                 pass_fields[name].setflags(write=False)
         values = {
-            **_DEFAULTS,
+            **_BUILT_DEFAULTS,
             "time": now,
             "resources": engine.resources,
             "node_ids": node_ids,
@@ -425,8 +425,6 @@ class SnapshotBuilder:
                 "running": lambda: np.array([ledger.running for ledger in acc.ledgers], dtype=float),
             },
         }
-        for name in _LATER_DEFAULTS:  # (fields made on first read must not be in the dict)
-            del values[name]
         snapshot = object.__new__(Snapshot)
         snapshot.__dict__.update(values)
         return snapshot
@@ -440,9 +438,9 @@ _ARRAYS = ("free", "capacity", "share_fraction", "allocation", "share", "accumul
 for _name in _ARRAYS:
     if _name in Snapshot.__dict__:
         delattr(Snapshot, _name)
-# The builder's defaults, as ``__init__`` gives them (a factory's value is a shared read-only mapping).
-_DEFAULTS = {f.name: f.default if f.default is not MISSING else f.default_factory()
-             for f in fields(Snapshot) if f.default is not MISSING or f.default_factory is not MISSING}
-# The fields the builder gives as made on first read that have defaults (``running``).
-_LATER_DEFAULTS = tuple(name for name in ("accumulated", "pseudo_accumulated", "quantum", "waiting_since", "running")
-                        if name in _DEFAULTS)
+# The builder's defaults, as ``__init__`` gives them (a factory's value is a shared read-only
+# mapping), less those of the fields it gives as made on first read (``running`` has one): they must
+# not be in the snapshot's dict.
+_BUILT_DEFAULTS = {f.name: f.default if f.default is not MISSING else f.default_factory()
+                   for f in fields(Snapshot) if (f.default is not MISSING or f.default_factory is not MISSING)
+                   and f.name not in ("accumulated", "pseudo_accumulated", "quantum", "waiting_since", "running")}

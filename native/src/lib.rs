@@ -585,10 +585,7 @@ impl<'py> Pass<'py> {
 fn rows_of(array: &PyReadonlyArray2<f64>) -> PyResult<(usize, usize, Vec<f64>)> {
     let view = array.as_array();
     let (n, r) = view.dim();
-    match view.as_slice() {
-        Some(contiguous) => Ok((n, r, contiguous.to_vec())), // (one copy: the usual C-ordered array)
-        None => Ok((n, r, view.iter().copied().collect())),
-    }
+    Ok((n, r, row_major(view).into_owned())) // (one copy, of the pass's own)
 }
 
 /// One pass of a flat fair policy (see the module's doc). Arguments, as `serve_in_order`
@@ -968,8 +965,6 @@ struct MetricRows<'a> {
     allocation: Cow<'a, [f64]>,
     share: Cow<'a, [f64]>,
     pending: Cow<'a, [f64]>,
-    nrows: usize,    // allocation's rows (every row is summed in `running`)
-    pending_rows: usize,
     capacity: Vec<f64>,
     discount: f64,
     resource: Option<usize>,
@@ -1007,7 +1002,7 @@ impl MetricRows<'_> {
     fn running(&self) -> Vec<f64> {
         let nres = self.capacity.len();
         let mut running = vec![0.0; nres];
-        for row in self.allocation[..self.nrows * nres].chunks_exact(nres.max(1)) {
+        for row in self.allocation.chunks_exact(nres.max(1)) {
             for (total, used) in running.iter_mut().zip(row) {
                 *total += used;
             }
@@ -1023,7 +1018,7 @@ impl MetricRows<'_> {
         }
         let nres = self.capacity.len();
         let (mut most, mut least, mut weighted, mut active) = (f64::NEG_INFINITY, f64::INFINITY, 0, 0);
-        for row in 0..self.pending_rows {
+        for row in 0..self.pending.len() / nres.max(1) {
             let at = row * nres;
             let wants: f64 = self.pending[at..at + nres].iter().fold(0.0, |sum, x| sum + x);
             if wants > 0.0 {
@@ -1052,7 +1047,6 @@ fn metric_rows<'a>(
     let capacity = capacity.as_array().to_vec();
     let nres = capacity.len();
     let (allocation, share, pending) = (allocation.as_array(), share.as_array(), pending.as_array());
-    let (nrows, pending_rows) = (allocation.nrows(), pending.nrows());
     if allocation.ncols() != nres || share.ncols() != nres || pending.ncols() != nres {
         return Err(pyo3::exceptions::PyValueError::new_err("metric arrays of different widths"));
     }
@@ -1060,8 +1054,6 @@ fn metric_rows<'a>(
         allocation: row_major(allocation),
         share: row_major(share),
         pending: row_major(pending),
-        nrows,
-        pending_rows,
         capacity,
         discount,
         resource,
