@@ -282,9 +282,10 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         out = None
         limit = [x + EPSILON for x in task.demand_values]
         starved = other in overdue
-        # (the reserved node too, if ``task`` is the reserved one and the reservation yields)
-        widened = starved and reservation_yields and (task.tenant, task.shape) == (reserved_for.tenant,
-                                                                                   reserved_for.shape)
+        # (the reserved node too when the reservation yields, whichever task is explained: room
+        # freed there for a task of the reserved shape, the holder's or another tenant's, goes to
+        # a starved tenant ahead first, as to any other task's)
+        widened = starved and reservation_yields
         for nodes, demand, head in reach[other]:
             if widened:
                 nodes = may_use(head, now=False)

@@ -22,6 +22,8 @@ from fairstream.wire.topics import Topics
 from fairstream.wire.visibility import (WAIT_REASONS, DocumentError, grouped_entries, pending_document, queues_document,
                                         tenant_pending)
 
+from test_oracle import RESERVED_SHAPE_BEHIND_A_STARVED_TENANT
+
 # Two nodes of 4 cpu in zones a and b; five tenants of weight 1 (each entitled to 1/5); C may
 # hold at most a quarter of the cluster. At t = 0 A starts 3 unit tasks, B 2 and C 2 (its cap:
 # 2 of 8 cpu), leaving 1 cpu free on n2. At t = 1 what arrives cannot start, each for its own
@@ -208,6 +210,22 @@ def test_a_tenant_behind_a_starved_one_with_larger_tasks_is_told_that_one_may_go
     assert entry.waits_for == "u0"
     assert "freed room may go first to u0" in entry.message
     assert "starved past its preemption timeout: room is taken back for it" in entry.message
+
+
+def test_a_task_of_the_reserved_shape_is_behind_a_starved_tenant_the_reservation_does_not_hold_against():
+    # Found by the oracle (test_oracle's first-in-line property), shrunk. n0 (8 cpu, 6 mem) is
+    # the one node that holds <3 cpu, 3 mem>; from t = 0 it is reserved for u2's t2 of that shape.
+    # u0 waits from t = 0 (t13-1, 3 mem) and is overdue at t = 5 (timeout 5 s); u2 is at or
+    # above its fair share, so its reservation does not hold against u0. u1's t11 has the
+    # reserved shape, not u1's reservation: room freed on n0 for it may go first to u0 (its
+    # preemption stage frees the rest there), as the pass gives it. u1 was told it was first in line.
+    params = {"preemption": "on", "preemption_timeout": "5", "preemption_threshold": "1", "resource": "mem"}
+    explanation = explained(RESERVED_SHAPE_BEHIND_A_STARVED_TENANT, "fair", params, at=5)
+    entry = next(e for e in explanation.pending["u1"] if e.id == "t11")
+    assert entry.reason is WaitReason.BEHIND_TENANTS and entry.waits_for == "u0"
+    assert "freed room may go first to u0" in entry.message and "starved past its preemption timeout" in entry.message
+    (held,) = explanation.pending["u2"]  # the holder is told the same of u0
+    assert held.reason is WaitReason.RESERVATION and held.waits_for == "u0"
 
 
 def test_simulate_explain_at_writes_the_apis_documents(tmp_path, capsys):
