@@ -211,7 +211,7 @@ class Engine:
         decisions, again = self._pass()
         latest = decisions
         for _ in range(MAX_PASSES - 1):
-            if not (again or any(d.kind is DecisionKind.PREEMPT for d in latest)):
+            if not (again or (latest and any(d.kind is DecisionKind.PREEMPT for d in latest))):
                 break
             latest, again = self._pass()
             decisions = decisions + latest

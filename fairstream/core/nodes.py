@@ -15,6 +15,7 @@ from typing import Mapping
 
 import numpy as np
 
+from fairstream.core import native
 from fairstream.core.model import EPSILON, Node
 
 
@@ -124,8 +125,11 @@ class Nodes:
 
     def room_for_some(self, row: int, demands: np.ndarray) -> bool:
         """Whether node ``row`` is alive and some row of ``demands`` fits its free room now."""
-        return bool(self.storage_alive[row]) and bool(
-            (demands <= self.storage_capacity[row] - self.storage_used[row] + EPSILON).all(axis=1).any())
+        if not self.storage_alive[row]:
+            return False
+        if native.enabled():  # the same scan, compiled (``native.room_for_some``)
+            return native.module.room_for_some(demands, self.storage_capacity[row], self.storage_used[row], EPSILON)
+        return bool((demands <= self.storage_capacity[row] - self.storage_used[row] + EPSILON).all(axis=1).any())
 
     def lose(self, row: int) -> bool:
         """The node in ``row`` is lost: dead (the engine then requeues its tasks, which frees

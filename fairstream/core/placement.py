@@ -14,8 +14,8 @@ therefore work-conserving for the order it is given: it stops only when no pendi
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
-from typing import Callable
+from functools import cached_property
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -56,8 +56,6 @@ class Cycle:
         # First fit (lowest-numbered node) unless ``affinity``: then the node whose idle
         # resources align best with the task (``alignment_scores``; QKnobler C3, Tetris).
         self.affinity = affinity
-        self.free = snapshot.free.copy()
-        self.allocation = snapshot.allocation.copy()
         self.decisions = DecisionList()
         # This pass's placements, in order: (decision, tenant, entry, node row); a later stage
         # may withdraw one (``withdraw``) before it ever reaches the engine.
@@ -86,13 +84,37 @@ class Cycle:
         self.limits = limits = QueueLimits(snapshot)
         self.capped, self.tracks_groups = limits.capped, limits.tracks_groups
         self.group_allocation, self.job_limits = limits.group_allocation, limits.job_limits
-        self.queues = queues = QueueWalk(snapshot, self._failed_shapes, self._failed_for, limits.job_limits)
-        self._orders_jobs = queues.orders_jobs
-        self.nodes = NodeFit(snapshot, self.free, self.placed, affinity)  # which node a task may take (``core/fit.py``)
-        # What the parts answer that a pass asks per task tried or per key, bound once here (the
-        # others below are looked up on the part when asked: a pass asks them seldom).
-        self.next_task, self.below_min_share = queues.next_task, limits.below_min_share
-        self.find_node, self.eligible = self.nodes.find_node, self.nodes.eligible
+        self._orders_jobs = QueueWalk.orders_jobs_of(snapshot, limits.job_limits)
+        self.below_min_share = limits.below_min_share
+        # The working copies (``free``, ``allocation``) and the parts that walk the queues and
+        # fit nodes (``queues``, ``nodes``) are made on first use, below: the compiled pass
+        # (``_serve_compiled``) reads none of them.
+
+    @cached_property
+    def free(self) -> np.ndarray:
+        """The pass's free room per node row (a copy of the snapshot's, less this pass's placements)."""
+        return self.snapshot.free.copy()
+
+    @cached_property
+    def allocation(self) -> np.ndarray:
+        """Per tenant row, its allocation with this pass's placements (a copy of the snapshot's)."""
+        return self.snapshot.allocation.copy()
+
+    @cached_property
+    def queues(self) -> QueueWalk:
+        """The pass's walk over the tenants' queues (``core/queues.py``)."""
+        return QueueWalk(self.snapshot, self._failed_shapes, self._failed_for, self.limits.job_limits)
+
+    @cached_property
+    def nodes(self) -> NodeFit:
+        """Which node a task may take (``core/fit.py``), over the pass's ``free``."""
+        return NodeFit(self.snapshot, self.free, self.placed, self.affinity)
+
+    # What the parts answer that a pass asks per task tried: bound once, at the first ask (the
+    # others below are looked up on the part when asked: a pass asks them seldom).
+    next_task = cached_property(lambda cycle: cycle.queues.next_task)
+    find_node = cached_property(lambda cycle: cycle.nodes.find_node)
+    eligible = cached_property(lambda cycle: cycle.nodes.eligible)
 
     # What the parts answer, asked of the pass.
     job_queue, first_entry = _asked_of("queues", "job_queue"), _asked_of("queues", "first_entry")
@@ -108,7 +130,7 @@ class Cycle:
     @property
     def node_order(self) -> np.ndarray | None:
         """The order first fit walks nodes in, if a policy sets it (TSF: least contended first)."""
-        return self.nodes.node_order
+        return self.nodes.node_order if "nodes" in self.__dict__ else None  # (none set before the part is made)
 
     @node_order.setter
     def node_order(self, order: np.ndarray | None) -> None:
@@ -302,8 +324,7 @@ ChargeFn = Callable[[Cycle, str, Task], None]
 ReasonFn = Callable[[Cycle, str, tuple], str]
 
 
-@dataclass(frozen=True)
-class TenantOrder:
+class TenantOrder(NamedTuple):
     """A policy's order of tenants, "who is served next", as its own pass computes it:
     ``key(cycle, tenant)`` (smaller first: a ``FairKey``, or a tuple led by a number) on a
     ``Cycle``'s state, and ``label`` saying what the key's number is ("accumulated usage /
@@ -333,8 +354,7 @@ def dominant_share_order(snapshot: Snapshot) -> TenantOrder:
     return TenantOrder("dominant share / weight", key)
 
 
-@dataclass(frozen=True)
-class FlatKey:
+class FlatKey(NamedTuple):
     """What a flat policy's key is, for the compiled pass (``fairstream.core.native``): the
     ``resource_share`` (``resource`` None: the dominant share) of the tenant's row of
     ``vectors`` (row x resource), plus ``extra[row]`` if given, over its share fraction; a
@@ -358,8 +378,7 @@ class FlatKey:
         return shares / snapshot.share_fraction
 
 
-@dataclass(frozen=True)
-class Service:
+class Service(NamedTuple):
     """How a flat policy serves its tenants in ``serve_in_order``.
 
     - ``key(cycle, tenant)``: the tenant's key, smallest served first (a ``FairKey``, or a
@@ -475,7 +494,7 @@ def _serve_compiled(cycle: Cycle, flat_key: FlatKey, reason: ReasonFn, initial_s
     f64, charge, extra, grown_demands = np.float64, flat_key.charge, flat_key.extra, snap.grown_demands
     result = native.module.serve_flat(
         snap.pending, TaskState.PENDING, EPSILON, only, snap.candidates, snap.rows, snap.tenants,
-        np.asarray(cycle.free, f64), np.asarray(snap.capacity, f64), np.asarray(flat_key.vectors, f64),
+        np.asarray(cycle.__dict__.get("free", snap.free), f64), np.asarray(snap.capacity, f64), np.asarray(flat_key.vectors, f64),
         None if charge is None else np.asarray(charge, f64), None if extra is None else np.asarray(extra, f64),
         np.asarray(snap.share_fraction, f64), np.asarray(snap.arrival, f64),
         None if initial_shares is None else np.asarray(initial_shares, f64), flat_key.resource,

@@ -38,13 +38,18 @@ class QueueWalk:
         # Leaves served job by job through pass-local job queues: those that order their jobs
         # (``TenantSpec.ordering``), and those below a max_running, where a job that may not
         # start is passed over without holding back the running jobs' tasks of its shape.
-        self.orders_jobs = snapshot.tree.orders_jobs or bool(job_limits)
+        self.orders_jobs = self.orders_jobs_of(snapshot, job_limits)
         self._job_queues: dict[str, JobQueue | None] = {}
         self._heads: dict[str, list] = {}
         # Per (tenant, shape): the pass's cursor in the queue (``TaskList.next_from``) and how
         # many tasks it took there.
         self._cursor: dict[tuple[str, int], tuple[int, int]] = {}
         self._taken: dict[tuple[str, int], int] = {}
+
+    @staticmethod
+    def orders_jobs_of(snapshot: Snapshot, job_limits: dict[str, int]) -> bool:
+        """Whether a pass over ``snapshot`` serves leaves job by job (``orders_jobs``)."""
+        return snapshot.tree.orders_jobs or bool(job_limits)
 
     def job_queue(self, tenant: str) -> JobQueue | None:
         """The pass's queue of ``tenant``'s jobs if it orders them (fair, drf, ltrf) or a queue

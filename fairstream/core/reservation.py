@@ -112,10 +112,10 @@ class Reservations:
                 usable &= allowed(entry.constraints, registry, range(len(registry.nodes)))
             for row in full:
                 usable[row] = False
-        total = np.where(total > 0, total, 1.0)
-        if native.enabled():  # the same choice, compiled (``native.least_lacking_node``)
+        if native.enabled():  # the same choice, compiled (``native.least_lacking_node``; a total not > 0 counts as 1 there too)
             node = native.module.least_lacking_node(usable, capacity, used, entry.demand, total, EPSILON)
         else:
+            total = np.where(total > 0, total, 1.0)
             rows = np.flatnonzero(usable & (capacity >= entry.demand - EPSILON).all(axis=1))
             lacking = (np.maximum(entry.demand - (capacity[rows] - used[rows]), 0.0) / total).sum(axis=1)
             node = int(rows[int(np.argmin(lacking))]) if len(rows) else None  # argmin: the first, the lowest row on ties

@@ -73,7 +73,7 @@ class DecisionWriter:
         self.handle = open(out / "decisions.jsonl", "wb")
 
     def __call__(self, decision) -> None:
-        self.handle.write(jsoncodec.dumps(decision.to_json()) + b"\n")
+        self.handle.write(jsoncodec.dumps_line(decision.to_json()))
 
     def close(self) -> None:
         self.handle.close()

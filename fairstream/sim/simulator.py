@@ -183,14 +183,16 @@ class Simulator:
             push(ev.time, _NODE, event)
         pulled = 0
         following = next(upcoming, None)
+        following_at = math.inf if following is None else event_time(following.submit)  # (rounded once)
 
         def pull(until: float) -> None:
             """Push the workload's submissions due by ``until``."""
-            nonlocal following, pulled
-            while following is not None and event_time(following.submit) <= until:
-                heapq.heappush(heap, (event_time(following.submit), _SUBMIT, (0, pulled), following))
+            nonlocal following, following_at, pulled
+            while following is not None and following_at <= until:
+                heapq.heappush(heap, (following_at, _SUBMIT, (0, pulled), following))
                 pulled += 1
                 following = next(upcoming, None)
+                following_at = math.inf if following is None else event_time(following.submit)
 
         jobs: dict[str, JobRecord] = {}
         attempts: dict[str, int] = {}  # running tasks' attempt numbers (a requeue makes another)
@@ -203,7 +205,7 @@ class Simulator:
         while True:
             due = heap[0][0] if heap else math.inf
             if following is not None:
-                due = min(due, event_time(following.submit))
+                due = min(due, following_at)
                 pull(due)
             if not heap:
                 break

@@ -15,6 +15,11 @@ def dumps(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
+def dumps_line(value: Any) -> bytes:
+    """``dumps(value)`` and a newline, made by orjson: a line of a JSON-lines file."""
+    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE)
+
+
 def dumps_text(value: Any) -> str:
     return dumps(value).decode()
 
@@ -29,4 +34,4 @@ def dumps_document(value: Any) -> bytes:
 
 loads = orjson.loads
 
-__all__ = ["dumps", "dumps_document", "dumps_text", "loads"]
+__all__ = ["dumps", "dumps_document", "dumps_line", "dumps_text", "loads"]

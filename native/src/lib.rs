@@ -119,6 +119,7 @@ struct Group<'py> {
 }
 
 /// One entry of a queue as the pass sees it.
+#[derive(Clone)]
 struct Entry<'py> {
     task: Bound<'py, PyAny>,
     seq: i64,
@@ -145,6 +146,9 @@ struct Pass<'py> {
     tenants: Vec<Tenant<'py>>,
     groups: FxMap<(usize, i64), Group<'py>>,
     cursor: FxMap<(usize, i64), (usize, i64)>, // `Cycle._cursor`: (offset, within)
+    // `next_from`'s answers, by (tenant, shape, offset, within): the queues do not change in a
+    // pass, and a pass asks for the same place two or three times (a head, then its advance).
+    walked: FxMap<(usize, i64, usize, i64), (Option<Entry<'py>>, usize, i64)>,
     shapes: FxMap<i64, Shape>,
     candidates: FxMap<i64, (Vec<usize>, usize)>, // `Cycle._candidates`
     failed_shapes: FxSet<i64>,
@@ -226,6 +230,15 @@ impl<'py> Pass<'py> {
 
     /// `TaskList.next_from`: the first task not yet taken from `head + offset`, `within` in.
     fn next_from(&mut self, t: usize, shape: i64, offset: usize, within: i64) -> PyResult<(Option<Entry<'py>>, usize, i64)> {
+        if let Some(known) = self.walked.get(&(t, shape, offset, within)) {
+            return Ok(known.clone());
+        }
+        let found = self.walk_from(t, shape, offset, within)?;
+        self.walked.insert((t, shape, offset, within), found.clone());
+        Ok(found)
+    }
+
+    fn walk_from(&mut self, t: usize, shape: i64, offset: usize, within: i64) -> PyResult<(Option<Entry<'py>>, usize, i64)> {
         let Some(group) = self.group(t, shape)? else { return Ok((None, offset, 0)) };
         let (tasks, head) = (group.tasks.clone(), group.head);
         let mut i = head + offset;
@@ -252,7 +265,11 @@ impl<'py> Pass<'py> {
         for i in head..tasks.len() {
             let task = tasks.get_item(i)?;
             if self.is_pending(&task)? {
-                return Ok(Some(self.entry(task)?));
+                let entry = self.entry(task)?;
+                if entry.count > 0 {  // what `next_from(0, 0)` finds too: not read again
+                    self.walked.insert((t, shape, 0, 0), (Some(entry.clone()), i - head, 0));
+                }
+                return Ok(Some(entry));
             }
         }
         Ok(None)
@@ -655,6 +672,7 @@ fn serve_flat<'py>(
         tenants: Vec::new(),
         groups: FxMap::default(),
         cursor: FxMap::default(),
+        walked: FxMap::default(),
         shapes: FxMap::default(),
         candidates: FxMap::default(),
         failed_shapes: FxSet::default(),
@@ -741,6 +759,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(serve_flat, m)?)?;
     m.add_function(wrap_pyfunction!(shapes_that_fit, m)?)?;
     m.add_function(wrap_pyfunction!(least_lacking_node, m)?)?;
+    m.add_function(wrap_pyfunction!(room_for_some, m)?)?;
     m.add_function(wrap_pyfunction!(metric_state, m)?)?;
     m.add_function(wrap_pyfunction!(accumulate_usage, m)?)?;
     m.add_function(wrap_pyfunction!(integrate_metrics, m)?)?;
@@ -892,9 +911,20 @@ fn shapes_that_fit<'py>(
     Ok((fitting, numpy::PyArray2::from_owned_array(py, found)))
 }
 
+/// `Nodes.room_for_some`'s scan: whether some row of `demands` fits the free room
+/// `capacity - used + eps` of one node (its rows of the two arrays).
+#[pyfunction]
+fn room_for_some(demands: PyReadonlyArray2<'_, f64>, capacity: PyReadonlyArray1<'_, f64>, used: PyReadonlyArray1<'_, f64>,
+                 eps: f64) -> bool {
+    let (demands, capacity, used) = (demands.as_array(), capacity.as_array(), used.as_array());
+    let room: Vec<f64> = capacity.iter().zip(used.iter()).map(|(c, u)| c - u + eps).collect();
+    demands.rows().into_iter().any(|demand| demand.iter().zip(&room).all(|(d, r)| d <= r))
+}
+
 /// `Engine._reserve`'s choice: among live nodes (`usable`) whose capacity holds `demand`
 /// (`capacity >= demand - eps`), the one that lacks least, summed over resources as shares of
-/// `total`; the lowest row on ties. None if there is none.
+/// `total` (a total not above 0, or NaN, counts as 1: `np.where(total > 0, total, 1.0)`); the
+/// lowest row on ties. None if there is none.
 #[pyfunction]
 fn least_lacking_node(
     usable: PyReadonlyArray1<'_, bool>,
@@ -907,6 +937,7 @@ fn least_lacking_node(
     let (usable, capacity, used) = (usable.as_array(), capacity.as_array(), used.as_array());
     let (demand, total) = (demand.as_array(), total.as_array());
     let nres = demand.len();
+    let total: Vec<f64> = total.iter().map(|&t| if t > 0.0 { t } else { 1.0 }).collect();
     let mut best: Option<(f64, usize)> = None;
     for row in 0..usable.len() {
         if !usable[row] || !(0..nres).all(|k| capacity[[row, k]] >= demand[k] - eps) {

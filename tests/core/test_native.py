@@ -231,6 +231,40 @@ def test_the_compiled_rows_due_are_numpy_s(due, now):
     assert native.module.rows_due(due, now) == np.flatnonzero(due <= now).tolist()
 
 
+@settings(max_examples=200, deadline=None)
+@given(nodes=st.integers(0, 6), resources=st.integers(1, 3), data=st.data())
+def test_the_compiled_reserved_node_is_the_one_numpy_chooses(nodes, resources, data):
+    # Reservations.reserve: among usable nodes whose capacity holds the demand, the one that
+    # lacks least, summed over resources as shares of the total; a total not above 0 (or NaN)
+    # counts as 1 (the numpy's np.where, done on the compiled side too); the lowest row on ties.
+    room = st.sampled_from([0.0, 1.0, 2.0, 4.0, 8.0])
+    def matrix(values):
+        return np.array(data.draw(st.lists(values, min_size=nodes * resources, max_size=nodes * resources)),
+                        dtype=float).reshape(nodes, resources)
+    capacity, used = matrix(room), matrix(room)
+    demand = np.array(data.draw(st.lists(room, min_size=resources, max_size=resources)))
+    total = np.array(data.draw(st.lists(st.sampled_from([0.0, -1.0, math.nan, 1.0, 16.0]), min_size=resources,
+                                        max_size=resources)))
+    usable = np.array(data.draw(st.lists(st.booleans(), min_size=nodes, max_size=nodes)), dtype=bool)
+    rows = np.flatnonzero(usable & (capacity >= demand - 1e-9).all(axis=1))
+    lacking = (np.maximum(demand - (capacity[rows] - used[rows]), 0.0) / np.where(total > 0, total, 1.0)).sum(axis=1)
+    expected = int(rows[int(np.argmin(lacking))]) if len(rows) else None
+    assert native.module.least_lacking_node(usable, capacity, used, demand, total, 1e-9) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(shapes=st.integers(0, 5), resources=st.integers(1, 3), data=st.data())
+def test_the_compiled_room_for_some_shape_is_numpy_s(shapes, resources, data):
+    # Nodes.room_for_some on a live node: some demand row <= capacity - used + EPSILON, every resource.
+    room = st.sampled_from([0.0, 0.5, 1.0, 2.0, 4.0, math.inf, math.nan])
+    demands = np.array(data.draw(st.lists(room, min_size=shapes * resources, max_size=shapes * resources)),
+                       dtype=float).reshape(shapes, resources)
+    capacity, used = (np.array(data.draw(st.lists(room, min_size=resources, max_size=resources))) for _ in range(2))
+    with np.errstate(all="ignore"):
+        expected = bool((demands <= capacity - used + 1e-9).all(axis=1).any())
+    assert native.module.room_for_some(demands, capacity, used, 1e-9) is expected
+
+
 def _laid_out(array: np.ndarray, layout: str) -> np.ndarray:
     """``array``'s values, row-major (``C``) or column-major (``F``: not contiguous by rows,
     so the compiled side reads it element by element)."""
