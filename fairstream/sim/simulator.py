@@ -1,7 +1,7 @@
 """The embedded discrete-event simulator: the engine driven by a scenario, no Kafka, no Redis.
 
-Events are kept in one heap ordered by (time, kind, sequence). All events of one instant are
-handed to ``Engine.step`` together, then the engine runs one scheduling pass. A placed task
+Events are kept by instant (``Agenda``: a heap of the distinct times), each instant's in
+(kind, sequence) order. All events of one instant are handed to ``Engine.step`` together, then the engine runs one scheduling pass. A placed task
 finishes ``duration`` later; its completion is the next event for it. Stages and
 ``after_job`` hold tasks back until what they wait for has finished, the way map and reduce
 phases or chained jobs behave.
@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
@@ -36,6 +37,44 @@ from fairstream.sim.scenario import Scenario, TaskSpec, spec_of_task
 
 # Order of event kinds within one instant (all are applied before the pass anyway).
 _COMPLETE, _NODE, _SUBMIT, _WAKE = 0, 1, 2, 3
+
+
+class Agenda:
+    """The run's events to come, by instant: a heap of the distinct times, and per time its
+    events as ``(kind, order, payload)``. ``pop`` gives the earliest instant's events in
+    (kind, order) order: the order of one heap of ``(time, kind, order, payload)`` entries,
+    with floats compared on the heap instead of tuples (a run's heap holds about one entry per
+    running placement: the tuples' comparisons were 2.5 % of a busy run)."""
+
+    __slots__ = ("times", "events")
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.events: dict[float, list[tuple]] = {}
+
+    def add(self, time: float, kind: int, order: tuple[int, int], payload) -> None:
+        """An event at ``time`` (rounded already: ``event_time``); ``order`` breaks ties within a kind."""
+        bucket = self.events.get(time)
+        if bucket is None:
+            self.events[time] = [(kind, order, payload)]
+            heapq.heappush(self.times, time)
+        else:
+            bucket.append((kind, order, payload))
+
+    def next_time(self) -> float:
+        """The earliest instant with events (inf: none)."""
+        return self.times[0] if self.times else math.inf
+
+    def pop(self) -> tuple[float, list[tuple]]:
+        """The earliest instant and its events, in (kind, order) order; they leave the agenda."""
+        time = heapq.heappop(self.times)
+        events = self.events.pop(time)
+        if len(events) > 1:
+            events.sort(key=_kind_and_order)  # (never the payloads: kind and order are unique)
+        return time, events
+
+
+_kind_and_order = operator.itemgetter(0, 1)
 
 
 @dataclass
@@ -141,15 +180,15 @@ class Simulator:
 
     def run(self) -> SimResult:
         scenario, engine = self.scenario, self.engine
-        heap: list = []
+        agenda = Agenda()
         counter = 0
 
-        # Heap entries: (time, kind, order, payload). The workload's own submissions come in
-        # workload order (0, position), before what the run pushes at the same instant (1, n).
+        # The workload's own submissions come in workload order (0, position), before what the
+        # run pushes at the same instant (1, n).
         def push(time: float, kind: int, payload) -> None:
             nonlocal counter
             counter += 1
-            heapq.heappush(heap, (event_time(time), kind, (1, counter), payload))
+            agenda.add(event_time(time), kind, (1, counter), payload)
 
         bar = progress_bar(scenario.task_count, self.progress)  # before the run's own pass over the workload
         lazy = not isinstance(scenario.tasks, list)
@@ -189,7 +228,7 @@ class Simulator:
             """Push the workload's submissions due by ``until``."""
             nonlocal following, following_at, pulled
             while following is not None and following_at <= until:
-                heapq.heappush(heap, (following_at, _SUBMIT, (0, pulled), following))
+                agenda.add(following_at, _SUBMIT, (0, pulled), following)
                 pulled += 1
                 following = next(upcoming, None)
                 following_at = math.inf if following is None else event_time(following.submit)
@@ -203,18 +242,17 @@ class Simulator:
         recorded: list = []
         now = 0.0
         while True:
-            due = heap[0][0] if heap else math.inf
+            due = agenda.next_time()
             if following is not None:
                 due = min(due, following_at)
                 pull(due)
-            if not heap:
+            if not agenda.times:
                 break
-            now = heap[0][0]
+            now, events = agenda.pop()
             if self.explain_at is not None and self.explanation is None and now > self.explain_at:
                 self.explanation = _explain(engine, gates, self.explain_at)
             batch = []
-            while heap and heap[0][0] == now:
-                _, kind, _, payload = heapq.heappop(heap)
+            for kind, _, payload in events:
                 if kind == _COMPLETE:  # the tasks of one placement, with their attempt numbers
                     for task_id, attempt in payload:
                         if attempts.get(task_id) != attempt:

@@ -602,3 +602,32 @@ def test_a_command_runs_with_the_workers_collector_settings_and_leaves_them_as_t
                  "--out", str(tmp_path / "run")]) == 0
     assert seen and all(entry == (FULL_COLLECTION_AFTER, True) for entry in seen)
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=st.lists(st.one_of(
+    st.tuples(st.just("add"), st.sampled_from([0.0, 1.0, 1.5, 2.0, 7.25]), st.integers(0, 3), st.integers(0, 1)),
+    st.just(("pop",))), max_size=60))
+def test_the_agenda_gives_each_instants_events_in_the_order_of_one_heap_of_time_kind_and_order(steps):
+    # The simulator keeps its events by instant (Agenda); one heap of (time, kind, order) entries,
+    # popped while its head has the earliest time, is the order it must give.
+    import heapq
+
+    from fairstream.sim.simulator import Agenda
+
+    agenda, heap, counter = Agenda(), [], 0
+    for step in steps:
+        if step[0] == "add":
+            _, time, kind, first = step
+            counter += 1
+            agenda.add(time, kind, (first, counter), counter)
+            heapq.heappush(heap, (time, kind, (first, counter), counter))
+            continue
+        assert agenda.next_time() == (heap[0][0] if heap else math.inf)
+        if not heap:
+            continue
+        now, events = agenda.pop()
+        expected = []
+        while heap and heap[0][0] == now:
+            expected.append(heapq.heappop(heap)[1:])
+        assert events == expected
