@@ -238,11 +238,25 @@ def bench_day(policies: list[str], scale: float = 1.0, nodes: int = 50, paths: l
 
 
 def _machine() -> dict:
-    """What a figure was measured on: Python, cores, and whether passes used the compiled path
-    (``fairstream.core.native``; ``FAIRSTREAM_NATIVE=0`` measures the Python)."""
+    """What a figure was measured on: Python, whether its interpreter calls into a shared
+    ``libpython`` (a build with ``--enable-shared``, pyenv's default, ran the busy workload about
+    10 % slower than Debian's static one: docs/benchmarks.md, Round 12; None where it cannot be
+    told), cores, and whether passes used the compiled path (``fairstream.core.native``;
+    ``FAIRSTREAM_NATIVE=0`` measures the Python)."""
     from fairstream.core import native
 
-    return {"python": platform.python_version(), "cpus": os.cpu_count(), "compiled_path": native.enabled()}
+    return {"python": platform.python_version(), "python_shared_library": _shared_libpython(),
+            "cpus": os.cpu_count(), "compiled_path": native.enabled()}
+
+
+def _shared_libpython(maps: Path = Path("/proc/self/maps")) -> bool | None:
+    """Whether this process maps a ``libpython`` shared library (its memory ``maps``, Linux's
+    ``/proc/self/maps``; None where there are none)."""
+    try:
+        mapped = maps.read_text()
+    except OSError:
+        return None
+    return "/libpython3" in mapped
 
 
 def _e2e_run(policy: str, divide: float, durations: str) -> dict:

@@ -458,6 +458,23 @@ def test_the_stream_bench_reports_how_idle_the_machine_was():
     assert _share_pct([0] * 8, [200, 0, 100, 60, 20, 0, 0, 20], _IDLE) == 20.0
 
 
+@pytest.mark.parametrize("mapped, shared", [
+    pytest.param("7f19-7f1a r-xp 00000000 08:01 42 /root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0\n", True,
+                 id="an interpreter built with --enable-shared maps libpython"),
+    pytest.param("5581-5582 r-xp 00000000 08:01 7 /usr/bin/python3.11\n", False,
+                 id="a static interpreter maps none"),
+    pytest.param(None, None, id="no maps (not Linux): no figure"),
+])
+def test_a_benchs_machine_says_whether_its_python_calls_into_a_shared_libpython(tmp_path, mapped, shared):
+    from fairstream.lab.bench import _machine, _shared_libpython
+
+    maps = tmp_path / "maps"
+    if mapped is not None:
+        maps.write_text(mapped)
+    assert _shared_libpython(maps) is shared
+    assert _machine()["python_shared_library"] in (True, False, None)
+
+
 def test_the_stream_bench_reads_a_process_cpu_time():
     import os, time
     from fairstream.lab.bench_stream import _process_cpu_s
