@@ -503,35 +503,70 @@ def first_in_line_is_true(engine: Engine) -> None:
     room. For its earliest such entry and every live node its constraints allow that could hold
     it and is not reserved for another shape: with exactly its demand free there (the rest as it
     is), the policy's pass places a task of that tenant there."""
-    import dataclasses
-
     from fairstream.core.explain import WaitReason, explain
 
     explanation = explain(engine)
-    snapshot = engine.snapshot()
-    held = engine.reservation
     for tenant, entries in explanation.pending.items():
         entry = next((e for e in entries if e.reason in (WaitReason.NO_ROOM, WaitReason.RESERVATION)), None)
         if entry is None or entry.waits_for is not None:
             continue  # (not said to be first: a reservation behind a tenant ahead names it)
-        head = engine.tasks.get(entry.id) or engine.requests[entry.id]
-        for row, node in enumerate(engine.nodes):
-            if (not node.alive or not head.constraints.allows(node.id, node.labels)
-                    or runs_its_most(engine, head, node.id)  # (its job's own tasks there hold it, not room)
-                    or not (node.capacity >= head.demand - 1e-9).all()
-                    or (held is not None and held.node == row and held.shape != head.shape)):
-                continue
-            free = snapshot.free.copy()
-            free[row] = head.demand
-            until = snapshot.backfill_until
-            if held is not None and held.node == row and held.shape == head.shape:
-                until = snapshot.time if until is not None else None  # the reserved task fits now: nothing backfills
-            decisions = engine.spec.decide(dataclasses.replace(snapshot, free=free, backfill_until=until,
-                                                               running_tasks=_ended_for(snapshot, row, head.demand)),
-                                           engine.params)
+        for node, decisions in _room_freed_for(engine, entry.id):
             assert any(d.kind is DecisionKind.PLACE and d.tenant == tenant and d.node == node.id for d in decisions), (
                 f"t={engine.time}: {tenant} is told '{entry.message}', yet room for {entry.first} on {node.id} "
                 f"goes to {[(d.tenant, d.task) for d in decisions if d.node == node.id]}")
+
+
+def behind_a_tenant_is_true(engine: Engine) -> None:
+    """Every explanation is true: a tenant told that freed room "goes first to" another
+    (``behind_tenants``, not the "may go first" of a starved tenant ahead, which takes the room
+    only if its preemption stage frees the rest) is behind it: on some node that could hold its
+    earliest such entry, with exactly that entry's demand set free (the rest as it is), the
+    tenant named takes some of it, or the node is reserved for that tenant's task and the
+    entry's tenant is kept off it."""
+    from fairstream.core.explain import WaitReason, explain
+
+    explanation = explain(engine)
+    for tenant, entries in explanation.pending.items():
+        entry = next((e for e in entries if e.reason is WaitReason.BEHIND_TENANTS), None)
+        if entry is None or "may go first" in entry.message:
+            continue
+        ahead, held = entry.waits_for, engine.reservation
+        kept_for = None if held is None or held.tenant != ahead else engine.nodes[held.node].id
+
+        def goes_first(node, decisions) -> bool:
+            placed = [d.tenant for d in decisions if d.kind is DecisionKind.PLACE and d.node == node.id]
+            return ahead in placed or (node.id == kept_for and tenant not in placed)
+
+        tried = list(_room_freed_for(engine, entry.id, reserved_for_others=True))
+        assert not tried or any(goes_first(node, decisions) for node, decisions in tried), (
+            f"t={engine.time}: {tenant} is told '{entry.message}', yet room freed for {entry.first} on "
+            f"{[node.id for node, _ in tried]} never goes to {ahead} (nor is kept for it)")
+
+
+def _room_freed_for(engine: Engine, entry_id: str, reserved_for_others: bool = False):
+    """For pending entry ``entry_id``, each live node its constraints allow that could hold it
+    (its job not at its max_per_node there, and not reserved for another shape unless
+    ``reserved_for_others``): the node and the decisions of the policy's pass with exactly the
+    entry's demand free there, the rest as it is (what-if: nothing changes)."""
+    import dataclasses
+
+    snapshot = engine.snapshot()
+    held = engine.reservation
+    head = engine.tasks.get(entry_id) or engine.requests[entry_id]
+    for row, node in enumerate(engine.nodes):
+        if (not node.alive or not head.constraints.allows(node.id, node.labels)
+                or runs_its_most(engine, head, node.id)  # (its job's own tasks there hold it, not room)
+                or not (node.capacity >= head.demand - 1e-9).all()
+                or (not reserved_for_others and held is not None and held.node == row and held.shape != head.shape)):
+            continue
+        free = snapshot.free.copy()
+        free[row] = head.demand
+        until = snapshot.backfill_until
+        if held is not None and held.node == row and held.shape == head.shape:
+            until = snapshot.time if until is not None else None  # the reserved task fits now: nothing backfills
+        yield node, engine.spec.decide(dataclasses.replace(snapshot, free=free, backfill_until=until,
+                                                           running_tasks=_ended_for(snapshot, row, head.demand)),
+                                       engine.params)
 
 
 def _ended_for(snapshot, row: int, demand: np.ndarray):
@@ -608,6 +643,15 @@ RESERVED_SHAPE_BEHIND_A_STARVED_TENANT = {
 def test_first_in_line_means_the_next_room_that_fits_goes_to_it(document, policy, reservation):
     def check(engine, result):
         first_in_line_is_true(engine)
+
+    Simulator(parse_scenario(document), policy, params_for(policy, False, reservation), on_step=check).run()
+
+
+@SETTINGS
+@given(document=everything(), policy=st.sampled_from(PREEMPTING), reservation=st.sampled_from(["on", "off", "backfill"]))
+def test_behind_a_tenant_means_freed_room_goes_to_that_tenant_first(document, policy, reservation):
+    def check(engine, result):
+        behind_a_tenant_is_true(engine)
 
     Simulator(parse_scenario(document), policy, params_for(policy, False, reservation), on_step=check).run()
 
