@@ -291,7 +291,11 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
                 nodes = may_use(head, now=False)
             if starved or all(d <= x for d, x in zip(demand, limit)):  # (overdue: ``in_the_way``)
                 out = nodes & mask if out is None else out | (nodes & mask)
-        if reserved_for is not None and reserved_for.tenant == other and mask[reserved_for.node]:
+        # The room on ``other``'s reserved node is kept for it, but not from ``task`` if it
+        # backfills there (another shape, expected to end before the reserved task can start:
+        # ``reservation=backfill``).
+        if (reserved_for is not None and reserved_for.tenant == other and mask[reserved_for.node]
+                and not (task.shape != reserved_for.shape and cycle.nodes.ends_in_time(task))):
             out = np.zeros_like(mask) if out is None else out
             out[reserved_for.node] = True  # the room there is kept for it
         return out if out is not None and out.any() else None
@@ -299,7 +303,9 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
     def first_for(tenant: str, task: "Task") -> tuple[str, bool]:
         """The first tenant in line for room freed for ``task`` (the first in the order that
         waits for room it would fit, on a node both may use; ``tenant`` itself if none is
-        ahead of it), and whether that tenant is ahead on some of ``task``'s nodes only."""
+        ahead of it), and whether that tenant is ahead on some of ``task``'s nodes only. For a
+        tenant starved past its timeout, those ahead at or above their fair share are passed
+        over: they are its victims (what the pass gives them is taken back for it)."""
         mask = may_use(task, now=False)  # (on its node, the reserved task comes first)
         if tenant in at_fair_share:
             for other in overdue:
@@ -309,6 +315,8 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         for other in room_limited:
             if other == tenant:
                 return tenant, False
+            if tenant in overdue and other in at_fair_share:
+                continue  # a victim for it: what the pass gives ``other`` is taken back for ``tenant``
             nodes = in_the_way(other, task, mask)
             if nodes is not None:
                 return other, bool((mask & ~nodes).any())

@@ -22,7 +22,8 @@ from fairstream.wire.topics import Topics
 from fairstream.wire.visibility import (WAIT_REASONS, DocumentError, grouped_entries, pending_document, queues_document,
                                         tenant_pending)
 
-from test_oracle import RESERVED_SHAPE_BEHIND_A_STARVED_TENANT
+from test_oracle import (A_VICTIM_AHEAD, BACKFILL_IS_NOT_BEHIND_THE_HOLDER, RESERVATION_YIELDS_TO_THE_TENANT_TOLD,
+                         RESERVED_SHAPE_BEHIND_A_STARVED_TENANT)
 
 # Two nodes of 4 cpu in zones a and b; five tenants of weight 1 (each entitled to 1/5); C may
 # hold at most a quarter of the cluster. At t = 0 A starts 3 unit tasks, B 2 and C 2 (its cap:
@@ -225,6 +226,48 @@ def test_a_task_of_the_reserved_shape_is_behind_a_starved_tenant_the_reservation
     assert entry.reason is WaitReason.BEHIND_TENANTS and entry.waits_for == "u0"
     assert "freed room may go first to u0" in entry.message and "starved past its preemption timeout" in entry.message
     (held,) = explanation.pending["u2"]  # the holder is told the same of u0
+    assert held.reason is WaitReason.RESERVATION and held.waits_for == "u0"
+
+
+def test_a_starved_tenant_is_not_behind_a_reservation_that_yields_to_it():
+    # Found by the behind-a-tenant oracle, shrunk. One node of 2 mem; ltrf (fixed 2-s quantum),
+    # preemption after 5 s. u0's two 2-mem tasks arrive at t = 7 and n0 is reserved for them;
+    # u2 (max_share 0.5) waits with 1-mem tasks, starved since 12: overdue at 17. u0 holds the
+    # reservation at or above its fair share, so it yields to u2 (the pass gives u2 room freed
+    # there: "reclaimed"). The holder is told so; u2 was told the room "goes first to u0".
+    params = {"preemption": "on", "preemption_timeout": "5", "preemption_threshold": "1", "reservation": "on",
+              "quantum": "2", "quantum_mode": "fixed", "resource": "dominant"}
+    explanation = explained(RESERVATION_YIELDS_TO_THE_TENANT_TOLD, "ltrf", params, at=17)
+    (held,) = explanation.pending["u0"]
+    assert held.reason is WaitReason.RESERVATION and held.waits_for == "u2" and "u2 may take it first" in held.message
+    (entry,) = explanation.pending["u2"]
+    assert entry.reason is WaitReason.NO_ROOM and entry.waits_for is None and "u2 is first in line" in entry.message
+
+
+def test_a_task_that_would_backfill_the_reserved_node_is_not_behind_its_holder():
+    # Found by the behind-a-tenant oracle, shrunk. One node of 2 mem, reservation=backfill. At
+    # t = 0 u0's t1 and t2-0 (1 mem each, estimates 1 s) fill n0; u1's 2-mem t0 fits nowhere and
+    # n0 is reserved for it, to start at 1 when u0's tasks end by their estimates. u0's t2-1
+    # (estimate 1 s: it would end at 1) backfills room freed there; it was told the room "goes
+    # first to u1".
+    explanation = explained(BACKFILL_IS_NOT_BEHIND_THE_HOLDER, "fair", {"reservation": "backfill", "resource": "mem"},
+                            at=0)
+    (entry,) = explanation.pending["u0"]
+    assert entry.reason is WaitReason.NO_ROOM and entry.waits_for is None and "u0 is first in line" in entry.message
+
+
+def test_a_starved_tenant_is_not_behind_a_tenant_ahead_at_its_fair_share():
+    # Found by the behind-a-tenant oracle, shrunk. One node of 3 mem; ltrf (fixed 2-s quantum),
+    # preemption after 5 s. At t = 21 u0 (weight 3), starved since 1, waits with a 2-mem task
+    # behind u2 in the order (accumulated usage / weight 13.33 against 15.56), and u2 holds n1's
+    # reservation at or above its fair share: what the pass gives u2 is taken back for u0
+    # ("reclaimed"), so u0 is first. It was told the room "goes first to u2".
+    params = {"preemption": "on", "preemption_timeout": "5", "preemption_threshold": "1", "reservation": "on",
+              "quantum": "2", "quantum_mode": "fixed", "resource": "dominant"}
+    explanation = explained(A_VICTIM_AHEAD, "ltrf", params, at=21)
+    (entry,) = explanation.pending["u0"]
+    assert entry.reason is WaitReason.NO_ROOM and entry.waits_for is None and "u0 is first in line" in entry.message
+    (held,) = explanation.pending["u2"]
     assert held.reason is WaitReason.RESERVATION and held.waits_for == "u0"
 
 
