@@ -274,6 +274,13 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
             ratios = share_ratios(acc.allocation, acc.capacity, engine.fair_shares(), acc.config.resource)
             at_fair_share = {t for t in snap.pending if ratios[snap.rows[t]] >= 1.0 - EPSILON}
     reservation_yields = reserved_for is not None and reserved_for.tenant in at_fair_share
+    # Whether the reservation's holder has a task of the reserved shape its job limits let start:
+    # if not (max_running holds them all), the pass gives the room kept there to the next task of
+    # that shape, another tenant's, in its turn.
+    holder_group = (None if reserved_for is None or reserved_for.tenant not in snap.pending
+                    else snap.pending[reserved_for.tenant].groups.get(reserved_for.shape))
+    holder_may_start = holder_group is not None and any(
+        entry.job not in held_by_limit.get(reserved_for.tenant, {}) for entry in _pending_entries(holder_group))
 
     def in_the_way(other: str, task: "Task", mask: np.ndarray) -> np.ndarray | None:
         """Of the nodes ``mask`` (those ``task`` may use), where ``other`` would take room freed
@@ -291,10 +298,10 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
                 nodes = may_use(head, now=False)
             if starved or all(d <= x for d, x in zip(demand, limit)):  # (overdue: ``in_the_way``)
                 out = nodes & mask if out is None else out | (nodes & mask)
-        # The room on ``other``'s reserved node is kept for it, but not from ``task`` if it
-        # backfills there (another shape, expected to end before the reserved task can start:
-        # ``reservation=backfill``).
-        if (reserved_for is not None and reserved_for.tenant == other and mask[reserved_for.node]
+        # The room on ``other``'s reserved node is kept for it (if a task of it of that shape may
+        # start), but not from ``task`` if it backfills there (another shape, expected to end
+        # before the reserved task can start: ``reservation=backfill``).
+        if (reserved_for is not None and reserved_for.tenant == other and mask[reserved_for.node] and holder_may_start
                 and not (task.shape != reserved_for.shape and cycle.nodes.ends_in_time(task))):
             out = np.zeros_like(mask) if out is None else out
             out[reserved_for.node] = True  # the room there is kept for it
@@ -303,9 +310,7 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
     def first_for(tenant: str, task: "Task") -> tuple[str, bool]:
         """The first tenant in line for room freed for ``task`` (the first in the order that
         waits for room it would fit, on a node both may use; ``tenant`` itself if none is
-        ahead of it), and whether that tenant is ahead on some of ``task``'s nodes only. For a
-        tenant starved past its timeout, those ahead at or above their fair share are passed
-        over: they are its victims (what the pass gives them is taken back for it)."""
+        ahead of it), and whether that tenant is ahead on some of ``task``'s nodes only."""
         mask = may_use(task, now=False)  # (on its node, the reserved task comes first)
         if tenant in at_fair_share:
             for other in overdue:
@@ -315,8 +320,6 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         for other in room_limited:
             if other == tenant:
                 return tenant, False
-            if tenant in overdue and other in at_fair_share:
-                continue  # a victim for it: what the pass gives ``other`` is taken back for ``tenant``
             nodes = in_the_way(other, task, mask)
             if nodes is not None:
                 return other, bool((mask & ~nodes).any())
@@ -368,9 +371,16 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         ahead = room_limited.index(tenant)
         partly = " on the nodes both may use" if partly else ""
         # A tenant starved past its timeout is in the way whatever its tasks' size (``in_the_way``):
-        # it takes the room only if its preemption stage can free the rest there, so "may".
+        # it takes the room only if its preemption stage can free the rest there, so "may". And
+        # for a tenant starved past its timeout, one ahead at or above its fair share may be its
+        # victim: what the pass gives it (its reservation's room too) may be taken back for this
+        # tenant, if that keeps it at or above its fair share (``preemption._victims_on_node``).
         starved = ", starved past its preemption timeout: room is taken back for it" if first in overdue else ""
-        goes = "may go first" if first in overdue else "goes first"
+        victim = tenant in overdue and first in at_fair_share
+        if victim:
+            starved += (f"; {first} is at or above its fair share: what the pass gives it may be taken back for "
+                        f"{tenant}, starved past its preemption timeout")
+        goes = "may go first" if first in overdue or victim else "goes first"
         return (WaitReason.BEHIND_TENANTS,
                 f"{nowhere} for {need}; freed room{partly} {goes} to {first} ({label} "
                 f"{order.value(keys[first]):.4g} against {tenant}'s {order.value(keys[tenant]):.4g}{starved}; "
