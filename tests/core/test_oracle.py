@@ -522,7 +522,7 @@ def behind_a_tenant_is_true(engine: Engine) -> None:
     only if its preemption stage frees the rest) is behind it: on some node that could hold its
     earliest such entry, with exactly that entry's demand set free (the rest as it is), the
     tenant named takes some of it, or the node is reserved for that tenant's task and the
-    entry's tenant is kept off it."""
+    entry is kept off it (smaller tasks that end in time may backfill there, its tenant's too)."""
     from fairstream.core.explain import WaitReason, explain
 
     explanation = explain(engine)
@@ -534,8 +534,9 @@ def behind_a_tenant_is_true(engine: Engine) -> None:
         kept_for = None if held is None or held.tenant != ahead else engine.nodes[held.node].id
 
         def goes_first(node, decisions) -> bool:
-            placed = [d.tenant for d in decisions if d.kind is DecisionKind.PLACE and d.node == node.id]
-            return ahead in placed or (node.id == kept_for and tenant not in placed)
+            placed = [d for d in decisions if d.kind is DecisionKind.PLACE and d.node == node.id]
+            return (any(d.tenant == ahead for d in placed)
+                    or (node.id == kept_for and not any(entry.first in d.task_ids for d in placed)))
 
         tried = list(_room_freed_for(engine, entry.id, reserved_for_others=True))
         assert not tried or any(goes_first(node, decisions) for node, decisions in tried), (
