@@ -74,8 +74,10 @@ class QueueLimits:
                 return "max_resources", f"{node} is at its max_resources {named}: one more task would take it over"
             jobs = self.job_limits.get(node)
             if new_job and jobs is not None and self.group_jobs[node] + 1 > jobs:
-                return ("max_running", f"{node} runs {self.group_jobs[node]} jobs, its max_running: job {task.job} "
-                                       f"waits for one of them to end")
+                running = self.group_jobs[node]
+                them = "one of them" if running != 1 else "it"
+                return ("max_running", f"{node} runs {running} job{'s' if running != 1 else ''}, its max_running: "
+                                       f"job {task.job} waits for {them} to end")
         return None
 
     def new_job(self, tenant: str, task: Task) -> bool:

@@ -70,6 +70,16 @@ def test_a_queue_with_max_running_runs_that_many_jobs_and_the_others_wait(policy
     assert "G runs 2 jobs, its max_running: job j3 waits" in entry.message
 
 
+def test_a_queue_running_its_one_job_says_so_in_the_singular():
+    # Queue G runs at most 1 job: A's j1 runs, j2 waits for it.
+    document = cluster([{"id": "G", "max_running": 1}, {"id": "A", "parent": "G"}],
+                       [job("j1", "A", 3), job("j2", "A", 3, submit=0)])
+    _, explanation = at_start(document, "drf")
+    (entry,) = explanation.pending["A"]
+    assert entry.reason is WaitReason.MAX_RUNNING
+    assert "G runs 1 job, its max_running: job j2 waits for it to end" in entry.message
+
+
 def test_a_waiting_job_starts_when_a_running_one_ends():
     document = cluster([{"id": "A", "max_running": 1}],
                        [job("j1", "A", 2), {**job("j2", "A", 2), "duration": 50}])
