@@ -119,7 +119,6 @@ struct Group<'py> {
 }
 
 /// One entry of a queue as the pass sees it.
-#[derive(Clone)]
 struct Entry<'py> {
     task: Bound<'py, PyAny>,
     seq: i64,
@@ -146,9 +145,6 @@ struct Pass<'py> {
     tenants: Vec<Tenant<'py>>,
     groups: FxMap<(usize, i64), Group<'py>>,
     cursor: FxMap<(usize, i64), (usize, i64)>, // `Cycle._cursor`: (offset, within)
-    // `next_from`'s answers, by (tenant, shape, offset, within): the queues do not change in a
-    // pass, and a pass asks for the same place two or three times (a head, then its advance).
-    walked: FxMap<(usize, i64, usize, i64), (Option<Entry<'py>>, usize, i64)>,
     shapes: FxMap<i64, Shape>,
     candidates: FxMap<i64, (Vec<usize>, usize)>, // `Cycle._candidates`
     failed_shapes: FxSet<i64>,
@@ -230,15 +226,6 @@ impl<'py> Pass<'py> {
 
     /// `TaskList.next_from`: the first task not yet taken from `head + offset`, `within` in.
     fn next_from(&mut self, t: usize, shape: i64, offset: usize, within: i64) -> PyResult<(Option<Entry<'py>>, usize, i64)> {
-        if let Some(known) = self.walked.get(&(t, shape, offset, within)) {
-            return Ok(known.clone());
-        }
-        let found = self.walk_from(t, shape, offset, within)?;
-        self.walked.insert((t, shape, offset, within), found.clone());
-        Ok(found)
-    }
-
-    fn walk_from(&mut self, t: usize, shape: i64, offset: usize, within: i64) -> PyResult<(Option<Entry<'py>>, usize, i64)> {
         let Some(group) = self.group(t, shape)? else { return Ok((None, offset, 0)) };
         let (tasks, head) = (group.tasks.clone(), group.head);
         let mut i = head + offset;
@@ -265,11 +252,7 @@ impl<'py> Pass<'py> {
         for i in head..tasks.len() {
             let task = tasks.get_item(i)?;
             if self.is_pending(&task)? {
-                let entry = self.entry(task)?;
-                if entry.count > 0 {  // what `next_from(0, 0)` finds too: not read again
-                    self.walked.insert((t, shape, 0, 0), (Some(entry.clone()), i - head, 0));
-                }
-                return Ok(Some(entry));
+                return Ok(Some(self.entry(task)?));
             }
         }
         Ok(None)
@@ -672,7 +655,6 @@ fn serve_flat<'py>(
         tenants: Vec::new(),
         groups: FxMap::default(),
         cursor: FxMap::default(),
-        walked: FxMap::default(),
         shapes: FxMap::default(),
         candidates: FxMap::default(),
         failed_shapes: FxSet::default(),
