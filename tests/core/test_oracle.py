@@ -642,10 +642,7 @@ RESERVED_SHAPE_BEHIND_A_STARVED_TENANT = {
 @example(document=RESERVED_SHAPE_BEHIND_A_STARVED_TENANT, policy="fair", reservation="on")
 @example(document=WHAT_IF_BEYOND_CAPACITY, policy="fair", reservation="on")
 def test_first_in_line_means_the_next_room_that_fits_goes_to_it(document, policy, reservation):
-    def check(engine, result):
-        first_in_line_is_true(engine)
-
-    Simulator(parse_scenario(document), policy, params_for(policy, False, reservation), on_step=check).run()
+    _check_every_step(document, policy, reservation, first_in_line_is_true)
 
 
 # Found by the property test below, shrunk: n1 is reserved for u0's 3-mem t2, but u0 (max_running 1)
@@ -720,10 +717,14 @@ RESERVATION_YIELDS_TO_THE_TENANT_TOLD = {
 @example(document=A_VICTIM_AHEAD, policy="ltrf", reservation="on")
 @example(document=A_HOLDER_HELD_BY_MAX_RUNNING, policy="fair", reservation="on")
 def test_behind_a_tenant_means_freed_room_goes_to_that_tenant_first(document, policy, reservation):
-    def check(engine, result):
-        behind_a_tenant_is_true(engine)
+    _check_every_step(document, policy, reservation, behind_a_tenant_is_true)
 
-    Simulator(parse_scenario(document), policy, params_for(policy, False, reservation), on_step=check).run()
+
+def _check_every_step(document: dict, policy: str, reservation: str, oracle) -> None:
+    """Run ``document`` under ``policy`` with preemption and ``reservation``, holding every
+    step's engine to ``oracle`` (an explanation oracle: it raises on a false one)."""
+    Simulator(parse_scenario(document), policy, params_for(policy, False, reservation),
+              on_step=lambda engine, result: oracle(engine)).run()
 
 
 def test_the_reference_catches_a_fair_share_that_ignores_the_tree():
