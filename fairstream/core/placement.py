@@ -221,9 +221,14 @@ class Cycle:
         """``task`` fitted no node's free room: the first such task in the pass's order of
         service is first in line for room (``DecisionList.blocked``; the engine may reserve a
         node for it)."""
-        if self.decisions.blocked is not None or self.kept_off_reserved_room(task) or self.held_by_job_limit(task):
-            return  # (kept off the reserved node's room, or its job's nodes: held by that, not short of room)
-        self.decisions.blocked = (tenant, task)
+        if self.decisions.blocked is None and self.short_of_room(task):
+            self.decisions.blocked = (tenant, task)
+
+    def short_of_room(self, task: Task) -> bool:
+        """Whether ``task``, which fitted no node it may take, waits for room: False when it is
+        kept off the reserved node's room, or off nodes with room by its job's max_per_node
+        (held by those, not short of room, it is not first in line for a reservation)."""
+        return not (self.kept_off_reserved_room(task) or self.held_by_job_limit(task))
 
     def commit(self, tenant: str, task: Task, node: int, reason: str, code: ReasonCode) -> None:
         self.free[node] -= task.demand
@@ -545,13 +550,25 @@ def _first_blocked_of_all(cycle: Cycle, only: list[str], key: KeyFn, initial_sha
     for tenant_key, tenant in keyed:
         if blocked_key is not None and not tenant_key < blocked_key:
             return
-        # Its head as a pass over all would have tried it, before the candidates' failures: a
-        # shape that failed for them failed only after its turn (an earlier failure that was not
-        # a reservation's keeping off would have been the first blocked).
-        task = cycle.first_entry(tenant)
-        if task is not None and not cycle.kept_off_reserved_room(task):
+        task = _first_short_of_room(cycle, tenant)
+        if task is not None:
             cycle.decisions.blocked = (tenant, task)
             return
+
+
+def _first_short_of_room(cycle: Cycle, tenant: str) -> Task | None:
+    """The entry of ``tenant``, left out of the pass (nothing of it fits), that a pass over
+    every tenant would have found first in line at its turn, or None: its entries in its order
+    as ``try_place`` meets them, past those over a cap and those held by something other than
+    room (``Cycle.short_of_room``: a reservation's keeping off, its job's max_per_node), each
+    failing only for it. Shapes that failed for the candidates are tried again (``first_entry``):
+    they failed after its turn (an earlier failure that was short of room would have been the
+    first blocked; one that was not is not short of room for this tenant either)."""
+    while (task := cycle.first_entry(tenant)) is not None:
+        if cycle.within_caps(tenant, task) and cycle.short_of_room(task):
+            return task
+        cycle.skip_for(tenant, task)  # (its shape, or its job over max_running, passed over for it alone)
+    return None
 
 
 def order_code(key: tuple, code: ReasonCode = ReasonCode.FAIR_ORDER) -> ReasonCode:

@@ -97,12 +97,13 @@ class QueueWalk:
         return None
 
     def first_entry(self, tenant: str) -> Task | None:
-        """The tenant's next entry whatever shapes failed for other tenants in this pass: what
-        a pass over every tenant would have tried at its turn, if that came before them."""
+        """The tenant's next entry whatever shapes failed for other tenants in this pass (those
+        that failed for it alone are passed over): what a pass over every tenant would have
+        tried at its turn, if that came before them."""
         if self.orders_jobs and (jobs := self.job_queue(tenant)) is not None:
             return jobs.next_entry((), self.failed_for.get(tenant, ()))
-        heads = self.shape_heads(tenant, every_shape=True)
-        return heads[0] if heads else None
+        failed_here = self.failed_for.get(tenant, ())
+        return next((task for task in self.shape_heads(tenant, every_shape=True) if task.shape not in failed_here), None)
 
     def advance(self, tenant: str, task: Task) -> int:
         """Take the next task of ``task``'s shape for ``tenant``; returns how many tasks of

@@ -336,8 +336,10 @@ impl<'py> Pass<'py> {
         }
     }
 
-    /// `Cycle.first_entry` for a tenant the pass has not served (`_first_blocked_of_all`).
-    fn first_entry(&mut self, t: usize) -> R<Option<Entry<'py>>> {
+    /// `_first_short_of_room` for a tenant the pass has not served (`_first_blocked_of_all`):
+    /// its first entry in arrival order (`Cycle.first_entry`) not kept off the reserved room
+    /// (without caps or constraints, the only hold that is not short of room).
+    fn first_short_of_room(&mut self, t: usize) -> R<Option<Entry<'py>>> {
         let mut heads: Vec<Entry<'py>> = Vec::new();
         for shape in self.shape_keys(t)? {
             let (offset, within) = self.cursor.get(&(t, shape)).copied().unwrap_or((0, 0));
@@ -346,13 +348,13 @@ impl<'py> Pass<'py> {
             }
         }
         heads.sort_by_key(|entry| entry.seq); // stable, as Python's sort
-        match heads.into_iter().next() {
-            None => Ok(None),
-            Some(entry) => {
-                self.shape(&entry)?;
-                Ok(Some(entry))
+        for entry in heads {
+            self.shape(&entry)?;
+            if !self.kept_off_reserved_room(entry.shape) {
+                return Ok(Some(entry));
             }
         }
+        Ok(None)
     }
 
     /// `Cycle._advance`: take the next task of the entry's shape for the tenant.
@@ -571,11 +573,9 @@ impl<'py> Pass<'py> {
         for (key, row) in before {
             self.tenants.push(Tenant { name: key.name, row, groups: None, heads: None });
             let t = self.tenants.len() - 1;
-            if let Some(entry) = self.first_entry(t)? {
-                if !self.kept_off_reserved_room(entry.shape) {
-                    self.blocked = Some((t, entry.task));
-                    return Ok(());
-                }
+            if let Some(entry) = self.first_short_of_room(t)? {
+                self.blocked = Some((t, entry.task));
+                return Ok(());
             }
         }
         Ok(())
