@@ -415,7 +415,7 @@ def test_admissible_says_exactly_which_events_a_step_would_reject_and_why(before
 TENANT_LOCAL = ["drf", "fair", "ltrf", "fifo"]
 
 
-def decisions_of(document, policy, full_passes: bool, lost_at=None):
+def decisions_of(document, policy, full_passes: bool, lost_at=None, params=None):
     """Every decision of a run; ``full_passes``: every pass considers every waiting tenant
     (the engine's candidate tenants and grown nodes switched off)."""
     import dataclasses
@@ -425,7 +425,8 @@ def decisions_of(document, policy, full_passes: bool, lost_at=None):
     def full(engine):
         engine.spec = dataclasses.replace(engine.spec, traits=dataclasses.replace(engine.spec.traits, tenant_local=False))
 
-    drive(document, policy, lambda engine: None, lost_at=lost_at, record=log, configure=full if full_passes else None)
+    drive(document, policy, lambda engine: None, params=params, lost_at=lost_at, record=log,
+          configure=full if full_passes else None)
     return log
 
 
@@ -504,14 +505,31 @@ LEFT_OUT_HEAD_KEPT_OFF_NEXT_FIRST_IN_LINE = {
 }
 
 
-def decide_alike_with_passes_over_candidates_and_over_all(document, policy, lost_at, compiled):
+def decide_alike_with_passes_over_candidates_and_over_all(document, policy, lost_at, compiled, params=None):
     from fairstream.core import native
 
     before = native.set_enabled(compiled)
     try:
-        assert decisions_of(document, policy, False, lost_at) == decisions_of(document, policy, True, lost_at)
+        assert (decisions_of(document, policy, False, lost_at, params)
+                == decisions_of(document, policy, True, lost_at, params))
     finally:
         native.set_enabled(before)
+
+
+# What a pass over candidate tenants must keep equal with every feature a pass reads on
+# (``fifo`` has none of these parameters): backfill by estimates, none or some exact, and
+# preemption past a timeout beside the reservation.
+PASS_FEATURES = st.sampled_from([{}, {"reservation": "off"}, {"reservation": "backfill"},
+                                 {"preemption": "on", "preemption_timeout": "1"},
+                                 {"reservation": "backfill", "preemption": "on", "preemption_timeout": "0"}])
+
+
+@st.composite
+def with_estimates(draw, document):
+    """``document`` with some of its tasks given an estimate (their duration, or a guess)."""
+    tasks = [{**task, "estimate": draw(st.sampled_from([task["duration"], 1, 3]))} if draw(st.booleans()) else task
+             for task in document["tasks"]]
+    return {**document, "tasks": tasks}
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled pass", "python pass"])
@@ -530,10 +548,12 @@ def test_passes_over_the_tenants_that_may_place_decide_as_passes_over_all_where_
 
 
 @SETTINGS
-@given(document=scenarios(), policy=st.sampled_from(TENANT_LOCAL), lost_at=st.none() | st.integers(1, 8),
-       compiled=st.booleans())
-def test_passes_over_the_tenants_that_may_place_decide_exactly_as_passes_over_all(document, policy, lost_at, compiled):
-    decide_alike_with_passes_over_candidates_and_over_all(document, policy, lost_at, compiled)
+@given(document=scenarios().flatmap(with_estimates), policy=st.sampled_from(TENANT_LOCAL),
+       lost_at=st.none() | st.integers(1, 8), compiled=st.booleans(), params=PASS_FEATURES)
+def test_passes_over_the_tenants_that_may_place_decide_exactly_as_passes_over_all(document, policy, lost_at, compiled,
+                                                                                  params):
+    decide_alike_with_passes_over_candidates_and_over_all(document, policy, lost_at, compiled,
+                                                          {} if policy == "fifo" else params)
 
 
 # ------------------------------------------------- the scenario's fast check never lets more in
