@@ -40,7 +40,8 @@ from fairstream.state.engine_snapshot import encode_engine
 from fairstream.wire.log import log_step, replay
 
 import oracle
-from test_properties import (every_pending_task_has_one_reason_and_none_fits_now, no_overcommit_and_constraints_hold,
+from test_properties import (decide_alike_with_passes_over_candidates_and_over_all,
+                             every_pending_task_has_one_reason_and_none_fits_now, no_overcommit_and_constraints_hold,
                              placements_keep_max_per_node, runs_its_most)
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -393,6 +394,18 @@ def test_every_feature_on_keeps_every_invariant_after_every_pass(document, polic
     simulator = Simulator(parse_scenario(document), policy, params_for(policy, half_life, reservation),
                           on_step=every_invariant)
     checking_every_pass(simulator).run()
+
+
+@SETTINGS
+@given(document=everything(), policy=st.sampled_from(["fair", "drf", "ltrf"]), half_life=st.booleans(),
+       reservation=st.sampled_from(["on", "off", "backfill"]), compiled=st.booleans())
+def test_every_feature_on_passes_over_the_tenants_that_may_place_decide_exactly_as_passes_over_all(
+        document, policy, half_life, reservation, compiled):
+    """The engine's candidate tenants (``core/candidates.py``) beside max_running, queue
+    orderings and limits, live weights, a lost node, estimates, backfill and preemption: a
+    pass over the tenants that may place decides as a pass over every waiting tenant."""
+    decide_alike_with_passes_over_candidates_and_over_all(document, policy, None, compiled,
+                                                          params_for(policy, half_life, reservation))
 
 
 @SETTINGS
