@@ -95,6 +95,11 @@ class Cycle:
         """The pass's free room per node row (a copy of the snapshot's, less this pass's placements)."""
         return self.snapshot.free.copy()
 
+    def made(self, part: str) -> bool:
+        """Whether the pass has made ``part`` (``free``, ``allocation``, ``queues``, ``nodes``)
+        yet: what reads a part only if it exists asks this, not the part (which would make it)."""
+        return part in self.__dict__
+
     @cached_property
     def allocation(self) -> np.ndarray:
         """Per tenant row, its allocation with this pass's placements (a copy of the snapshot's)."""
@@ -130,7 +135,7 @@ class Cycle:
     @property
     def node_order(self) -> np.ndarray | None:
         """The order first fit walks nodes in, if a policy sets it (TSF: least contended first)."""
-        return self.nodes.node_order if "nodes" in self.__dict__ else None  # (none set before the part is made)
+        return self.nodes.node_order if self.made("nodes") else None  # (none set before the part is made)
 
     @node_order.setter
     def node_order(self, order: np.ndarray | None) -> None:
@@ -499,7 +504,7 @@ def _serve_compiled(cycle: Cycle, flat_key: FlatKey, reason: ReasonFn, initial_s
     f64, charge, extra, grown_demands = np.float64, flat_key.charge, flat_key.extra, snap.grown_demands
     result = native.module.serve_flat(
         snap.pending, TaskState.PENDING, EPSILON, only, snap.candidates, snap.rows, snap.tenants,
-        np.asarray(cycle.__dict__.get("free", snap.free), f64), np.asarray(snap.capacity, f64), np.asarray(flat_key.vectors, f64),
+        np.asarray(cycle.free if cycle.made("free") else snap.free, f64), np.asarray(snap.capacity, f64), np.asarray(flat_key.vectors, f64),
         None if charge is None else np.asarray(charge, f64), None if extra is None else np.asarray(extra, f64),
         np.asarray(snap.share_fraction, f64), np.asarray(snap.arrival, f64),
         None if initial_shares is None else np.asarray(initial_shares, f64), flat_key.resource,
