@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from fairstream.core import native
 from fairstream.core.engine import Engine
 from fairstream.core.model import NodeHeartbeat, ResourceSpace, TaskCompleted, TaskSubmitted, TenantSpec
 from fairstream.sim.scenario import parse_scenario
 from fairstream.core.tenants import TenantTree
 from fairstream.policies import get as get_policy
+
+
+@contextmanager
+def compiled_path(on: bool) -> Iterator[None]:
+    """The compiled module on (if built) or off for the block, as it was after
+    (``native.set_enabled``)."""
+    before = native.set_enabled(on)
+    try:
+        yield
+    finally:
+        native.set_enabled(before)
 
 
 def tree(*specs: str | TenantSpec) -> TenantTree:

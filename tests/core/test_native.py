@@ -25,6 +25,7 @@ from fairstream.sim.scenario import parse_scenario
 from fairstream.sim.simulator import Simulator
 from fairstream.state.engine_snapshot import encode_engine
 
+from builders import compiled_path
 from test_oracle import in_fractions
 from test_properties import ALL, scenarios
 
@@ -63,15 +64,12 @@ def counted(monkeypatch):
 
 def run(document: dict, policy: str, params: dict, compiled: bool) -> tuple[list, dict, dict]:
     """The decisions, the summary and the metrics' series of a simulated run."""
-    before = native.set_enabled(compiled)
-    try:
+    with compiled_path(compiled):
         decisions = []
         result = Simulator(parse_scenario(document), policy, params, on_decision=decisions.append).run()
-        metrics = result.metrics
-        series = {name: vars(one) for name, one in metrics.series.items()}
-        return decisions, result.summary(), {"tenants": series, "cluster": metrics.cluster}
-    finally:
-        native.set_enabled(before)
+    metrics = result.metrics
+    series = {name: vars(one) for name, one in metrics.series.items()}
+    return decisions, result.summary(), {"tenants": series, "cluster": metrics.cluster}
 
 
 def decisions_of(document: dict, policy: str, params: dict, compiled: bool) -> list:
@@ -130,12 +128,9 @@ def test_the_compiled_passs_runs_in_one_decision_leave_the_state_of_the_python_p
 
     def steps(compiled: bool) -> list:
         seen = []
-        before = native.set_enabled(compiled)
-        try:
+        with compiled_path(compiled):
             Simulator(parse_scenario(document), policy, params,
                       on_step=lambda engine, result: seen.append((result.decisions, encode_engine(engine)))).run()
-        finally:
-            native.set_enabled(before)
         return seen
 
     assert steps(True) == steps(False)

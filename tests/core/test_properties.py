@@ -14,6 +14,8 @@ from fairstream.core.model import EPSILON, DecisionKind, NodeHeartbeat, NodeLost
 from fairstream.sim.scenario import parse_scenario
 from fairstream.sim.simulator import Simulator
 
+from builders import compiled_path
+
 WORK_CONSERVING = ["fifo", "fair", "drf", "ltrf", "hltrf", "qknobler", "tetris", "tsf", "pmdrf", "drfh", "cdrf",
                    "perf", "flex"]
 ALL = WORK_CONSERVING + ["static"]
@@ -506,14 +508,9 @@ LEFT_OUT_HEAD_KEPT_OFF_NEXT_FIRST_IN_LINE = {
 
 
 def decide_alike_with_passes_over_candidates_and_over_all(document, policy, lost_at, compiled, params=None):
-    from fairstream.core import native
-
-    before = native.set_enabled(compiled)
-    try:
+    with compiled_path(compiled):
         assert (decisions_of(document, policy, False, lost_at, params)
                 == decisions_of(document, policy, True, lost_at, params))
-    finally:
-        native.set_enabled(before)
 
 
 # What a pass over candidate tenants must keep equal with every feature a pass reads on
