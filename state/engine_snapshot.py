@@ -134,8 +134,14 @@ class _Class:
         self.fields = tuple(fields.split())
         self.derived = frozenset(derived.split())
         self.rebuild = rebuild
-        self.slots = "__slots__" in cls.__dict__
+        # Instances without a __dict__: slotted classes, and classes compiled with mypyc
+        # (``fairstream/compiled.py``), whose attributes are fixed by the class.
+        self.slots = cls.__dictoffset__ == 0
         self.stored = frozenset(self.fields) | self.derived  # what an instance may have
+        compiled = getattr(cls, "__mypyc_attrs__", None)
+        if compiled is not None and not frozenset(compiled) <= self.stored:
+            undeclared = ", ".join(sorted(frozenset(compiled) - self.stored))
+            raise SnapshotError(f"{cls.__qualname__}.{{{undeclared}}}: not declared in CLASSES (declare, raise VERSION)")
 
 
 # Version 2 (requests: Task.count, index, cancelled). Changing a list (a field added, removed or renamed) changes the format: raise VERSION.
@@ -323,7 +329,9 @@ class _Decoder:
             if len(item) - 2 != len(entry.fields):
                 raise SnapshotError(f"damaged engine snapshot ({entry.cls.__qualname__} with {len(item) - 2} "
                                     f"fields, not {len(entry.fields)})")
-            obj = object.__new__(entry.cls)  # no constructor, no hook: the fields are set as read
+            # No constructor, no hook: the fields are set as read. (A compiled class's ``__new__``
+            # runs its ``__init__``, whose arguments all have defaults: an empty part, then filled.)
+            obj = entry.cls.__new__(entry.cls)
             self.shared.append(obj)
             values = self.items(item, 2)
             if entry.slots:

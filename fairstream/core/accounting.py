@@ -29,9 +29,10 @@ No clock is read here: every method takes the event time it applies to.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+from numpy import ndarray  # (compiled, a dataclass's fields are looked up by their names: ``np.ndarray`` is not one)
 
 from fairstream.core import native
 from fairstream.core.fairness import counted_allocation, resource_shares
@@ -60,6 +61,11 @@ class AccountingConfig:
         if not self.quantum >= 0:
             raise ValueError("quantum must be >= 0")
 
+    def __deepcopy__(self, memo: dict) -> AccountingConfig:
+        # Immutable: a copy may share it ("what if" copies of an engine). (Compiled, a frozen
+        # class cannot be copied field by field into a blank one.)
+        return self
+
 
 class QuantumTree:
     """The adaptive task quantum over the tenant tree (LTRF paper 5.2.1, Figure 3).
@@ -73,7 +79,7 @@ class QuantumTree:
     of the tree, not the number of siblings.
     """
 
-    def __init__(self, initial: float, adaptive: bool) -> None:
+    def __init__(self, initial: float = 60.0, adaptive: bool = True) -> None:
         self.initial = initial
         self.adaptive = adaptive
         self.quantum: dict[str, float] = {ROOT: initial}
@@ -123,8 +129,8 @@ class QuantumTree:
 
 @dataclass(eq=False, slots=True)
 class _Running:
-    start: float
-    demand: np.ndarray
+    start: float = 0.0
+    demand: ndarray = field(default_factory=lambda: np.zeros(0))
     done: bool = False
     recent: bool = True  # inside the top-up suffix (still within its quantum)
     values: tuple[float, ...] = ()  # the demand as plain floats
@@ -148,7 +154,7 @@ class RecentTasks:
     expression over all tenants, and moving the boundary is O(1) amortised.
     """
 
-    def __init__(self, n_resources: int) -> None:
+    def __init__(self, n_resources: int = 0) -> None:
         self.demand = [0.0] * n_resources
         self.weighted = [0.0] * n_resources
         self.entries: list[_Running] = []
@@ -256,7 +262,7 @@ class _TopUpIndex:
     then costs the rows that changed (a task started or finished, a quantum moved, a task
     reached its quantum) instead of a Python loop over every tenant."""
 
-    def __init__(self, n_resources: int) -> None:
+    def __init__(self, n_resources: int = 0) -> None:
         self.quanta = np.zeros(0)
         self.demand = np.zeros((0, n_resources))
         self.weighted = np.zeros((0, n_resources))
@@ -324,7 +330,7 @@ class _TopUpIndex:
 class TenantLedger:
     """Mutable accounting of one leaf tenant."""
 
-    name: str
+    name: str = ""
     pending: int = 0
     running: int = 0
     first_arrival: float | None = None
@@ -332,7 +338,7 @@ class TenantLedger:
     pseudo_accumulated: float = 0.0  # phi_i, in key units (normalised), as of ``pseudo_at``
     pseudo_at: float = 0.0  # when phi_i was set (it decays from then with a half-life)
     waiting_since: float | None = None  # when it last got a task or became demanding
-    recent: RecentTasks = None  # type: ignore[assignment]
+    recent: RecentTasks = field(default_factory=RecentTasks)  # (``Accounting.add_tenant`` gives its own)
 
     @property
     def active(self) -> bool:
@@ -380,7 +386,10 @@ class Accounting:
     """Current allocation and accumulated usage of every leaf tenant, as plain arrays: rows
     are tenants in registration order, columns resources."""
 
-    def __init__(self, n_resources: int, config: AccountingConfig) -> None:
+    _index: _TopUpIndex | None  # derived, not in snapshots (absent in one read back): ``_index_of_all``
+    _pseudo: np.ndarray | None  # derived as ``_index``: every row's PAR between passes (``pseudo_rows``)
+
+    def __init__(self, n_resources: int = 0, config: AccountingConfig = AccountingConfig()) -> None:
         self.config = config
         self.n_resources = n_resources
         self.ledgers: list[TenantLedger] = []
@@ -405,8 +414,7 @@ class Accounting:
         if name in self.row:
             return self.row[name]
         self.row[name] = len(self.ledgers)
-        ledger = TenantLedger(name)
-        ledger.recent = RecentTasks(self.n_resources)
+        ledger = TenantLedger(name, recent=RecentTasks(self.n_resources))
         self.ledgers.append(ledger)
         grow = np.zeros((1, self.n_resources))
         self.allocation = np.vstack([self.allocation, grow])
@@ -603,9 +611,8 @@ class Accounting:
 
     @property
     def arrivals(self) -> int:
-        """How many tenants have a first arrival, counted since this object was made or read
-        back: it changes when one arrives for the first time (snapshots' arrival arrays)."""
-        return self.__dict__.get("_arrivals", 0)
+        """First arrivals counted since this object was made or read back (snapshots' arrivals)."""
+        return getattr(self, "_arrivals", 0)  # (absent in one read back: ``_arrive`` counts again)
 
     def top_ups(self, rows: list[int] | None, now: float) -> np.ndarray:
         """Formula 15 for running tasks, for the given tenant rows (all if None):
@@ -616,8 +623,7 @@ class Accounting:
             pick = slice(None) if rows is None else rows
             alloc = self.allocation[pick]
             counted = counted_allocation(alloc, self.share[pick], self.config.discount)
-            rate = np.divide(counted, alloc, out=np.ones_like(alloc), where=alloc > 0)
-            extra *= rate
+            extra *= np.divide(counted, alloc, out=np.ones_like(alloc), where=alloc > 0)  # the rate
         return extra
 
     def quanta_by_row(self) -> np.ndarray:

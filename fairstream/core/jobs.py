@@ -20,7 +20,7 @@ class JobUsage:
 
     __slots__ = ("allocation", "offset")
 
-    def __init__(self, n_resources: int) -> None:
+    def __init__(self, n_resources: int = 0) -> None:
         self.allocation = np.zeros(n_resources)
         self.offset = np.zeros(n_resources)
 
@@ -47,7 +47,7 @@ class Jobs:
 
     __slots__ = ("n_resources", "running", "usage", "maybe_idle")
 
-    def __init__(self, n_resources: int) -> None:
+    def __init__(self, n_resources: int = 0) -> None:
         self.n_resources = n_resources
         self.running: dict[str, dict[str, int]] = {}  # leaf -> job -> running tasks
         self.usage: dict[str, dict[str, JobUsage]] = {}  # leaf that orders its jobs -> job -> usage

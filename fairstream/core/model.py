@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -55,6 +55,11 @@ def subtract_each_floored(vector: np.ndarray, amounts: Iterable[Sequence[float]]
 
 class ModelError(ValueError):
     """An input that does not fit the model: the message names the offending field."""
+
+
+class PolicyViolation(RuntimeError):
+    """A policy returned a decision that would break an invariant (a bug, never input): the
+    engine raises it instead of applying the decision (``core/transitions.py``)."""
 
 
 @dataclass(frozen=True)
@@ -267,7 +272,7 @@ class Task:
     state: TaskState = TaskState.PENDING
     node: str | None = None
     start: float | None = None
-    running_entry: object = None
+    running_entry: Any = None  # its ``accounting._Running`` while it runs
     shape: int = -1
     demand_values: tuple[float, ...] = ()  # the demand as plain floats, for cheap comparisons
     count: int = 1  # pending tasks this entry stands for

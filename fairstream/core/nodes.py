@@ -23,7 +23,7 @@ class Nodes:
     """The nodes of one cluster (``Engine.registry``). Changes only through ``heartbeat``
     (``join`` or ``update``) and ``lose``, which say what the engine must act on."""
 
-    def __init__(self, n_resources: int) -> None:
+    def __init__(self, n_resources: int = 0) -> None:
         self.nodes: list[Node] = []
         self.row: dict[str, int] = {}  # node id -> row
         self.storage_capacity = np.zeros((0, n_resources))
@@ -39,8 +39,8 @@ class Nodes:
     def __deepcopy__(self, memo: dict) -> "Nodes":
         # The view holds read-only label mappings, which cannot be copied: the copy makes its own.
         twin = memo[id(self)] = Nodes.__new__(Nodes)
-        for name, value in self.__dict__.items():
-            setattr(twin, name, None if name == "_view" else copy.deepcopy(value, memo))
+        for name in _FIELDS:
+            setattr(twin, name, None if name == "_view" else copy.deepcopy(getattr(self, name), memo))
         return twin
 
     def __len__(self) -> int:
@@ -114,7 +114,7 @@ class Nodes:
         self.lost -= revived
         node.capacity, node.alive, node.last_heartbeat = capacity, True, time
         relabelled = labels is not None and labels != node.labels
-        if relabelled:
+        if labels is not None and relabelled:
             node.labels = labels
             self.labels[row] = labels
             self._view = None
@@ -141,3 +141,8 @@ class Nodes:
         self.storage_alive[row] = False
         self.lost += 1
         return True
+
+
+# What a ``Nodes`` holds, as ``__init__`` sets it (``__deepcopy__`` copies each: compiled, the
+# class has no ``__dict__``).
+_FIELDS = ("nodes", "row", "storage_capacity", "storage_used", "storage_alive", "ids", "labels", "_view", "lost")

@@ -12,6 +12,7 @@ docs/policies.md, "Reservations".
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 
@@ -63,7 +64,7 @@ class Reservations:
         if cached is not None and cached[0] == held:
             return None if cached[1] is None else max(cached[1], at)  # (a task past its estimate ends now at the earliest)
         node_id = registry.nodes[row].id
-        ends = sorted((math.inf if task.estimate is None else event_time(task.start + task.estimate), task.seq, task)
+        ends = sorted((math.inf if task.estimate is None else event_time(cast(float, task.start) + task.estimate), task.seq, task)
                       for task in workload.tasks.values() if task.state is TaskState.RUNNING and task.node == node_id)
         until = None
         for end, _, task in ends:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, cast
 
 from fairstream.core.admission import EventRejected, ParsedDemand, admit
 from fairstream.core.jobs import orders_jobs
@@ -25,6 +25,7 @@ from fairstream.core.model import (
     Node,
     NodeHeartbeat,
     NodeLost,
+    PolicyViolation,
     ReasonCode,
     Task,
     TaskCompleted,
@@ -38,10 +39,6 @@ if TYPE_CHECKING:
     import numpy as np
 
     from fairstream.core.engine import Engine
-
-
-class PolicyViolation(RuntimeError):
-    """A policy returned a decision that would break an invariant (a bug, never input)."""
 
 
 @dataclass
@@ -64,7 +61,7 @@ def apply_events(engine: Engine, events: Iterable[Event], result: StepResult) ->
     ending: list[tuple[Task, float]] = []  # running tasks out of the table, their bookkeeping to do
     arrived: list[Task] = []  # a run of submissions: the first applied, the rest stored, to queue
     for event in events:
-        if event.__class__ is TaskCompleted:
+        if type(event) is TaskCompleted:
             task = tasks.get(event.task)
             # (A completion of a task in the table is always admitted: ``admission.admit``.)
             if task is not None and task.state is TaskState.RUNNING:
@@ -80,7 +77,7 @@ def apply_events(engine: Engine, events: Iterable[Event], result: StepResult) ->
         if ending:
             _finish_running(engine, ending, result)
             ending = []
-        if event.__class__ is TaskSubmitted and event.count is None:
+        if type(event) is TaskSubmitted and event.count is None:
             # (Admission of a submission reads the task table, the requests and the tree, not
             # what ``_queue_more`` does later: the queues, verdicts and ledgers.)
             try:
@@ -194,7 +191,7 @@ def _finish_running(engine: Engine, ending: list[tuple[Task, float]], result: St
     the tenant's ledger, task by task in their order (the float operations of one at a time).
     They go to ``result.finished``."""
     first = ending[0][0]
-    row = engine.registry.row[first.node]
+    row = engine.registry.row[cast(str, first.node)]  # (running: on a node)
     subtract_each_floored(engine.registry.storage_used[row], [task.demand_values for task, _ in ending])
     engine.reservations.node_changed(row)
     # (the parts below are apart: each takes the run in turn)
@@ -310,11 +307,12 @@ def _start_run(engine: Engine, decisions: list[Decision], first: int, requests: 
     node = registry.nodes[row]
     problem = _placement_problem(engine, task, node, row)
     capacity = registry.storage_capacity[row].tolist()
-    used = _added_within(registry.storage_used[row].tolist(), task.demand_values, capacity)
-    if problem is None and used is None:
+    within = _added_within(registry.storage_used[row].tolist(), task.demand_values, capacity)
+    if problem is None and within is None:
         problem = f"over-commits node {node.id} with {task.id}"
-    if problem is not None:
+    if problem is not None or within is None:
         raise PolicyViolation(f"{decision.policy} {problem}")
+    used = within
     following: list[str] = []
     if decision.count > 1:  # a run given as one decision: its tasks, as listed, or none
         used = _listed_run(engine, decision, task, request, row, used, capacity, following)
@@ -343,7 +341,7 @@ def _start_run(engine: Engine, decisions: list[Decision], first: int, requests: 
     for each, entry in zip(started, entries):
         each.running_entry = entry
     if decision.count > 1:
-        requests.append(request.id)
+        requests.append(None if request is None else request.id)  # (a run of several is of a request)
         return first + 1
     requests.extend([None if request is None else request.id] * len(started))
     return first + len(started)

@@ -90,8 +90,8 @@ class Verdicts:
         return np.maximum(pending, 0.0, out=pending)
 
 
-def allowed(constraints: Constraints, registry: Nodes, rows: Iterable[int]) -> np.ndarray:
-    """Per node row of ``rows``: do ``constraints`` allow it?"""
+def allowed(constraints: Constraints, registry: Nodes, rows: np.ndarray | range) -> np.ndarray:
+    """Per node row of ``rows`` (an array of rows, or a range): do ``constraints`` allow it?"""
     ids, labels = registry.ids, registry.labels
     return np.array([constraints.allows(ids[r], labels[r]) for r in rows], dtype=bool)
 

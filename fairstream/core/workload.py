@@ -14,7 +14,7 @@ the tenants waiting with each shape (candidate selection), the tasks running on 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, cast
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from fairstream.core.snapshot import PendingQueue
 class Workload:
     """Tasks, requests, finished ids, the tenants' pending queues and the task shapes."""
 
-    def __init__(self, n_resources: int, finished_retention: float) -> None:
+    def __init__(self, n_resources: int = 0, finished_retention: float = 3600.0) -> None:
         self.tasks: dict[str, Task] = {}  # pending and running tasks
         self.requests: dict[str, Task] = {}  # requests with tasks still pending, by request id
         # Finished tasks are forgotten but for their ids, kept ``finished_retention`` seconds of
@@ -111,7 +111,7 @@ class Workload:
         """Task ``task_id`` of a pending request ended (killed or failed) before it ran: the
         request holds one task less. Returns (the request, the task as one of its own, whether
         the request is now empty and forgotten)."""
-        request, k = self.in_request(task_id)
+        request, k = cast("tuple[Task, int]", self.in_request(task_id))  # (admitted: it is in one)
         self.finished_ids[task_id] = time
         if k == request.index:
             self.advance_request(request)
@@ -203,7 +203,9 @@ class Workload:
     def in_request(self, task: str) -> tuple[Task, int] | None:
         """The pending request that holds ``task`` (``<request>-<k>``, not yet placed) and k."""
         found = split_task_id(task) if self.requests else None
-        request = self.requests.get(found[0]) if found is not None else None
+        if found is None:
+            return None
+        request = self.requests.get(found[0])
         if request is None:
             return None
         k = found[1]
@@ -289,7 +291,7 @@ class Workload:
         if self._running_on is None:
             index: dict[int, dict[str, Task]] = {}
             for task in self.running():
-                index.setdefault(node_row[task.node], {})[task.id] = task
+                index.setdefault(node_row[cast(str, task.node)], {})[task.id] = task
             self._running_on = index
         return self._running_on
 
@@ -299,7 +301,7 @@ class Workload:
             index: dict[tuple[str, str], dict[int, int]] = {}
             for task in self.running():
                 rows = index.setdefault((task.tenant, task.job), {})
-                row = node_row[task.node]
+                row = node_row[cast(str, task.node)]
                 rows[row] = rows.get(row, 0) + 1
             self._job_rows = index
         return self._job_rows

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources as package_files
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import jsonschema
 
@@ -87,7 +87,7 @@ class Scenario:
     resources: ResourceSpace
     tree: TenantTree
     nodes: list[NodeSpec]
-    tasks: list[TaskSpec]
+    tasks: Iterable[TaskSpec]  # a list, or a workload read as a run reaches it (a trace loader's: ``Simulator.run``)
     events: list[NodeEventSpec] = field(default_factory=list)
     name: str = "scenario"
 

@@ -16,9 +16,9 @@ import itertools
 import math
 import operator
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, cast
 
-from fairstream import policies
+from fairstream import policies  # type: ignore[attr-defined]  # (installed from policies/: mypy does not follow)
 from fairstream.core.engine import Engine, StepResult
 from fairstream.sim.metrics import MetricsRecorder, job_statistics
 from fairstream.core.model import (
@@ -29,11 +29,15 @@ from fairstream.core.model import (
     NodeLost,
     TaskCompleted,
     TaskSubmitted,
+    Event,
     TenantsChanged,
     event_time,
 )
 from fairstream.core.tenants import specs_from_json
 from fairstream.sim.scenario import Scenario, TaskSpec, spec_of_task
+
+if TYPE_CHECKING:
+    from fairstream.core.explain import Explanation
 
 # Order of event kinds within one instant (all are applied before the pass anyway).
 _COMPLETE, _NODE, _SUBMIT, _WAKE = 0, 1, 2, 3
@@ -119,8 +123,9 @@ class SimResult:
             "task_placements": self.task_placements,
             "makespan": (max(finishes) - min(submits)) if finishes else None,
             "utilisation": self.metrics.utilisation(),
-            "sharing_benefit": sum(max(r - 1, 0) for r in degrees.values()),
-            "sharing_loss": sum(min(r - 1, 0) for r in degrees.values()),
+            # (floats, 0.0 too: compiled, ``max(x, 0)`` is a float either way; from source, an int 0)
+            "sharing_benefit": sum(max(r - 1, 0.0) for r in degrees.values()),
+            "sharing_loss": sum(min(r - 1, 0.0) for r in degrees.values()),
             "soft_fairness": self.metrics.soft_fairness_summary(),
             "preemptions": sum(self.metrics.preemptions.values()),
             "work_lost": sum(self.metrics.work_lost.values()),
@@ -176,7 +181,7 @@ class Simulator:
         self.on_decision = on_decision
         self.on_step = on_step
         self.explain_at = explain_at
-        self.explanation = None
+        self.explanation: Explanation | None = None
 
     def run(self) -> SimResult:
         scenario, engine = self.scenario, self.engine
@@ -213,10 +218,11 @@ class Simulator:
         for node in scenario.nodes:
             push(0.0, _NODE, NodeHeartbeat(0.0, node.id, node.capacity, node.labels, node.weights or None))
         for ev in scenario.events:
-            if ev.type == "tenants":
-                event = TenantsChanged(ev.time, tuple(specs_from_json(ev.tenants)))
+            event: Event
+            if ev.type == "tenants":  # (each type's fields are there: ``parse_scenario`` checked)
+                event = TenantsChanged(ev.time, tuple(specs_from_json(cast(list, ev.tenants))))
             elif ev.type == "node_heartbeat":
-                event = NodeHeartbeat(ev.time, ev.node, ev.capacity, ev.labels)
+                event = NodeHeartbeat(ev.time, ev.node, cast(dict, ev.capacity), ev.labels)
             else:
                 event = NodeLost(ev.time, ev.node)
             push(ev.time, _NODE, event)
@@ -251,7 +257,7 @@ class Simulator:
             now, events = agenda.pop()
             if self.explain_at is not None and self.explanation is None and now > self.explain_at:
                 self.explanation = _explain(engine, gates, self.explain_at)
-            batch = []
+            batch: list[Event] = []
             for kind, _, payload in events:
                 if kind == _COMPLETE:  # the tasks of one placement, with their attempt numbers
                     for task_id, attempt in payload:
@@ -278,7 +284,7 @@ class Simulator:
                 recorded.append((now, batch))
             result = engine.step(now, batch)
             if result.rejected:
-                event, why = result.rejected[0]
+                _, why = result.rejected[0]
                 raise ModelError(f"event at t={now}: {why}")
             if self.on_step is not None:
                 self.on_step(engine, result)
@@ -300,7 +306,7 @@ class Simulator:
                 if decision.kind is DecisionKind.REQUEUE or decision.kind is DecisionKind.PREEMPT:
                     attempts[decision.task] += 1
                     if decision.kind is DecisionKind.PREEMPT:  # the decision says when the task started
-                        self.metrics.record_preemption(decision.tenant, now - decision.started)
+                        self.metrics.record_preemption(decision.tenant, now - cast(float, decision.started))
                     continue
                 if decision.kind is not DecisionKind.PLACE:
                     continue  # unschedulable: reported, still pending
@@ -406,7 +412,7 @@ class ReleaseGates:
         return self.held_stage.get(job, {}).pop(stage, [])
 
 
-def _explain(engine: Engine, gates: "ReleaseGates", at: float):
+def _explain(engine: Engine, gates: "ReleaseGates", at: float) -> Explanation:
     """``explain`` of the engine as it stands, with the later stages and chained jobs submitted
     by ``at`` that the run still holds back."""
     from fairstream.core.explain import HeldEntry, explain
