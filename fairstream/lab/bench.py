@@ -241,12 +241,14 @@ def _machine() -> dict:
     """What a figure was measured on: Python, whether its interpreter calls into a shared
     ``libpython`` (a build with ``--enable-shared``, pyenv's default, ran the busy workload about
     10 % slower than Debian's static one: docs/benchmarks.md, Round 12; None where it cannot be
-    told), cores, and whether passes used the compiled path (``fairstream.core.native``;
-    ``FAIRSTREAM_NATIVE=0`` measures the Python)."""
+    told), cores, whether passes used the compiled path (``fairstream.core.native``;
+    ``FAIRSTREAM_NATIVE=0`` measures the Python) and how many of the step's modules ran
+    compiled with mypyc (``fairstream.compiled``; ``FAIRSTREAM_COMPILED=0``: none)."""
+    from fairstream import compiled
     from fairstream.core import native
 
     return {"python": platform.python_version(), "python_shared_library": _shared_libpython(),
-            "cpus": os.cpu_count(), "compiled_path": native.enabled()}
+            "cpus": os.cpu_count(), "compiled_path": native.enabled(), "compiled_modules": len(compiled.active())}
 
 
 def _shared_libpython(maps: Path = Path("/proc/self/maps")) -> bool | None:

@@ -51,7 +51,8 @@ MAY_IMPORT = {
                 "fairstream.sim.scenario", "fairstream.collector"),
     "producers": ("fairstream.core.model", "fairstream.wire", "fairstream.sim"),
     "fairstream/lab": ("fairstream.core", "fairstream.policies", "fairstream.sim", "fairstream.wire", "fairstream.state",
-                       "fairstream.producers", "fairstream.streams.config", "fairstream.collector"),
+                       "fairstream.producers", "fairstream.streams.config", "fairstream.collector",
+                       "fairstream.compiled"),
     "fairstream/schemas": (),
 }
 PACKAGE_OF_FOLDER = {"fairstream/core": "fairstream.core", "policies": "fairstream.policies",
