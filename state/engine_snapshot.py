@@ -105,7 +105,7 @@ def _rebuild_engine(obj: Engine) -> None:
 
 
 def _rebuild_workload(obj: Workload) -> None:
-    obj._waiting = obj._holders = obj._running_on = obj._job_rows = obj.last_demand = None
+    obj._waiting = obj._holders = obj._running_on = obj._job_rows = obj.last_demand = obj._finish_time = None
 
 
 def _rebuild_reservations(obj: Reservations) -> None:
@@ -150,7 +150,7 @@ CLASSES: tuple[_Class, ...] = (
                    "jobs verdicts changes reservations shares_stale",
            derived="_snapshots", rebuild=_rebuild_engine),  # the snapshot builder's tenant view, made again on use
     _Class(Workload, "tasks requests finished_ids finished_retention pending seq shapes shape_demands",
-           derived="_waiting _holders _running_on _job_rows last_demand", rebuild=_rebuild_workload),  # indexes, made again on use; a cache
+           derived="_waiting _holders _running_on _job_rows last_demand _finish_time", rebuild=_rebuild_workload),  # indexes, made again on use; a cache
     _Class(Verdicts, "unschedulable to_check nodes_changed by_shape"),
     _Class(Changes, "grown touched passed fresh"),
     _Class(Reservations, "held", derived="_backfill", rebuild=_rebuild_reservations),  # the reserved task's start
