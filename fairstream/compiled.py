@@ -157,7 +157,10 @@ def build() -> str:
     stamp = _stamp()
     if importlib.util.find_spec("mypyc") is None:
         raise RuntimeError("mypyc is not installed (pip install -e '.[compile]')")
-    shutil.rmtree(BUILD, ignore_errors=True)
+    # Made aside and put in place at the end: a process starting meanwhile finds the old build
+    # whole (stale, so not served) or the new one whole, never half of one.
+    staging, old = BUILD.with_name(BUILD.name + ".new"), BUILD.with_name(BUILD.name + ".old")
+    shutil.rmtree(staging, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix="fairstream-mypyc-") as work:
         # mypyc builds in and below the directory it runs in (its setup.py, the C sources,
         # the extensions at their modules' paths): a scratch one, not the repository, whose
@@ -176,16 +179,20 @@ def build() -> str:
         libraries = [p for p in Path(work).glob(f"*__mypyc{suffix}")]
         if len(libraries) != 1:
             raise RuntimeError(f"mypyc built {len(libraries)} shared libraries, not one")
-        BUILD.mkdir(parents=True, exist_ok=True)
         files = {}
         for path in MODULES:
             built = Path(work) / (path.removesuffix(".py") + suffix)
             target = Path(path).parent / built.name
-            (BUILD / target).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(built, BUILD / target)
+            (staging / target).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(built, staging / target)
             files[path] = str(target)
-        shutil.copy2(libraries[0], BUILD / libraries[0].name)
+        shutil.copy2(libraries[0], staging / libraries[0].name)
     library = libraries[0].name.removesuffix(suffix)
     manifest = {"stamp": stamp, "files": files, "library": library, "library_file": libraries[0].name}
-    (BUILD / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    shutil.rmtree(old, ignore_errors=True)
+    if BUILD.exists():
+        BUILD.rename(old)
+    staging.rename(BUILD)
+    shutil.rmtree(old, ignore_errors=True)
     return f"compiled {len(MODULES)} modules into {BUILD}"
