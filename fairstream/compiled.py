@@ -3,18 +3,18 @@ when built from exactly those sources.
 
 The modules listed in ``MODULES`` are plain, type-annotated Python; mypyc compiles them to one
 C extension (``scripts/compile.py``, which ``scripts/bootstrap.sh`` runs after each install: a
-second run with the same sources does nothing). The build goes to
-``build/compiled/`` beside the package, never next to the sources, with a manifest of each
-source's SHA-256. At ``import fairstream``, ``install`` puts a finder first on
+second run with the same sources does nothing). The build goes to ``build/compiled/`` beside
+the package, never next to the sources, with a manifest of each source's SHA-256. At ``import fairstream``, ``install`` puts a finder first on
 ``sys.meta_path`` that serves the compiled modules, but only if every listed source is the one
 they were compiled from: one edited source turns all of them off (compiled modules call each
 other directly, so one stale module could not be left out alone), and the sources run as
 written. Without a C compiler or mypy, nothing is built and everything runs from source.
 
-The sources stay the reference: ``tests/core/test_compiled.py`` runs a workload in a process
-with the compiled modules and in one without, and requires the same decisions and metrics.
-``FAIRSTREAM_COMPILED=0`` in the environment turns them off (as ``FAIRSTREAM_NATIVE=0`` turns
-off the Rust pass, ``core/native.py``). docs/architecture.md, "The compiled paths".
+The sources stay the reference: ``tests/core/test_compiled.py`` runs seven workloads in a
+process with the compiled modules and in one without, and requires the same decisions, metrics
+and summary, byte for byte. ``FAIRSTREAM_COMPILED=0`` in the environment turns them off (as
+``FAIRSTREAM_NATIVE=0`` turns off the Rust pass, ``core/native.py``). docs/architecture.md,
+"The compiled modules".
 """
 
 from __future__ import annotations
