@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, cast
 
 import numpy as np
 
@@ -39,8 +39,9 @@ class Nodes:
     def __deepcopy__(self, memo: dict) -> "Nodes":
         # The view holds read-only label mappings, which cannot be copied: the copy makes its own.
         twin = memo[id(self)] = Nodes.__new__(Nodes)
-        for name in _FIELDS:
-            setattr(twin, name, None if name == "_view" else copy.deepcopy(getattr(self, name), memo))
+        fields = cast(dict, self.__getstate__())  # (its fields; compiled, it has no __dict__)
+        for name, value in fields.items():
+            setattr(twin, name, None if name == "_view" else copy.deepcopy(value, memo))
         return twin
 
     def __len__(self) -> int:
@@ -141,8 +142,3 @@ class Nodes:
         self.storage_alive[row] = False
         self.lost += 1
         return True
-
-
-# What a ``Nodes`` holds, as ``__init__`` sets it (``__deepcopy__`` copies each: compiled, the
-# class has no ``__dict__``).
-_FIELDS = ("nodes", "row", "storage_capacity", "storage_used", "storage_alive", "ids", "labels", "_view", "lost")

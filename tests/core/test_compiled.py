@@ -46,6 +46,7 @@ def test_the_compiled_modules_are_served_only_when_built_from_the_sources_as_the
         monkeypatch, tmp_path, change, why):
     monkeypatch.setattr(compiled, "BUILD", tmp_path)
     monkeypatch.setattr(compiled, "_active", ())
+    monkeypatch.setattr(compiled, "_why_not", compiled._why_not)
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     before = list(sys.meta_path)
     _manifest(tmp_path, change(compiled._stamp()))
@@ -61,6 +62,7 @@ def test_the_compiled_modules_are_served_only_when_built_from_the_sources_as_the
 def test_without_a_build_everything_runs_from_source(monkeypatch, tmp_path):
     monkeypatch.setattr(compiled, "BUILD", tmp_path / "nothing")
     monkeypatch.setattr(compiled, "_active", ())
+    monkeypatch.setattr(compiled, "_why_not", compiled._why_not)
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     compiled.install()
     assert compiled.active() == () and "not built" in compiled.why_not()
