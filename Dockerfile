@@ -7,6 +7,7 @@ COPY policies policies
 COPY state state
 COPY streams streams
 COPY producers producers
+COPY kube kube
 # The compiled pass's sources: this image has no Rust toolchain, so the install goes on without
 # it and every pass runs in Python (fairstream/core/native.py).
 COPY native/Cargo.toml native/Cargo.lock native/
@@ -14,6 +15,7 @@ COPY native/src native/src
 COPY examples examples
 COPY tests/data tests/data
 # Without the lab extra (plots, progress bars, FLEX training): the worker and the agents never
-# import it; `simulate --no-plots` runs here.
-RUN pip install --no-cache-dir .
+# import it; `simulate --no-plots` runs here. With the kubernetes extra: the same image runs
+# the Kubernetes connector (deploy/kubernetes/).
+RUN pip install --no-cache-dir ".[kubernetes]"
 ENTRYPOINT ["fairstream"]

@@ -575,6 +575,37 @@ def cmd_emulate(args) -> int:
     return 0 if not report.over_committed and report.completed == scenario.task_count else 1
 
 
+def cmd_kubernetes(args) -> int:
+    try:
+        from fairstream.kube.connector import ConnectorConfig, run
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in ("lightkube", "httpx2"):
+            raise
+        raise ModelError("kubernetes needs lightkube, which comes with fairstream's kubernetes extra: "
+                         "pip install 'fairstream[kubernetes]'") from None
+    from fairstream.wire.topics import Topics
+
+    if args.kubeconfig and not Path(args.kubeconfig).is_file():
+        raise ModelError(f"--kubeconfig {args.kubeconfig}: no such file")
+    resources = tuple(r.strip() for r in args.resources.split(",") if r.strip())
+    selector = {}
+    for pair in filter(None, (p.strip() for p in args.node_selector.split(","))):
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            raise ModelError(f"--node-selector {args.node_selector}: give key=value pairs, comma-separated")
+        selector[key] = value
+    if not resources:
+        raise ModelError("--resources: give at least one resource (cpu,mem)")
+    run(ConnectorConfig(
+        cluster=args.cluster, broker=args.broker, topics=Topics().with_prefix(args.topic_prefix),
+        kubeconfig=args.kubeconfig, context=args.context, resources=resources, node_selector=selector,
+        scheduler_name=args.scheduler_name, queue_label=args.queue_label,
+        heartbeat_interval=args.heartbeat_interval, lost_after=args.node_lost_after,
+        worker_url=args.worker_url or None, explain_interval=args.explain_interval, explain_rate=args.explain_rate,
+        group=args.group))
+    return 0
+
+
 DRILLS = ("poison", "oversize", "far-future", "kill-9", "redis-empty", "redis-older", "planted-snapshot", "kafka-restart")
 
 
@@ -853,6 +884,36 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--data-dir", default=None,
                         help="Faust's local directory (default: <tmp>/fairstream-faust/<app-id>; no state of ours is kept there)")
     worker.set_defaults(func=cmd_worker)
+
+    kube = sub.add_parser("kubernetes", help="schedule a Kubernetes cluster: its nodes and pods to the worker's "
+                                             "topics, its decisions to Bindings and Evictions (docs/kubernetes.md)")
+    kube.add_argument("--cluster", default="default", help="the cluster's id on the topics (the worker's cluster)")
+    kube.add_argument("--kubeconfig", default=None, help="a kubeconfig file (default: the pod's ServiceAccount in a "
+                                                         "cluster, else $KUBECONFIG or ~/.kube/config)")
+    kube.add_argument("--context", default=None, help="the kubeconfig's context (default: its current one)")
+    kube.add_argument("--scheduler-name", default="fairstream", help="pods whose spec.schedulerName is this are ours")
+    kube.add_argument("--node-selector", default="", help="only nodes with these labels (key=value,...; default: "
+                                                           "every node)")
+    kube.add_argument("--queue-label", default="kueue.x-k8s.io/queue-name",
+                      help="the pod label that names its tenant (default Kueue's; without it: the namespace)")
+    kube.add_argument("--resources", default="cpu,mem", help="the worker's --resources: cpu (cores), mem (memory, "
+                                                             "MiB) and extended resources by name (nvidia.com/gpu)")
+    kube.add_argument("--broker", default=env_broker)
+    kube.add_argument("--topic-prefix", default="")
+    kube.add_argument("--heartbeat-interval", type=positive_seconds, default=10.0,
+                      help="seconds between heartbeats of every node (they move the worker's clock)")
+    kube.add_argument("--node-lost-after", type=positive_seconds, default=300.0,
+                      help="seconds a node may be NotReady before it is lost and its pods deleted (Kubernetes' "
+                           "default toleration of not-ready is 300 s); a deleted node is lost at once")
+    kube.add_argument("--worker-url", default="http://127.0.0.1:9464",
+                      help="the worker's HTTP endpoint, to read why pods wait ('' : do not)")
+    kube.add_argument("--explain-interval", type=positive_seconds, default=5.0,
+                      help="seconds between reads of why pods wait")
+    kube.add_argument("--explain-rate", type=positive_seconds, default=20.0,
+                      help="most condition and Event writes a second")
+    kube.add_argument("--group", default=None, help="the decisions' consumer group (default "
+                                                    "fairstream-kubernetes.<cluster>)")
+    kube.set_defaults(func=cmd_kubernetes)
 
     publish = sub.add_parser("publish", help="send JSON events from stdin (one per line) to a topic")
     publish.add_argument("--topic", required=True)

@@ -98,6 +98,10 @@ class Publisher:
             message["weights"] = weights
         await self.send(self.topics.heartbeats, message)
 
+    async def node_lost(self, cluster: str, node: str, time: float) -> None:
+        """The node is gone (deleted, down for good): its running tasks are requeued at once."""
+        await self.send(self.topics.heartbeats, {"cluster": cluster, "node": node, "time": time, "lost": True})
+
     async def configure(self, cluster: str, tenants: list[dict[str, Any]], time: float | None = None) -> None:
         """A new tenant tree for ``cluster`` (``tenants``: the whole tree, as a scenario file's),
         applied at ``time`` or, without it, at the cluster's clock when the worker reads it."""

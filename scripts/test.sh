@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test suite on a fresh machine: install, start Kafka and Redis, run pytest.
+# The test suite on a fresh machine: install, start Kafka and Redis and a Kubernetes control
+# plane, run pytest.
 # Extra arguments go to pytest. `scripts/services.sh stop` stops the services afterwards.
 # pytest's exit code 5 ("no tests collected") is a failure here, not a pass.
 set -uo pipefail
@@ -7,6 +8,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/bootstrap.sh" || exit 1
 # Real Kafka (KRaft) and Redis for the worker's tests: installed and started if not running.
 bash "$root/scripts/services.sh" start || exit 1
+# A real Kubernetes control plane for the connector's tests (etcd, kube-apiserver, kwok): built
+# with `go` into a cache outside the checkout the first time (about 7.5 minutes), then started.
+bash "$root/scripts/kube.sh" start || exit 1
 cd "$root"
 "$root/.venv/bin/python" -m pytest "$@"
 status=$?

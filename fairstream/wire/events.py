@@ -5,7 +5,8 @@ Input topics carry JSON objects (schemas in ``fairstream/schemas/*.schema.json``
 - ``tasks.submitted``: ``{"cluster", "task", "job", "tenant", "demand", "time", "constraints"?, "count"?}``
   (with ``count``: a request of that many tasks ``<task>-0`` ... ``<task>-<count - 1>``)
 - ``tasks.completed``: ``{"cluster", "task", "time", "status"}``
-- ``nodes.heartbeats``: ``{"cluster", "node", "time", "capacity", "labels"?, "weights"?}``
+- ``nodes.heartbeats``: ``{"cluster", "node", "time", "capacity", "labels"?, "weights"?}``, or
+  ``{"cluster", "node", "time", "lost": true}``: the node is gone (``NodeLost``)
 - ``tenants.config``: ``{"cluster", "time"?, "tenants": [{"id", "parent"?, "weight"?, "min_share"?,
   "max_share"?}]}``: the cluster's whole tenant tree from then on (``TenantsChanged``)
 
@@ -238,6 +239,8 @@ def _event(kind: str, doc: Any) -> tuple[str, Event]:
                                       None if estimate is None else float(estimate))
     if kind == COMPLETED:
         return cluster, TaskCompleted(time, doc["task"], CompletionStatus(doc.get("status", "succeeded")))
+    if doc.get("lost") is True:
+        return cluster, NodeLost(time, doc["node"])
     return cluster, NodeHeartbeat(time, doc["node"], doc["capacity"], doc.get("labels"), doc.get("weights"))
 
 

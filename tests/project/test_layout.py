@@ -52,13 +52,15 @@ MAY_IMPORT = {
     "producers": ("fairstream.core.model", "fairstream.wire", "fairstream.sim"),
     "fairstream/lab": ("fairstream.core", "fairstream.policies", "fairstream.sim", "fairstream.wire", "fairstream.state",
                        "fairstream.producers", "fairstream.streams.config", "fairstream.collector",
-                       "fairstream.compiled"),
+                       "fairstream.compiled", "fairstream.kube"),
     "fairstream/schemas": (),
+    "kube": ("fairstream.wire", "fairstream.producers.client"),
 }
 PACKAGE_OF_FOLDER = {"fairstream/core": "fairstream.core", "policies": "fairstream.policies",
                      "fairstream/wire": "fairstream.wire", "fairstream/sim": "fairstream.sim", "state": "fairstream.state",
                      "streams": "fairstream.streams", "producers": "fairstream.producers",
-                     "fairstream/lab": "fairstream.lab", "fairstream/schemas": "fairstream.schemas"}
+                     "fairstream/lab": "fairstream.lab", "fairstream/schemas": "fairstream.schemas",
+                     "kube": "fairstream.kube"}
 
 
 def runtime_imports(path: Path) -> set[str]:

@@ -58,6 +58,12 @@ BAD_INPUTS = [
                  "constraints.max_per_node: 0 is less than the minimum of 1", id="a max_per_node of no tasks"),
     pytest.param("submitted", {**task("m", time=2), "constraints": {"max_per_node": "1"}}, None,
                  "constraints.max_per_node: '1' is not of type 'integer'", id="a max_per_node that is not a number"),
+    pytest.param("heartbeat", {"cluster": "c1", "node": "ghost", "time": 2, "lost": True}, None, "node 'ghost': unknown node",
+                 id="a node lost that was never heard of"),
+    pytest.param("heartbeat", {"cluster": "c1", "node": "n1", "time": 2, "lost": True, "capacity": {"mem": 1}}, None,
+                 "False schema does not allow", id="a node lost that also brings a capacity"),
+    pytest.param("heartbeat", {"cluster": "c1", "node": "n1", "time": 2, "lost": False, "capacity": {"mem": 1}}, None,
+                 "lost: True was expected", id="lost other than true"),
 ]
 
 
@@ -330,3 +336,20 @@ def test_a_silent_node_is_lost_its_tasks_requeued_and_nothing_placed_there():
     kinds = [(d["task"], d["kind"], d["node"]) for d in wire.decisions()]
     assert ("t1", "requeue", "n1") in kinds
     assert ("t2", "place", "n2") in kinds and not any(k == "place" and n == "n1" for t, k, n in kinds[1:])
+
+
+def test_a_node_said_lost_has_its_tasks_requeued_at_once_and_a_heartbeat_brings_it_back():
+    # The heartbeat topic's {"lost": true} (an agent that knows a node is gone: the Kubernetes
+    # connector, for a deleted node) does at once what --node-timeout does to a silent node.
+    wire = Wire()
+
+    async def scenario():
+        p = processor(wire=wire)
+        await p.handle([wire.msg("heartbeat", heartbeat("n1", 0)), wire.msg("submitted", task("t1", time=0, mem=4))])
+        await p.handle([wire.msg("heartbeat", {"cluster": "c1", "node": "n1", "time": 1, "lost": True})])
+        await p.handle([wire.msg("submitted", task("t2", time=2, mem=1))])
+        await p.handle([wire.msg("heartbeat", heartbeat("n1", 3))])
+
+    run(scenario())
+    assert [(d["task"], d["kind"], d["node"], d["time"]) for d in wire.decisions()] == [
+        ("t1", "place", "n1", 0), ("t1", "requeue", "n1", 1), ("t1", "place", "n1", 3), ("t2", "place", "n1", 3)]
