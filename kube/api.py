@@ -167,10 +167,10 @@ class KubeApi:
                 return False
             raise
 
-    async def explain(self, pod: PodRef, reason: str, message: str, warning: bool, scheduled: bool = False) -> None:
-        """The pod's ``PodScheduled`` condition (False with ``reason`` and ``message``; unless
-        ``scheduled``) and an Event, as kube-scheduler does: ``kubectl describe pod`` shows both."""
-        if not scheduled:
+    async def explain(self, pod: PodRef, reason: str, message: str, warning: bool, condition: bool = True) -> None:
+        """The pod's ``PodScheduled`` condition (False with ``reason`` and ``message``, if
+        ``condition``) and an Event, as kube-scheduler does: ``kubectl describe pod`` shows both."""
+        if condition:
             patch = {"status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": reason,
                                                 "message": message, "lastTransitionTime": _now()}]}}
             try:

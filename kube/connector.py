@@ -181,7 +181,7 @@ class Connector:
                 self._take([Explain(call.pod, "EvictionRefused",
                                     "fairstream preempts this pod for a tenant below its fair share; a "
                                     "PodDisruptionBudget refuses the eviction now: it runs on, and the "
-                                    "eviction is tried again", warning=True)])
+                                    "eviction is tried again", warning=True, condition=False)])
             await asyncio.sleep(next(waits))
 
     def _spawn(self, coroutine) -> None:
@@ -299,11 +299,11 @@ class Connector:
                 uid = next(iter(self.explanations))
                 note = self.explanations.pop(uid)
                 view = self.mirror.pods.get(uid)
-                if view is None or (view.node is not None and note.reason != "EvictionRefused"):
-                    continue  # (gone, or bound meanwhile: nothing to say)
+                if view is None or (view.node is not None and note.condition):
+                    continue  # (gone, or bound meanwhile: no longer waiting)
                 try:
                     await self._retrying("explain", lambda: self.api.explain(note.pod, note.reason, note.message,
-                                                                             note.warning))
+                                                                             note.warning, note.condition))
                 except Exception as exc:
                     log.warning("kubernetes.explain_failed", pod=str(note.pod), error=f"{type(exc).__name__}: {exc}")
                 await asyncio.sleep(gap)

@@ -95,12 +95,14 @@ class DeletePod:
 @dataclass(frozen=True)
 class Explain:
     """``PodScheduled=False`` with ``reason`` and ``message`` on the pod, and an Event of the
-    same (``warning``: a Warning Event, else Normal)."""
+    same (``warning``: a Warning Event, else Normal); without ``condition``, the Event alone (a
+    note about a pod that may run: an estimate ignored, an eviction refused)."""
 
     pod: PodRef
     reason: str
     message: str
     warning: bool = False
+    condition: bool = True
 
 
 Action = Publish | Bind | Evict | DeletePod | Explain
@@ -251,7 +253,7 @@ class ClusterMirror:
             return self._explain(view, "Unsupported", f"fairstream cannot schedule this pod: {exc}", warning=True)
         view.submitted = True
         out: list[Action] = [Publish(SUBMITTED, made.message)]
-        out += [Explain(view.ref, "InvalidEstimate", warning, warning=True) for warning in made.warnings]
+        out += [Explain(view.ref, "InvalidEstimate", warning, warning=True, condition=False) for warning in made.warnings]
         return out
 
     def _ended(self, view: PodView, status: str, time: float) -> list[Action]:

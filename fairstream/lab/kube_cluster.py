@@ -161,7 +161,10 @@ def pod_manifest(namespace: str, name: str, scheduler: str, cpu: str = "1", memo
         notes[RUN_TIME_ANNOTATION] = f"{run_seconds}s"
     spec: dict[str, Any] = {"schedulerName": scheduler, "terminationGracePeriodSeconds": 0,
                             "containers": [{"name": "work", "image": "registry.k8s.io/pause:3.10",
-                                            "resources": {"requests": requests}}]}
+                                            "resources": {"requests": requests,
+                                                          # (extended resources are not overcommitted:
+                                                          # their limit is their request)
+                                                          "limits": dict(extra or {})}}]}
     if node_selector:
         spec["nodeSelector"] = node_selector
     return {"apiVersion": "v1", "kind": "Pod",

@@ -150,7 +150,150 @@ def test_bound_pods_follow_the_fair_share_of_queues_weighted_2_to_1(setup, clust
     wait_until(lambda: len(order.order) >= 12, 60, "12 pods bound")
     first = order.order[:12]
     assert sum(name.startswith("a-") for name in first) == 8, first
+    # A pod that waits says why where Kubernetes users look (PodScheduled=False, and an Event):
+    # the worker's explanation of its place in line.
+    said = wait_until(lambda: waiting_reason(test, "b-17"), 30, "b-17 to say why it waits")
+    print(said)
+    assert said["reason"] == "Waiting" and said["message"].startswith("fairstream: "), said
     # Every pod runs and ends; none is bound twice (a pod can be bound once) nor lost.
     wait_until(lambda: all(phase(p) == "Succeeded" for p in test.pods().values()) and len(test.pods()) == 36,
                120, "every pod Succeeded")
     assert len(order.order) == 36
+
+
+def waiting_reason(test, name):
+    pod = test.cluster.pod(test.namespace, name)
+    condition = pod and scheduled_condition(pod)
+    return condition if condition and condition.get("status") == "False" else None
+
+
+@pytest.mark.parametrize("policy, late_queue_first", [("drf", 2), ("ltrf", 4)],
+                         ids=["drf forgets: the late queue gets half of the freed room",
+                              "ltrf pays the late queue back: all the freed room"])
+def test_under_ltrf_a_queue_that_arrived_late_is_paid_back(setup, cluster, policy, late_queue_first):
+    # A small Table 1 (LTRF paper): one node of 4 cores. b has it alone (4 pods of 6 s); 3 s in,
+    # a arrives with 4 pods and b sends 4 more (each 1 core, 3 s). When b's first pods end at
+    # about 6 s, 4 cores free up. drf, memoryless, splits them 2:2 between the equal queues;
+    # ltrf orders by accumulated usage (b about 4 x 6 = 24 core-s, a 0; quantum 1 s charges a
+    # 1 core-s per pod placed), so all 4 go to a.
+    test = setup(1, policy=policy, worker_args=("--param", "resource=cpu", "--param", "quantum=1")
+                 if policy == "ltrf" else ())
+    order = BindOrder(cluster, test.namespace)
+    test.start()
+    for k in range(4):
+        test.pod(f"b-early-{k}", run_seconds=6, labels={"kueue.x-k8s.io/queue-name": "b"})
+    wait_until(lambda: len(order.order) == 4, 30, "b's first pods bound")
+    time.sleep(3)  # (usage accumulates: b's share of the past)
+    for k in range(4):
+        test.pod(f"a-{k}", run_seconds=3, labels={"kueue.x-k8s.io/queue-name": "a"})
+        test.pod(f"b-late-{k}", run_seconds=3, labels={"kueue.x-k8s.io/queue-name": "b"})
+    wait_until(lambda: len(order.order) >= 8, 60, "the freed room given")
+    contended = order.order[4:8]
+    assert sum(name.startswith("a-") for name in contended) == late_queue_first, order.order
+    wait_until(lambda: all(phase(p) == "Succeeded" for p in test.pods().values()), 60, "every pod Succeeded")
+
+
+def test_preemption_evicts_for_a_starved_queue_and_honours_a_pod_disruption_budget(setup, cluster):
+    # One node of 4 cores; a runs 4 long pods. b (equal weight) sends 2: after the preemption
+    # timeout (2 s) b is starved below its fair share (2 of 4 cores), so the worker preempts 2 of
+    # a's pods, the youngest. A PodDisruptionBudget covering a's pods refuses the evictions:
+    # they run on, and b's pods wait for their room (held, not bound onto a full node), saying
+    # so. With the budget gone, the evictions go through and b's pods are bound.
+    from lightkube.resources.policy_v1 import PodDisruptionBudget
+
+    test = setup(1, worker_args=("--param", "preemption=on", "--param", "preemption_timeout=2"))
+    test.start()
+    for k in range(4):
+        test.pod(f"a-{k}", run_seconds=600, labels={"kueue.x-k8s.io/queue-name": "a", "app": "a"})
+    wait_until(lambda: sum(bool(bound_node(p)) for p in test.pods().values()) == 4, 30, "a's pods bound")
+    cluster.client.create(PodDisruptionBudget.from_dict({
+        "metadata": {"name": "a-budget", "namespace": test.namespace},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "a"}}}}))
+    for k in range(2):
+        test.pod(f"b-{k}", run_seconds=600, labels={"kueue.x-k8s.io/queue-name": "b"})
+    wait_until(lambda: '"event": "kubernetes.eviction_refused"' in test.connector_log.read_text(), 60,
+               "an eviction refused by the budget")
+    time.sleep(3)  # (the evictions are tried again meanwhile: still refused)
+    pods = test.pods()
+    assert all(phase(pods[f"a-{k}"]) == "Running" for k in range(4))
+    assert not any(bound_node(pods[f"b-{k}"]) for k in range(2))
+    held = wait_until(lambda: waiting_reason(test, "b-0"), 30, "b-0 to say why it waits")
+    assert held["reason"] == "WaitingForRoom", held
+    refused = [e for k in range(4) for e in cluster.events(test.namespace, f"a-{k}") if e["reason"] == "EvictionRefused"]
+    assert len(refused) == 2, refused  # the two youngest, preempted
+    cluster.client.delete(PodDisruptionBudget, "a-budget", namespace=test.namespace)
+    wait_until(lambda: all(bound_node(test.pods().get(f"b-{k}") or {}) for k in range(2)), 90, "b's pods bound")
+    pods = test.pods()
+    assert sum(phase(pods.get(f"a-{k}")) == "Running" for k in range(4)) == 2
+
+
+def test_node_selectors_are_kept_and_a_pod_no_node_can_hold_says_so(setup, cluster):
+    # Two nodes of 4 cores, one labelled disk=ssd. Four pods that need disk=ssd all go there, the
+    # other node empty as it is; a pod of 64 cores, one that needs gpu=yes (no such node), and one
+    # asking for a resource the worker does not schedule each wait and say why.
+    test = setup(2)
+    cluster.client.patch(__import__("lightkube.resources.core_v1", fromlist=["Node"]).Node, test.node_names[1],
+                         {"metadata": {"labels": {"disk": "ssd"}}})
+    test.start()
+    for k in range(4):
+        test.pod(f"ssd-{k}", run_seconds=600, node_selector={"disk": "ssd"})
+    test.pod("huge", cpu="64")
+    test.pod("gpu", node_selector={"gpu": "yes"})
+    test.pod("fpga", extra={"example.com/fpga": "1"})
+    test.pod("estimated", run_seconds=600, annotations={"fairstream.dev/estimate": "soon"})
+    wait_until(lambda: sum(bool(bound_node(p)) for p in test.pods().values()) == 5, 30, "the ssd pods bound")
+    pods = test.pods()
+    assert {bound_node(pods[f"ssd-{k}"]) for k in range(4)} == {test.node_names[1]}
+    for name, reason, words in [("huge", "Unschedulable", "large enough"), ("gpu", "Unschedulable", "gpu"),
+                                ("fpga", "Unsupported", "example.com/fpga")]:
+        said = wait_until(lambda: waiting_reason(test, name), 30, f"{name} to say why it waits")
+        assert said["reason"] == reason and words in said["message"], said
+        assert any(e["reason"] == reason for e in cluster.events(test.namespace, name))
+    assert bound_node(pods["estimated"]), "a bad estimate is a warning, not a reason to wait"
+    assert any(e["reason"] == "InvalidEstimate" and e["type"] == "Warning"
+               for e in cluster.events(test.namespace, "estimated"))
+
+
+def test_kill_9_of_the_connector_and_of_the_worker_mid_run_binds_every_pod_once(setup, cluster):
+    # 40 pods of 2 s on two nodes of 4 cores (8 at a time): kill -9 the connector after 8 are
+    # bound, start it again; kill -9 the worker after 16, start it again. Every pod is bound once
+    # (a pod can be bound once: the second Binding of a restart finds it bound to the same node)
+    # and runs to the end; the worker placed each task once (decisions republished after its
+    # restart keep their ids).
+    test = setup(2)
+    order = BindOrder(cluster, test.namespace)
+    for k in range(40):
+        test.pod(f"p-{k:02}", run_seconds=2, labels={"kueue.x-k8s.io/queue-name": "ab"[k % 2]})
+    test.start()
+    wait_until(lambda: len(order.order) >= 8, 60, "8 pods bound")
+    test.connector.send_signal(signal.SIGKILL)
+    test.connector.wait()
+    test.start_connector()
+    wait_until(lambda: len(order.order) >= 16, 60, "16 pods bound")
+    test.worker.kill9()
+    test.worker.start()
+    wait_until(lambda: all(phase(p) == "Succeeded" for p in test.pods().values()), 180, "every pod Succeeded")
+    assert sorted(order.order) == sorted(test.pods()) and len(order.order) == 40
+    assert "bound_elsewhere" not in test.logs()
+
+
+def test_a_node_deleted_is_lost_and_its_pods_are_requeued_as_the_engine_does(setup, cluster):
+    # Two nodes of 4 cores, 6 long pods: 4 fill one node, 2 the other (drf's order). n0 is
+    # deleted: the connector says it is lost, the worker requeues the tasks that ran there, and
+    # the connector deletes their pods (as Kubernetes' pod garbage collector does for a node
+    # that is gone); their controller, if any, would make new ones. The other node's run on.
+    test = setup(2)
+    for k in range(6):
+        test.pod(f"p-{k}", run_seconds=600)
+    test.start()
+    wait_until(lambda: sum(bool(bound_node(p)) for p in test.pods().values()) == 6, 30, "6 pods bound")
+    on = {}
+    for name, pod in test.pods().items():
+        on.setdefault(bound_node(pod), set()).add(name)
+    lost = test.node_names[0]
+    assert on.get(lost), on
+    cluster.delete_nodes([lost])
+    wait_until(lambda: not (on[lost] & set(test.pods())), 30, f"the pods of {lost} deleted")
+    assert set(test.pods()) == on.get(test.node_names[1], set())
+    assert all(phase(p) == "Running" for p in test.pods().values())
+    assert test.logs().count('"event": "kubernetes.deleted"') == len(on[lost])
