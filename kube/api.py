@@ -28,6 +28,7 @@ from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.types import PatchType
 
 from fairstream.kube.mirror import PodRef
+from fairstream.kube.translate import FINALIZER
 
 COMPONENT = "fairstream"
 
@@ -143,6 +144,23 @@ class KubeApi:
                 if now.spec.nodeName == node:
                     return BindResult.ALREADY_BOUND
                 return BindResult.BOUND_ELSEWHERE if now.spec.nodeName else BindResult.GONE
+            raise
+
+    async def finalizer(self, pod: PodRef, add: bool) -> bool:
+        """Puts our finalizer on the pod, or takes it off; False if the pod is gone (or is
+        another of the same name)."""
+        meta: dict[str, Any] = {"uid": pod.uid}
+        if add:
+            meta["finalizers"] = [FINALIZER]
+        else:
+            meta["$deleteFromPrimitiveList/finalizers"] = [FINALIZER]
+        try:
+            await self._call(self.client.patch(Pod, pod.name, {"metadata": meta}, namespace=pod.namespace,
+                                               patch_type=PatchType.STRATEGIC))
+            return True
+        except ApiError as exc:
+            if exc.status.code in (404, 409, 422):  # gone; or a new pod of that name (its uid differs)
+                return False
             raise
 
     async def evict(self, pod: PodRef) -> EvictResult:

@@ -40,6 +40,7 @@ from fairstream.kube.mirror import (
     DeletePod,
     Evict,
     Explain,
+    Finalize,
     Publish,
 )
 from fairstream.kube.translate import DEFAULT_SCHEDULER, QUEUE_LABEL
@@ -150,6 +151,13 @@ class Connector:
                     self.mirror.bind_failed(call.pod.uid, call.node)
                     log.warning("kubernetes.bind_not_made", pod=str(call.pod), node=call.node,
                                 decision=call.decision, why=result.value)
+            elif isinstance(call, Finalize):
+                present = await self._retrying("finalizer", lambda: self.api.finalizer(call.pod, call.add))
+                view = self.mirror.pods.get(call.pod.uid)
+                if view is not None:
+                    view.finalizing = False
+                if present and call.then is not None:
+                    self._take([call.then])  # (sent by apply's flush after the calls)
             elif isinstance(call, Evict):
                 self._spawn(self._evict(call))
             elif isinstance(call, DeletePod):
@@ -159,6 +167,8 @@ class Connector:
             self.stats["api_errors"] += 1
             log.error("kubernetes.api_error", call=type(call).__name__, pod=str(call.pod),
                       error=f"{type(exc).__name__}: {exc}")
+            if isinstance(call, Finalize) and call.pod.uid in self.mirror.pods:
+                self.mirror.pods[call.pod.uid].finalizing = False
 
     async def _evict(self, call: Evict) -> None:
         """Evicts, and while a PodDisruptionBudget refuses, tries again (as ``kubectl drain``

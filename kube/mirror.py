@@ -41,6 +41,7 @@ from typing import Any, Mapping
 
 from fairstream.kube.translate import (
     DEFAULT_SCHEDULER,
+    FINALIZER,
     QUEUE_LABEL,
     Untranslatable,
     capacity_of,
@@ -81,6 +82,16 @@ class Bind:
 
 
 @dataclass(frozen=True)
+class Finalize:
+    """Puts our finalizer on the pod (``add``), then sends ``then``; or takes it off (after the
+    completion before it in the same actions is sent)."""
+
+    pod: PodRef
+    add: bool
+    then: Publish | None = None
+
+
+@dataclass(frozen=True)
 class Evict:
     pod: PodRef
     decision: str
@@ -105,7 +116,7 @@ class Explain:
     condition: bool = True
 
 
-Action = Publish | Bind | Evict | DeletePod | Explain
+Action = Publish | Bind | Evict | DeletePod | Explain | Finalize
 
 
 @dataclass
@@ -114,10 +125,18 @@ class PodView:
     task: str
     ours: bool
     demand: tuple[float, ...]  # in the worker's units, every resource the mirror counts
-    node: str | None = None  # the node it occupies: bound there, or being bound (assumed)
-    submitted: bool = False
-    ended: bool = False  # its completion is published (or, not ours, it stopped counting)
+    node: str | None = None  # the node it takes room on: bound there, or being bound (assumed)
+    submitted: bool = False  # submitted by this connector (since it started)
+    known: bool = False  # the worker knows its task: submitted, seen running, or it has our finalizer
+    completed: bool = False  # its completion is sent (or needs none)
+    left: bool = False  # it ended or is gone: it takes no room
     deleting: bool = False
+    finalizer: bool = False  # our finalizer is on it (as last seen)
+    finalizing: bool = False  # a call to put it on is made
+
+    @property
+    def ended(self) -> bool:
+        return self.completed or self.left
 
 
 @dataclass
@@ -209,22 +228,33 @@ class ClusterMirror:
                 self.by_task[view.task] = uid
         out: list[Action] = []
         view.deleting = meta.get("deletionTimestamp") is not None
+        view.finalizer = FINALIZER in (meta.get("finalizers") or ())
+        terminal = pod_terminal(pod)
         node = spec.get("nodeName")
-        if node and view.node is None and not view.ended:
+        if view.ours and (view.finalizer or (node and not terminal)):
+            view.known = True  # (the finalizer is on before the submission goes: see _submit)
+        if node and view.node is None and not terminal and not view.left:
             self._occupy(view, node)
-        if pod_terminal(pod):
-            out += self._ended(view, "failed" if pod["status"]["phase"] == "Failed" else "succeeded", time)
-            return out
-        if view.ours and not node and not view.submitted and not view.deleting:
+        if terminal:
+            status = "failed" if pod["status"]["phase"] == "Failed" else "succeeded"
+            out += self._complete(view, status, time)
+            out += self._leave(view, time)
+        elif view.deleting:
+            out += self._complete(view, "killed", time)
+        elif view.ours and not node and not view.submitted:
             out += self._submit(pod, view, time)
+        elif view.ours and not view.finalizer and not view.finalizing:
+            view.finalizing = True  # (a pod of ours without it, bound before: it gets one too)
+            out.append(Finalize(view.ref, add=True))
         return out
 
     def pod_gone(self, pod: Mapping[str, Any], time: float) -> list[Action]:
-        """A pod deleted: a running or waiting task of ours ends as ``killed``."""
+        """A pod deleted: a running or waiting task of ours ends as ``killed``; its room is free."""
         view = self.pods.pop(pod["metadata"]["uid"], None)
         if view is None:
             return []
-        out = self._ended(view, "killed", time)
+        view.finalizer = False  # (nothing to take off a pod that is gone)
+        out = self._complete(view, "killed", time) + self._leave(view, time)
         if view.ours:
             self.by_task.pop(view.task, None)
         self.explained.pop(view.ref.uid, None)
@@ -244,6 +274,10 @@ class ClusterMirror:
         return out
 
     def _submit(self, pod: Mapping[str, Any], view: PodView, time: float) -> list[Action]:
+        """The pod's submission, sent once its finalizer is on (``Finalize(then=...)``): a pod
+        deleted while the connector is down then waits for it to say so to the worker. A pod
+        that had the finalizer already (the connector restarted) is submitted again: the worker
+        refuses what it knows as a duplicate, and learns what it does not."""
         try:
             made = submission(pod, self.cluster, time, self.resources, self.queue_label)
         except Untranslatable as exc:
@@ -251,25 +285,38 @@ class ClusterMirror:
                 return []
             self.counts.untranslatable += 1
             return self._explain(view, "Unsupported", f"fairstream cannot schedule this pod: {exc}", warning=True)
-        view.submitted = True
-        out: list[Action] = [Publish(SUBMITTED, made.message)]
+        view.submitted = view.known = True
+        out: list[Action] = []
+        if view.finalizer:
+            out.append(Publish(SUBMITTED, made.message))
+        else:
+            view.finalizing = True
+            out.append(Finalize(view.ref, add=True, then=Publish(SUBMITTED, made.message)))
         out += [Explain(view.ref, "InvalidEstimate", warning, warning=True, condition=False) for warning in made.warnings]
         return out
 
-    def _ended(self, view: PodView, status: str, time: float) -> list[Action]:
-        if view.ended:
+    def _complete(self, view: PodView, status: str, time: float) -> list[Action]:
+        """The task's completion, once, if the worker knows it; then the finalizer comes off
+        (the connector makes that call after the completion is sent)."""
+        if view.completed or not view.ours:
             return []
-        view.ended = True
+        view.completed = True
         out: list[Action] = []
-        ran = view.node is not None
-        if ran:
-            node, view.node = view.node, None
-            self._change(node, view, -1)
-            out += self._retry_held(node, time)
-        if view.ours and (view.submitted or ran):
-            out.insert(0, Publish(COMPLETED, {"cluster": self.cluster, "task": view.task, "time": time,
-                                              "status": status}))
+        if view.known:
+            out.append(Publish(COMPLETED, {"cluster": self.cluster, "task": view.task, "time": time, "status": status}))
+        if view.finalizer:
+            out.append(Finalize(view.ref, add=False))
         return out
+
+    def _leave(self, view: PodView, time: float) -> list[Action]:
+        """The pod stops taking room on its node (it ended, or is gone): placements held there
+        may go."""
+        view.left = True
+        if view.node is None:
+            return []
+        node, view.node = view.node, None
+        self._change(node, view, -1)
+        return self._retry_held(node, time)
 
     def _occupy(self, view: PodView, node: str) -> None:
         view.node = node

@@ -32,6 +32,9 @@ JOB_LABEL = "fairstream.dev/job"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 ESTIMATE_ANNOTATION = "fairstream.dev/estimate"  # expected run time: seconds, or "90s", "1h30m"
 DEFAULT_SCHEDULER = "fairstream"
+# On every pod of ours until its completion is sent: a pod deleted while the connector is down
+# stays (Terminating) until the connector is back to say so (Kueue's pod integration does the same).
+FINALIZER = "fairstream.dev/completion"
 
 # Kubernetes resource name -> the worker's; and the factor from the API's base unit.
 WORKER_NAME = {"memory": "mem"}

@@ -5,7 +5,7 @@
 #   run time in its annotation pod-complete.stage.kwok.x-k8s.io/delay); kube-scheduler 1.37.2
 #   is built too, for `fairstream bench kubernetes` to compare with, and kubectl, for the README's
 #   commands as a user runs them.
-# Usage: scripts/kube.sh build|start|stop|status|kubeconfig
+# Usage: scripts/kube.sh build|start|stop|stop-apiserver|status|kubeconfig|bin
 #   build       builds the five binaries with `go` from scripts/kube/go.mod into a cache outside
 #               the checkout (FAIRSTREAM_KUBE_CACHE, default ~/.cache/fairstream/kube/<versions>):
 #               about 7.5 minutes and 2.5 GB of memory on 2 cores the first time, nothing after.
@@ -168,9 +168,10 @@ case "${1:-}" in
     start_kwok
     ;;
   stop) stop_one kwok; stop_one apiserver; stop_one etcd ;;
+  stop-apiserver) stop_one apiserver ;;  # (a drill: the API server away; `start` brings it back, etcd's data kept)
   status)
     for name in etcd apiserver kwok; do alive "$dir/$name.pid" && echo "$name: up" || echo "$name: down"; done ;;
   kubeconfig) echo "$dir/admin.kubeconfig" ;;
   bin) echo "$bin" ;;
-  *) echo "usage: $0 build|start|stop|status|kubeconfig|bin" >&2; exit 2 ;;
+  *) echo "usage: $0 build|start|stop|stop-apiserver|status|kubeconfig|bin" >&2; exit 2 ;;
 esac

@@ -107,9 +107,13 @@ class Cluster:
         """Its pods first, at once (no kubelet of a deleted node would ever confirm them)."""
         from lightkube import ApiError
         from lightkube.resources.core_v1 import Namespace, Pod
+        from lightkube.types import PatchType
 
         for pod in self.client.list(Pod, namespace=name):
             try:
+                if pod.metadata.finalizers:  # (the connector's, with no connector left to take it off)
+                    self.client.patch(Pod, pod.metadata.name, {"metadata": {"finalizers": None}}, namespace=name,
+                                      patch_type=PatchType.MERGE)
                 self.client.delete(Pod, pod.metadata.name, namespace=name, grace_period=0)
             except ApiError:
                 pass

@@ -3,16 +3,24 @@ and decision asks of it."""
 
 import pytest
 
-from fairstream.kube.mirror import Bind, ClusterMirror, DeletePod, Evict, Explain, Publish
+from fairstream.kube.mirror import Bind, ClusterMirror, DeletePod, Evict, Explain, Finalize, Publish
+from fairstream.kube.translate import FINALIZER
 from kube_builders import node, pod
 
 
 def messages(actions, kind=None):
-    return [a.message for a in actions if isinstance(a, Publish) and (kind is None or a.kind == kind)]
+    """The messages the actions send (a submission sent once its pod has our finalizer too)."""
+    sent = [a.then if isinstance(a, Finalize) else a for a in actions]
+    return [a.message for a in sent if isinstance(a, Publish) and (kind is None or a.kind == kind)]
 
 
 def calls(actions):
-    return [a for a in actions if not isinstance(a, Publish)]
+    return [a for a in actions if not isinstance(a, (Publish, Finalize))]
+
+
+def with_finalizer(made):
+    made["metadata"]["finalizers"] = [FINALIZER]
+    return made
 
 
 def mirror_with_nodes(*names, **allocatable):
@@ -67,8 +75,45 @@ def test_a_pod_deleted_is_completed_as_killed(bound):
 
 def test_a_bound_pod_listed_at_start_counts_as_running_not_as_waiting():
     mirror = mirror_with_nodes("n1")
-    assert mirror.pods_listed([pod("a", node="n1", phase="Running")], 1.0) == []
+    assert messages(mirror.pods_listed([with_finalizer(pod("a", node="n1", phase="Running"))], 1.0)) == []
     assert mirror.used["n1"] == [1.0, 0.0]
+
+
+def test_a_submission_is_sent_once_the_pod_has_our_finalizer_and_again_after_a_restart():
+    # The finalizer first: a pod deleted while the connector is down then stays (Terminating)
+    # until the connector is back and says so. A restarted connector submits the waiting pods
+    # with the finalizer again (the worker refuses what it knows as a duplicate).
+    mirror = mirror_with_nodes("n1")
+    made = pod("a", uid="aaaaaaaa-1")
+    [first] = mirror.pod_seen(made, 1.0)
+    assert isinstance(first, Finalize) and first.add and first.then.message["task"] == "default/a/aaaaaaaa"
+    restarted = mirror_with_nodes("n1")
+    assert [a.kind for a in restarted.pod_seen(with_finalizer(made), 2.0)] == ["submitted"]
+
+
+@pytest.mark.parametrize("finalizer, sent", [(True, ["succeeded"]), (False, [])],
+                         ids=["with our finalizer: its completion was not sent yet",
+                              "without: it was (the finalizer comes off after)"])
+def test_a_pod_that_ended_while_the_connector_was_down(finalizer, sent):
+    mirror = mirror_with_nodes("n1")
+    made = pod("a", node="n1", phase="Succeeded")
+    actions = mirror.pods_listed([with_finalizer(made) if finalizer else made], 5.0)
+    assert [m["status"] for m in messages(actions)] == sent
+    assert [a.add for a in actions if isinstance(a, Finalize)] == ([False] if finalizer else [])
+
+
+def test_a_pod_being_deleted_is_completed_at_once_but_keeps_its_room_until_it_is_gone():
+    mirror = mirror_with_nodes("n1")
+    running = with_finalizer(pod("v", uid="vvvvvvvv-1", node="n1", phase="Running", cpu="4"))
+    mirror.pod_seen(running, 0.0)
+    mirror.pod_seen(pod("w", uid="wwwwwwww-1", cpu="1"), 0.0)
+    deleting = {**running, "metadata": {**running["metadata"], "deletionTimestamp": "2026-11-29T00:00:00Z"}}
+    actions = mirror.pod_seen(deleting, 1.0)
+    assert [m["status"] for m in messages(actions)] == ["killed"]
+    assert [a.add for a in actions if isinstance(a, Finalize)] == [False]  # (after the completion is sent)
+    held = mirror.decision(place("default/w/wwwwwwww", "n1"), 1.5)
+    assert [a.reason for a in held] == ["WaitingForRoom"]  # held, not bound: v is still terminating
+    assert calls(mirror.pod_gone(deleting, 2.0)) == [Bind(mirror.pods["wwwwwwww-1"].ref, "n1", "d1")]
 
 
 def test_a_list_without_a_known_pod_says_it_is_gone():

@@ -297,3 +297,50 @@ def test_a_node_deleted_is_lost_and_its_pods_are_requeued_as_the_engine_does(set
     assert set(test.pods()) == on.get(test.node_names[1], set())
     assert all(phase(p) == "Running" for p in test.pods().values())
     assert test.logs().count('"event": "kubernetes.deleted"') == len(on[lost])
+
+
+def test_a_pod_deleted_while_the_connector_is_down_is_withdrawn_when_it_is_back(setup, cluster):
+    # One node of 1 core: p0 runs, p1 waits. The connector is killed; p1 is deleted meanwhile.
+    # Our finalizer keeps p1 (Terminating) until the connector is back, sends its completion
+    # ('killed': the worker withdraws the waiting task) and takes the finalizer off.
+    import urllib.request
+
+    test = setup(1, cpu="1")
+    test.start()
+    test.pod("p0", run_seconds=600)
+    test.pod("p1", run_seconds=600)
+    wait_until(lambda: waiting_reason(test, "p1"), 30, "p1 to wait")
+    test.connector.send_signal(signal.SIGKILL)
+    test.connector.wait()
+    from lightkube.resources.core_v1 import Pod
+
+    cluster.client.delete(Pod, "p1", namespace=test.namespace)
+    time.sleep(1)
+    assert test.cluster.pod(test.namespace, "p1")["metadata"].get("deletionTimestamp")  # kept: Terminating
+    test.start_connector()
+    wait_until(lambda: test.cluster.pod(test.namespace, "p1") is None, 30, "p1 gone")
+    url = f"http://127.0.0.1:{test.worker.metrics_port}/v1/clusters/c{test.id}/pending"
+
+    def nothing_waits():
+        return json.load(urllib.request.urlopen(url, timeout=5))["entries_total"] == 0
+
+    wait_until(nothing_waits, 30, "the worker to have nothing waiting")
+
+
+def test_an_api_server_away_for_a_while_is_waited_for(setup, cluster):
+    # The API server stops (scripts/kube.sh stop-apiserver) and comes back (start): the
+    # connector logs that its watches broke and lists again; pods made afterwards are bound.
+    test = setup(1)
+    test.start()
+    test.pod("before", run_seconds=600)
+    wait_until(lambda: bound_node(test.pods()["before"]), 30, "the first pod bound")
+    subprocess.run(["bash", str(ROOT / "scripts" / "kube.sh"), "stop-apiserver"], check=True, capture_output=True)
+    try:
+        wait_until(lambda: '"event": "kubernetes.watch_broken"' in test.connector_log.read_text(), 30,
+                   "the connector to see the API server go")
+        time.sleep(5)
+        assert test.connector.poll() is None, test.logs()
+    finally:
+        subprocess.run(["bash", str(ROOT / "scripts" / "kube.sh"), "start"], check=True, capture_output=True)
+    test.pod("after", run_seconds=600)
+    wait_until(lambda: bound_node(test.pods().get("after") or {}), 60, "a pod made afterwards bound")
