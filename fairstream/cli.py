@@ -662,6 +662,14 @@ def cmd_generate(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.target == "kubernetes":
+        from fairstream.lab.bench_kubernetes import bench_kubernetes
+
+        print(json.dumps(bench_kubernetes(nodes=args.kube_nodes, pods=args.kube_pods, rate=args.kube_rate,
+                                          rate_seconds=args.kube_rate_seconds, fair_pods=args.kube_fair_pods,
+                                          schedulers=tuple(args.schedulers.split(",")),
+                                          kube_scheduler_qps=args.kube_scheduler_qps)))
+        return 0
     if args.target == "stream":
         from fairstream.lab.bench_stream import bench_stream
 
@@ -1018,8 +1026,21 @@ def build_parser() -> argparse.ArgumentParser:
                     "          input events and engine steps per second, peak memory, per policy in a\n"
                     "          fresh process\n"
                     "  stream  the worker on a real Kafka and Redis (scripts/services.sh): events per second\n"
-                    "          and decision latency at --rate for --duration")
-    bench.add_argument("target", choices=["engine", "stream", "day", "e2e"])
+                    "          and decision latency at --rate for --duration\n"
+                    "  kubernetes  fairstream (worker and connector) beside kube-scheduler on a real control\n"
+                    "          plane (scripts/kube.sh) with --kube-nodes kwok nodes: pods bound per second and\n"
+                    "          creation-to-binding latency for --kube-pods at once and at --kube-rate a second,\n"
+                    "          and the share each of two queues (2:1) holds when they ask for more than fits")
+    bench.add_argument("target", choices=["engine", "stream", "day", "e2e", "kubernetes"])
+    bench.add_argument("--kube-nodes", type=positive_int, default=1000, help="kubernetes: kwok nodes of 32 cores")
+    bench.add_argument("--kube-pods", type=positive_int, default=10000, help="kubernetes: pods of the burst")
+    bench.add_argument("--kube-rate", type=float, default=100.0, help="kubernetes: pods made a second (rate phase)")
+    bench.add_argument("--kube-rate-seconds", type=float, default=30.0, help="kubernetes: seconds of the rate phase")
+    bench.add_argument("--kube-fair-pods", type=int, default=None,
+                       help="kubernetes: pods of 16 cores in the fairness phase (default 3 x --kube-nodes)")
+    bench.add_argument("--schedulers", default="fairstream,kube-scheduler", help="kubernetes: which to measure")
+    bench.add_argument("--kube-scheduler-qps", type=float, default=None,
+                       help="kubernetes: kube-scheduler's API queries a second (default: its own, 50)")
     bench.add_argument("--durations", choices=["per-task", "per-job"], default="per-task",
                        help="e2e: one run time per task (jobs submitted task by task) or per job (one request each)")
     bench.add_argument("--no-time-check", action="store_true",

@@ -266,8 +266,13 @@ def node_ready(node: Mapping[str, Any]) -> bool:
 
 
 def node_open(node: Mapping[str, Any]) -> bool:
-    """Whether new pods may go to the node: Ready and not cordoned."""
-    return node_ready(node) and not (node.get("spec") or {}).get("unschedulable", False)
+    """Whether new pods may go to the node: Ready, not cordoned, and without a ``NoSchedule`` or
+    ``NoExecute`` taint (the worker cannot weigh tolerations, so no pod of ours goes to a
+    tainted node: a control-plane node, one being drained)."""
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable", False) or not node_ready(node):
+        return False
+    return not any(taint.get("effect") in ("NoSchedule", "NoExecute") for taint in spec.get("taints") or [])
 
 
 def pod_terminal(pod: Mapping[str, Any]) -> bool:

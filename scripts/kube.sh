@@ -11,8 +11,9 @@
 #               about 7.5 minutes and 2.5 GB of memory on 2 cores the first time, nothing after.
 #   start       builds if needed, then starts what is not running: a throw-away CA and serving
 #               certificate, a static admin token (and the connector's: a ServiceAccount's name,
-#               so the RBAC of deploy/kubernetes/ is what it gets), RBAC on, the ServiceAccount
-#               admission plugin off (no controller manager makes their tokens).
+#               so the RBAC of deploy/kubernetes/ is what it gets), RBAC on; with no controller
+#               manager, the admission plugins ServiceAccount (nothing makes their tokens) and
+#               TaintNodesByCondition (nothing would take the not-ready taint off a new node) off.
 #   kubeconfig  prints the admin kubeconfig's path (.services/kube/admin.kubeconfig).
 # Ports: FAIRSTREAM_ETCD_PORT (23790; peer +1), FAIRSTREAM_APISERVER_PORT (16443). State, logs
 # and pids in .services/kube/ (git-ignored); etcd's data is thrown away at each start.
@@ -115,7 +116,7 @@ TOK
     --token-auth-file "$dir/tokens.csv" --authorization-mode RBAC \
     --service-account-key-file "$dir/pki/sa.pub" --service-account-signing-key-file "$dir/pki/sa.key" \
     --service-account-issuer https://kubernetes.default.svc --service-cluster-ip-range 10.96.0.0/16 \
-    --disable-admission-plugins ServiceAccount --enable-priority-and-fairness=false --endpoint-reconciler-type none \
+    --disable-admission-plugins ServiceAccount,TaintNodesByCondition --enable-priority-and-fairness=false --endpoint-reconciler-type none \
     --max-requests-inflight 2000 --max-mutating-requests-inflight 1000 \
     --cert-dir "$dir/pki" >"$dir/apiserver.log" 2>&1 &
   echo $! >"$dir/apiserver.pid"

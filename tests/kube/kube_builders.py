@@ -37,8 +37,11 @@ def pod(name: str, namespace: str = "default", uid: str | None = None, labels: d
 
 
 def node(name: str, ready: bool = True, unschedulable: bool = False, labels: dict | None = None,
-         **allocatable: str) -> dict[str, Any]:
+         taints: list | None = None, **allocatable: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {"unschedulable": True} if unschedulable else {}
+    if taints:
+        spec["taints"] = taints
     return {"metadata": {"name": name, "labels": labels or {}},
-            "spec": {"unschedulable": True} if unschedulable else {},
+            "spec": spec,
             "status": {"allocatable": allocatable or {"cpu": "4", "memory": "8Gi"},
                        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}

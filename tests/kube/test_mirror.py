@@ -179,10 +179,13 @@ def test_a_requeue_deletes_the_pod_and_unschedulable_says_why_on_it():
 @pytest.mark.parametrize("change, expected", [
     (dict(unschedulable=True), {"cpu": 0.0, "mem": 0.0}),
     (dict(ready=False), {"cpu": 0.0, "mem": 0.0}),
-], ids=["cordoned: no room for anything new", "NotReady: the same, until lost"])
+    (dict(taints=[{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]), {"cpu": 0.0, "mem": 0.0}),
+    (dict(taints=[{"key": "spot", "effect": "PreferNoSchedule"}]), {"cpu": 4.0, "mem": 8192.0}),
+], ids=["cordoned: no room for anything new", "NotReady: the same, until lost",
+        "tainted NoSchedule: the same (tolerations are not weighed)", "PreferNoSchedule: open"])
 def test_a_closed_node_has_no_room_and_what_runs_there_stays(change, expected):
     mirror = mirror_with_nodes("n1")
-    [beat] = messages(mirror.node_seen(node("n1", **change), 5.0))
+    [beat] = messages(mirror.node_seen(node("n1", **change), 5.0)) or [{"capacity": {"cpu": 4.0, "mem": 8192.0}}]
     assert beat["capacity"] == expected and "lost" not in beat
 
 

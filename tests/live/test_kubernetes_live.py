@@ -128,11 +128,14 @@ class BindOrder:
         self.seen: set[str] = set()
 
         def watch():
-            for _, pod in cluster.client.watch(Pod, namespace=namespace):
-                name = pod.metadata.name
-                if pod.spec.nodeName and name not in self.seen:
-                    self.seen.add(name)
-                    self.order.append(name)
+            try:
+                for _, pod in cluster.client.watch(Pod, namespace=namespace):
+                    name = pod.metadata.name
+                    if pod.spec.nodeName and name not in self.seen:
+                        self.seen.add(name)
+                        self.order.append(name)
+            except Exception:  # (the API server restarted, or the test is over: nothing more to see)
+                return
 
         threading.Thread(target=watch, daemon=True).start()
 
