@@ -596,13 +596,25 @@ def cmd_kubernetes(args) -> int:
         selector[key] = value
     if not resources:
         raise ModelError("--resources: give at least one resource (cpu,mem)")
-    run(ConnectorConfig(
+    import yaml
+    from lightkube import ApiError, ConfigError
+
+    config = ConnectorConfig(
         cluster=args.cluster, broker=args.broker, topics=Topics().with_prefix(args.topic_prefix),
         kubeconfig=args.kubeconfig, context=args.context, resources=resources, node_selector=selector,
         scheduler_name=args.scheduler_name, queue_label=args.queue_label,
         heartbeat_interval=args.heartbeat_interval, lost_after=args.node_lost_after,
         worker_url=args.worker_url or None, explain_interval=args.explain_interval, explain_rate=args.explain_rate,
-        group=args.group))
+        group=args.group)
+    try:
+        run(config)
+    except ApiError as exc:
+        hint = (" (check the kubeconfig's credentials, and that the ClusterRole of deploy/kubernetes/rbac.yaml is "
+                "bound to them)" if exc.status.code in (401, 403) else "")
+        raise ModelError(f"the Kubernetes API server refused: {exc.status.message or exc}{hint}") from None
+    except (ConfigError, yaml.YAMLError, KeyError) as exc:
+        where = args.kubeconfig or "the kubeconfig ($KUBECONFIG, ~/.kube/config or the pod's ServiceAccount)"
+        raise ModelError(f"{where}: not a usable kubeconfig ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
     return 0
 
 

@@ -347,3 +347,50 @@ def test_an_api_server_away_for_a_while_is_waited_for(setup, cluster):
         subprocess.run(["bash", str(ROOT / "scripts" / "kube.sh"), "start"], check=True, capture_output=True)
     test.pod("after", run_seconds=600)
     wait_until(lambda: bound_node(test.pods().get("after") or {}), 60, "a pod made afterwards bound")
+
+
+NEEDED = [("get", "nodes", ""), ("list", "nodes", ""), ("watch", "nodes", ""), ("get", "pods", ""),
+          ("list", "pods", ""), ("watch", "pods", ""), ("patch", "pods", ""), ("delete", "pods", ""),
+          ("create", "pods", "binding"), ("create", "pods", "eviction"), ("patch", "pods", "status"),
+          ("create", "events", "")]
+NOT_NEEDED = [("create", "pods", ""), ("update", "pods", ""), ("update", "pods", "status"), ("delete", "nodes", ""),
+              ("patch", "nodes", ""), ("get", "secrets", ""), ("list", "configmaps", ""), ("delete", "events", ""),
+              ("create", "poddisruptionbudgets", "")]
+
+
+def test_the_deploy_manifests_pass_a_server_side_dry_run_and_the_role_grants_exactly_what_the_connector_does(cluster):
+    # Every manifest of deploy/kubernetes/ applied with a server-side dry run: the API server
+    # validates and admits each as it would apply it (schema, defaults, RBAC escalation rules).
+    from lightkube.resources.authorization_v1 import SubjectAccessReview
+
+    applied = [obj for name in sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
+               for obj in cluster.apply_file(name, dry_run=True)]
+    kinds = sorted(f"{type(obj).__name__}/{obj.metadata.name}" for obj in applied)
+    assert kinds == ["ClusterRole/fairstream-connector", "ClusterRoleBinding/fairstream-connector",
+                     "Deployment/fairstream-connector", "Deployment/fairstream-worker", "Namespace/fairstream",
+                     "Service/fairstream-worker", "ServiceAccount/fairstream-connector"]
+    # The live tests above run the connector as this ServiceAccount (scripts/kube.sh's token):
+    # what it needs is granted, so they pass; here, that nothing else is.
+
+    def allowed(verb, resource, subresource):
+        review = SubjectAccessReview.from_dict({"spec": {
+            "user": "system:serviceaccount:fairstream:fairstream-connector",
+            "groups": ["system:serviceaccounts", "system:serviceaccounts:fairstream", "system:authenticated"],
+            "resourceAttributes": {"verb": verb, "resource": resource, "subresource": subresource,
+                                   "namespace": "default" if resource != "nodes" else ""}}})
+        return cluster.client.create(review).status.allowed
+
+    assert [n for n in NEEDED if not allowed(*n)] == []
+    assert [n for n in NOT_NEEDED if allowed(*n)] == []
+
+
+def test_credentials_the_api_server_refuses_are_one_line(cluster, tmp_path):
+    bad = tmp_path / "bad.kubeconfig"
+    bad.write_text(cluster.plane.connector_kubeconfig.read_text().replace("fairstream-test-connector-token", "wrong"))
+    done = subprocess.run([sys.executable, "-m", "fairstream.cli", "kubernetes", "--kubeconfig", str(bad),
+                           "--broker", BROKER, "--topic-prefix", f"k{uuid.uuid4().hex[:8]}"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "fairstream: error: the Kubernetes API server refused: Unauthorized (check the kubeconfig's credentials, "
+        "and that the ClusterRole of deploy/kubernetes/rbac.yaml is bound to them)")

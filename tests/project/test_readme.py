@@ -100,6 +100,7 @@ BENCHMARKS = [c for b in blocks("Benchmarks") for c in commands(b)]
 
 
 STREAMING = commands(blocks("Streaming")[0])
+KUBERNETES = commands(blocks("Kubernetes")[0])
 QUERIES = commands(blocks("Seeing why")[1])  # run after the Streaming block, with it
 #: The README's two commands: CI's own script runs them as written (checked below), so the
 #: suite does not run them again (one is the suite).
@@ -114,7 +115,7 @@ def quoted_commands() -> list[str]:
 
 
 def test_every_command_the_readme_quotes_runs_as_written_in_a_test_or_in_ci():
-    run_here = {bare(c) for c in SIMULATE + POLICIES + BENCHMARKS + STREAMING + QUERIES}
+    run_here = {bare(c) for c in SIMULATE + POLICIES + BENCHMARKS + STREAMING + QUERIES + KUBERNETES}
     quoted = quoted_commands()
     unaccounted = [c for c in quoted if c not in run_here and c not in RUN_BY_CI]
     assert not unaccounted, f"README commands no test runs as written: {unaccounted}"
@@ -153,6 +154,7 @@ def test_the_readme_has_the_blocks_these_tests_run():
     # So that a reshuffled README cannot make the tests below run nothing.
     assert len(SIMULATE) >= 3 and len(POLICIES) >= 4 and len(BENCHMARKS) >= 2
     assert blocks("Scenario files", "json") and len(blocks("Streaming")) == 1
+    assert len(blocks("Kubernetes")) == 1 and len(KUBERNETES) >= 8
 
 
 @pytest.mark.slow
@@ -257,3 +259,39 @@ def test_the_streaming_example_runs_as_written_in_the_readmes_order(clean_copy):
     # SWIM jobs are requests: a decision may place several of a job's tasks, listed in tasks.
     assert len({task for d in decided for task in d.get("tasks", [d["task"]])}) == report["tasks"]
     assert {d["tenant"] for d in decided} <= {"q0", "q1", "q2", "q3"}  # examples/tenants.json's leaves
+
+
+@pytest.mark.live
+@pytest.mark.slow
+def test_the_kubernetes_example_runs_as_written_in_the_readmes_order(clean_copy):
+    # The README's Kubernetes block as a user runs it, in a clean copy, on a control plane that
+    # the copy's scripts/kube.sh starts (binaries from the cache the suite's run built) and
+    # Kafka and Redis of its own, all on ports of their own.
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", 9464)) == 0:  # the worker's default port: the connector reads it
+            pytest.fail("127.0.0.1:9464 is taken: the README's worker and connector need it")
+    [block] = blocks("Kubernetes")
+    kafka, controller, sasl, ssl, sasl_ssl, redis, apiserver, etcd = free_ports(8)
+    services = {"FAIRSTREAM_KAFKA_PORT": str(kafka), "FAIRSTREAM_KAFKA_CONTROLLER_PORT": str(controller),
+                "FAIRSTREAM_KAFKA_SASL_PORT": str(sasl), "FAIRSTREAM_KAFKA_SSL_PORT": str(ssl),
+                "FAIRSTREAM_KAFKA_SASL_SSL_PORT": str(sasl_ssl), "FAIRSTREAM_REDIS_PORT": str(redis),
+                "FAIRSTREAM_APISERVER_PORT": str(apiserver), "FAIRSTREAM_ETCD_PORT": str(etcd),
+                "TMPDIR": str(clean_copy)}
+    env = user_env(**services, FAIRSTREAM_BROKER=f"127.0.0.1:{kafka}", FAIRSTREAM_REDIS_URL=f"redis://127.0.0.1:{redis}/0")
+    out, err = clean_copy / "kubernetes.out", clean_copy / "kubernetes.err"
+    with open(out, "w") as stdout_file, open(err, "w") as stderr_file:
+        process = subprocess.Popen(["bash", "-e", "-c", "\n".join(commands(block))], cwd=clean_copy, env=env,
+                                   stdout=stdout_file, stderr=stderr_file, start_new_session=True)
+    try:
+        process.wait(timeout=900)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)  # the worker and the connector the block left running
+        for script in ("kube.sh", "services.sh"):
+            subprocess.run(["bash", f"scripts/{script}", "stop"], cwd=clean_copy, env=env, capture_output=True)
+    stdout, stderr = out.read_text(), err.read_text()
+    assert process.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr
+    # kubectl describe: the condition, and the worker's reason as an Event from fairstream.
+    assert re.search(r"PodScheduled\s+False", stdout), stdout[-3000:]
+    assert re.search(r"Waiting\s+.*fairstream\s+fairstream: ", stdout), stdout[-3000:]
+    assert stdout.count("condition met") == 1 + 12  # the wait for team-b-5's reason, then for every pod's end
