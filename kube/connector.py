@@ -115,8 +115,8 @@ class Connector:
                   COMPLETED: self.config.topics.completed}
         for kind in (HEARTBEAT, SUBMITTED, COMPLETED):
             queued, self.outbox[kind] = self.outbox[kind], []
-            for start in range(0, len(queued), 500):
-                await self.publisher.send_many(topics[kind], queued[start:start + 500])
+            if queued:
+                await self.publisher.send_many(topics[kind], queued)  # (in messages the worker takes)
 
     async def apply(self, actions: list[Action]) -> None:
         """Publishes the mirror's messages, then makes its API calls (all at once, bounded)."""

@@ -23,6 +23,7 @@ import sys
 from typing import Any, AsyncIterator
 
 from fairstream.core.model import ModelError
+from fairstream.wire.events import DEFAULT_MAX_BYTES
 from fairstream.wire.kafka import kafka_security
 from fairstream.wire.retry import waiting_for
 from fairstream.wire.topics import Topics
@@ -68,8 +69,12 @@ class Publisher:
 
     async def send_many(self, topic: str, messages: list[dict[str, Any]]) -> None:
         """Several events of one cluster in one message (a JSON array), applied in order: far
-        cheaper for the worker than as many messages (its cost is mostly per message)."""
-        await self.send_raw(topic, burst_key(messages), json.dumps(messages, separators=(",", ":")).encode())
+        cheaper for the worker than as many messages (its cost is mostly per message). A burst
+        larger than the worker takes in one message (``DEFAULT_MAX_BYTES``) goes as several, in
+        order."""
+        key = burst_key(messages)
+        for part in split_burst(messages):
+            await self.send_raw(topic, key, part)
 
     async def submit(self, cluster: str, task: str, tenant: str, demand: dict[str, float], time: float,
                      job: str | None = None, constraints: dict | None = None, count: int | None = None,
@@ -109,6 +114,24 @@ class Publisher:
         if time is not None:
             message["time"] = time
         await self.send(self.topics.config, message)
+
+
+def split_burst(messages: list[dict[str, Any]], max_bytes: int = DEFAULT_MAX_BYTES) -> list[bytes]:
+    """``messages`` as JSON arrays of at most ``max_bytes`` each, in order (one event larger
+    than that goes alone: the worker dead-letters it, saying so)."""
+    parts: list[bytes] = []
+    current: list[bytes] = []
+    size = 2  # the brackets
+    for message in messages:
+        encoded = json.dumps(message, separators=(",", ":")).encode()
+        if current and size + len(encoded) + 1 > max_bytes:
+            parts.append(b"[" + b",".join(current) + b"]")
+            current, size = [], 2
+        current.append(encoded)
+        size += len(encoded) + 1
+    if current:
+        parts.append(b"[" + b",".join(current) + b"]")
+    return parts
 
 
 def burst_key(messages: list[dict[str, Any]]) -> str:
