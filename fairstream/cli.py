@@ -605,7 +605,7 @@ def cmd_kubernetes(args) -> int:
         scheduler_name=args.scheduler_name, queue_label=args.queue_label,
         heartbeat_interval=args.heartbeat_interval, lost_after=args.node_lost_after,
         worker_url=args.worker_url or None, explain_interval=args.explain_interval, explain_rate=args.explain_rate,
-        group=args.group)
+        group=args.group, finalizer=args.finalizer)
     try:
         run(config)
     except ApiError as exc:
@@ -680,7 +680,9 @@ def cmd_bench(args) -> int:
         print(json.dumps(bench_kubernetes(nodes=args.kube_nodes, pods=args.kube_pods, rate=args.kube_rate,
                                           rate_seconds=args.kube_rate_seconds, fair_pods=args.kube_fair_pods,
                                           schedulers=tuple(args.schedulers.split(",")),
-                                          kube_scheduler_qps=args.kube_scheduler_qps)))
+                                          kube_scheduler_qps=args.kube_scheduler_qps,
+                                          phases=tuple(p for p in args.kube_phases.split(",") if p),
+                                          finalizer=not args.kube_no_finalizer)))
         return 0
     if args.target == "stream":
         from fairstream.lab.bench_stream import bench_stream
@@ -931,6 +933,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="seconds between reads of why pods wait")
     kube.add_argument("--explain-rate", type=positive_seconds, default=20.0,
                       help="most condition and Event writes a second")
+    kube.add_argument("--no-finalizer", dest="finalizer", action="store_false",
+                      help="put no finalizer on pods (one API write less a pod; a pod deleted while the connector is "
+                           "down is then never withdrawn from the worker)")
     kube.add_argument("--group", default=None, help="the decisions' consumer group (default "
                                                     "fairstream-kubernetes.<cluster>)")
     kube.set_defaults(func=cmd_kubernetes)
@@ -1051,6 +1056,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--kube-fair-pods", type=int, default=None,
                        help="kubernetes: pods of 16 cores in the fairness phase (default 3 x --kube-nodes)")
     bench.add_argument("--schedulers", default="fairstream,kube-scheduler", help="kubernetes: which to measure")
+    bench.add_argument("--kube-phases", default="burst,rate,fairness", help="kubernetes: which phases")
+    bench.add_argument("--kube-no-finalizer", action="store_true",
+                       help="kubernetes: the connector with --no-finalizer (one API write less a pod)")
     bench.add_argument("--kube-scheduler-qps", type=float, default=None,
                        help="kubernetes: kube-scheduler's API queries a second (default: its own, 50)")
     bench.add_argument("--durations", choices=["per-task", "per-job"], default="per-task",

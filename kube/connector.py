@@ -6,9 +6,9 @@ A thin loop around ``ClusterMirror`` (``kube/mirror.py``, where the rules are):
   (the API server away, a version too old) lists again, and what the list lacks is gone;
 - publishes what the mirror makes of them (submissions, completions, heartbeats), each topic's
   messages of a moment as one message (a JSON array: the worker's cost is per message);
-- sends every node's heartbeat every ``heartbeat_interval`` seconds: the worker's clock moves
-  with event time, and this keeps it moving (a preemption timeout fires while nothing else
-  happens);
+- sends a node's heartbeat every ``heartbeat_interval`` seconds (round robin; a node's change
+  goes at once): the worker's clock moves with event time, and this keeps it moving (a
+  preemption timeout fires while nothing else happens);
 - consumes the decisions topic in a consumer group of its own and carries each decision out
   (Binding, Eviction, deletion), acknowledging a decision's offset only once it is done: a
   placement held for its node's room, or a call that failed, is read again after a restart;
@@ -68,6 +68,7 @@ class ConnectorConfig:
     explain_rate: float = 20.0
     group: str | None = None  # the decisions' consumer group (default: fairstream-kubernetes.<cluster>)
     max_in_flight: int = 64  # API calls at once
+    finalizer: bool = True  # our finalizer on pods of ours (docs/kubernetes.md, "Restarts and outages")
     kafka_options: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -81,7 +82,7 @@ class Connector:
     def __init__(self, config: ConnectorConfig) -> None:
         self.config = config
         self.mirror = ClusterMirror(config.cluster, config.resources, config.scheduler_name, config.queue_label,
-                                    config.lost_after)
+                                    config.lost_after, finalizer=config.finalizer)
         self.api: KubeApi | None = None
         self.publisher = None
         self.outbox: dict[str, list[dict[str, Any]]] = {SUBMITTED: [], COMPLETED: [], HEARTBEAT: []}
@@ -270,7 +271,9 @@ class Connector:
                     if decision.get("cluster") != self.config.cluster:
                         continue
                     before = set(self.mirror.held_decisions())
+                    counted = self.mirror.counts.as_dict()
                     actions += self.mirror.decision(decision, now)
+                    _log_not_carried_out(decision, counted, self.mirror.counts.as_dict())
                     for ident in set(self.mirror.held_decisions()) - before:
                         held_at[ident] = (tp, record.offset)
             if actions:
@@ -372,6 +375,19 @@ class Connector:
                 await consumer.stop()
                 await self.api.close()
                 log.info("kubernetes.stopped", counts=self.mirror.counts.as_dict(), **self.stats)
+
+
+NOT_CARRIED_OUT = ("pod_gone", "already_bound", "bound_elsewhere", "duplicate_decisions")
+
+
+def _log_not_carried_out(decision: dict[str, Any], before: dict[str, int], after: dict[str, int]) -> None:
+    """A decision that asked for nothing to be done (its pod gone or ended, already bound, seen
+    before) is logged with why; ``kubernetes.stopped`` has the counts."""
+    for why in NOT_CARRIED_OUT:
+        if after[why] != before[why]:
+            (log.warning if why == "bound_elsewhere" else log.info)(
+                "kubernetes.decision_not_carried_out", decision=decision.get("id"), kind=decision.get("kind"),
+                task=decision.get("task"), node=decision.get("node"), why=why)
 
 
 def run(config: ConnectorConfig) -> None:

@@ -181,11 +181,13 @@ class ClusterMirror:
     """One cluster's nodes and pods as the connector knows them (see the module's docstring).
 
     ``resources``: the worker's resource names (``cpu`` in cores, ``mem`` in MiB, others in
-    their own units); ``lost_after``: seconds a node may be NotReady before it is lost."""
+    their own units); ``lost_after``: seconds a node may be NotReady before it is lost;
+    ``finalizer``: whether pods of ours get ours (see ``_submit``)."""
 
     def __init__(self, cluster: str, resources: tuple[str, ...] = ("cpu", "mem"),
                  scheduler_name: str = DEFAULT_SCHEDULER, queue_label: str = QUEUE_LABEL,
-                 lost_after: float = 300.0, remembered_decisions: int = 100_000) -> None:
+                 lost_after: float = 300.0, remembered_decisions: int = 100_000, finalizer: bool = True) -> None:
+        self.finalizer = finalizer  # (without: one API write less a pod; a pod deleted while the connector is down is not seen)
         self.cluster, self.resources, self.scheduler_name = cluster, tuple(resources), scheduler_name
         self.queue_label, self.lost_after = queue_label, lost_after
         self.index = {name: k for k, name in enumerate(self.resources)}
@@ -199,6 +201,7 @@ class ClusterMirror:
         self.seen_decisions: OrderedDict[str, None] = OrderedDict()
         self.remembered_decisions = remembered_decisions
         self.explained: dict[str, tuple[str, str]] = {}  # uid -> the (reason, message) last put on it
+        self.tick = -1  # the node whose heartbeat the last tick sent
 
     # ------------------------------------------------------------------ pods
 
@@ -235,6 +238,8 @@ class ClusterMirror:
             view.known = True  # (the finalizer is on before the submission goes: see _submit)
         if node and view.node is None and not terminal and not view.left:
             self._occupy(view, node)
+            if not view.ours and node in self.nodes:  # its room is not the worker's to give: say so
+                out += self._node_message(self.nodes[node], time)
         if terminal:
             status = "failed" if pod["status"]["phase"] == "Failed" else "succeeded"
             out += self._complete(view, status, time)
@@ -243,7 +248,7 @@ class ClusterMirror:
             out += self._complete(view, "killed", time)
         elif view.ours and not node and not view.submitted:
             out += self._submit(pod, view, time)
-        elif view.ours and not view.finalizer and not view.finalizing:
+        elif view.ours and self.finalizer and not view.finalizer and not view.finalizing:
             view.finalizing = True  # (a pod of ours without it, bound before: it gets one too)
             out.append(Finalize(view.ref, add=True))
         return out
@@ -287,7 +292,7 @@ class ClusterMirror:
             return self._explain(view, "Unsupported", f"fairstream cannot schedule this pod: {exc}", warning=True)
         view.submitted = view.known = True
         out: list[Action] = []
-        if view.finalizer:
+        if view.finalizer or not self.finalizer:
             out.append(Publish(SUBMITTED, made.message))
         else:
             view.finalizing = True
@@ -316,7 +321,8 @@ class ClusterMirror:
             return []
         node, view.node = view.node, None
         self._change(node, view, -1)
-        return self._retry_held(node, time)
+        out = self._node_message(self.nodes[node], time) if not view.ours and node in self.nodes else []
+        return out + self._retry_held(node, time)
 
     def _occupy(self, view: PodView, node: str) -> None:
         view.node = node
@@ -386,20 +392,22 @@ class ClusterMirror:
                                     "capacity": capacity, "labels": view.labels})]
 
     def heartbeats(self, time: float) -> list[Action]:
-        """Every node's heartbeat (sent periodically: it moves the worker's clock, so timeouts such
-        as preemption's fire while nothing else happens), and nodes NotReady too long, lost."""
+        """The periodic tick: nodes NotReady too long are lost, and one live node's heartbeat
+        goes, round robin. One is enough to move the worker's clock (so timeouts such as
+        preemption's fire while nothing else happens); every change of a node goes at once
+        anyway. A tick costs the same with 10 nodes or 10,000 (all of them every tick, 1,000
+        heartbeats each 10 s, stalled the worker for about a second: docs/benchmarks.md)."""
         out: list[Action] = []
         for view in list(self.nodes.values()):
             if (not view.lost and view.not_ready_since is not None
                     and time - view.not_ready_since >= self.lost_after):
                 view.lost = True
                 out.append(Publish(HEARTBEAT, {"cluster": self.cluster, "node": view.name, "time": time, "lost": True}))
-                continue
-            out += self._node_message(view, time)
+        live = [view for view in self.nodes.values() if not view.lost]
+        if live:
+            self.tick = (self.tick + 1) % len(live)
+            out += self._node_message(live[self.tick], time)
         return out
-
-    def foreign_changed(self) -> set[str]:
-        return set(self.foreign)
 
     # ------------------------------------------------------------------ decisions
 

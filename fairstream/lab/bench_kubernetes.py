@@ -42,6 +42,10 @@ from fairstream.lab.kube_cluster import pod_manifest, start_control_plane
 log = structlog.get_logger("fairstream.bench")
 
 NODE_CPU, NODE_MEMORY = "32", "256Gi"
+# drf with queues a:2, b:1; preemption takes back what a queue got above its fair share while the
+# other's pods were still arriving (a backlog is submitted in several messages).
+WORKER_ARGS = ("--param", "preemption=on", "--param", "preemption_timeout=10")
+PHASES = ("burst", "rate", "fairness")
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
@@ -152,7 +156,9 @@ class _Scheduler:
     kube-scheduler."""
 
     def __init__(self, name: str, plane, bench_id: str, work: Path, broker: str, redis: str,
-                 kube_scheduler_qps: float | None) -> None:
+                 kube_scheduler_qps: float | None, connector_args: tuple[str, ...] = (),
+                 worker_args: tuple[str, ...] = ()) -> None:
+        self.connector_args, self.worker_args = connector_args, worker_args
         self.name, self.plane, self.work = name, plane, work
         self.processes: list[subprocess.Popen] = []
         self.scheduler_name = f"{name}-{bench_id}"
@@ -181,12 +187,13 @@ class _Scheduler:
             tenants.write_text(json.dumps({"tenants": [{"id": "a", "weight": 2}, {"id": "b", "weight": 1}]}))
             self._spawn([sys.executable, "-m", "fairstream.cli", "worker", "--policy", "drf", "--resources", "cpu,mem",
                          "--app-id", self.app_id, "--topic-prefix", self.app_id, "--broker", self.broker,
-                         "--redis", self.redis, "--metrics-port", "0", "--tenants", str(tenants)], "worker.log")
+                         "--redis", self.redis, "--metrics-port", "0", "--tenants", str(tenants),
+                         *self.worker_args], "worker.log")
             self._wait_log("worker.log", '"event": "worker.partitions_assigned"')
             self._spawn([sys.executable, "-m", "fairstream.cli", "kubernetes", "--cluster", "bench",
                          "--kubeconfig", str(self.plane.connector_kubeconfig), "--scheduler-name", self.scheduler_name,
                          "--node-selector", f"fairstream.dev/bench={self.bench_id}", "--broker", self.broker,
-                         "--topic-prefix", self.app_id, "--worker-url", ""], "connector.log")
+                         "--topic-prefix", self.app_id, "--worker-url", "", *self.connector_args], "connector.log")
             self._wait_log("connector.log", '"event": "kubernetes.started"')
         else:
             config = self.work / "kube-scheduler.yaml"
@@ -223,7 +230,7 @@ async def _phase(client, scheduler: _Scheduler, namespace: str, name: str, manif
     created_s = time.time() - begin
     if waiting_first:
         await asyncio.get_running_loop().run_in_executor(None, scheduler.start)
-    await _wait_bound(watcher, want, timeout)
+    await _wait_bound(watcher, want, timeout, settle=30.0 if name == "fairness" else 60.0)
     await watcher.stop()
     bound = watcher.bound_at
     latencies = [bound[n] - sent[n] for n in bound if n in sent]
@@ -233,7 +240,14 @@ async def _phase(client, scheduler: _Scheduler, namespace: str, name: str, manif
         out["bound_per_s"] = round(len(bound) / span, 1) if span > 0 else None
         out["latency"] = _percentiles(latencies)
     if name == "fairness":
-        out["bound_by_queue"] = {q: sum(1 for n in bound if n.startswith(f"{q}-")) for q in ("a", "b")}
+        # What each queue holds at the end (fairstream's preemption may have evicted some of
+        # what was bound first: those pods are gone).
+        from lightkube.resources.core_v1 import Pod
+
+        holding = [p.metadata.name async for p in client.list(Pod, namespace=namespace)
+                   if p.spec.nodeName and not p.metadata.deletionTimestamp]
+        out["bound_by_queue"] = {q: sum(1 for n in holding if n.startswith(f"{q}-")) for q in ("a", "b")}
+        out["evicted"] = len(bound) - len(holding)
     log.info("bench.kubernetes.phase", scheduler=scheduler.name, phase=name, **{k: v for k, v in out.items()
                                                                                if k != "latency"})
     await _delete_all(client, namespace)
@@ -241,7 +255,8 @@ async def _phase(client, scheduler: _Scheduler, namespace: str, name: str, manif
 
 
 async def _run(nodes: int, pods: int, rate: float, rate_seconds: float, fair_pods: int, schedulers: list[str],
-               broker: str, redis: str, kube_scheduler_qps: float | None) -> dict[str, Any]:
+               broker: str, redis: str, kube_scheduler_qps: float | None, which: tuple[str, ...],
+               finalizer: bool) -> dict[str, Any]:
     from lightkube import AsyncClient, KubeConfig
     from lightkube.resources.core_v1 import Namespace, Node
 
@@ -267,10 +282,13 @@ async def _run(nodes: int, pods: int, rate: float, rate_seconds: float, fair_pod
     result: dict[str, Any] = {"nodes": nodes, "node": allocatable, "pods": pods, "rate": rate,
                               "rate_seconds": rate_seconds, "fair_pods": fair_pods, "nodes_made_s": round(time.time() - began, 1),
                               "kube_scheduler_qps": kube_scheduler_qps or "its default (50, burst 100)",
+                              "fairstream": {"worker": " ".join(WORKER_ARGS), "finalizer": finalizer}, "phases": list(which),
                               "machine": {"cpus": os.cpu_count()}, "schedulers": {}}
     try:
         for name in schedulers:
-            scheduler = _Scheduler(name, plane, bench_id, work, broker, redis, kube_scheduler_qps)
+            scheduler = _Scheduler(name, plane, bench_id, work, broker, redis, kube_scheduler_qps,
+                                   connector_args=() if finalizer else ("--no-finalizer",),
+                                   worker_args=WORKER_ARGS)
             scheduler.start()
             try:
                 phases: dict[str, Any] = {}
@@ -280,18 +298,24 @@ async def _run(nodes: int, pods: int, rate: float, rate_seconds: float, fair_pod
                                          cpu=cpu, memory="1Gi", labels={QUEUE_LABEL: queues[k % len(queues)]})
                             for k in range(count)]
 
-                phases["burst"] = await _phase(client, scheduler, namespace, "burst", made("burst", pods), None, pods,
+                if "burst" in which:
+                    phases["burst"] = await _phase(client, scheduler, namespace, "burst", made("burst", pods), None, pods,
                                                timeout=max(300.0, pods / 10))
                 count = int(rate * rate_seconds)
-                phases["rate"] = await _phase(client, scheduler, namespace, "rate", made("rate", count), rate, count,
+                if "rate" in which:
+                    phases["rate"] = await _phase(client, scheduler, namespace, "rate", made("rate", count), rate, count,
                                               timeout=rate_seconds + 120)
                 # 16-core pods, two to a node: nodes * 2 fit. a (weight 2) and b (weight 1) ask for
                 # more than that, alternately, all waiting when the scheduler starts; drf's fair
                 # share: a 2/3 of what fits, b 1/3.
                 fits = 2 * nodes
-                phases["fairness"] = await _phase(client, scheduler, namespace, "fairness", made("fair", fair_pods, "16"),
-                                                  None, min(fits, fair_pods), timeout=600, waiting_first=True)
-                phases["fairness"]["fair_share"] = {"a": min(fair_pods // 2, round(fits * 2 / 3)),
+                # (Until no pod is bound for 30 s: fairstream's preemption takes back what a queue
+                # above its fair share got while the other's pods were still being submitted.)
+                if "fairness" in which:
+                    phases["fairness"] = await _phase(client, scheduler, namespace, "fairness",
+                                                      made("fair", fair_pods, "16"), None, fair_pods, timeout=900,
+                                                      waiting_first=True)
+                    phases["fairness"]["fair_share"] = {"a": min(fair_pods // 2, round(fits * 2 / 3)),
                                                     "b": min(fair_pods // 2, fits - min(fair_pods // 2, round(fits * 2 / 3)))}
                 result["schedulers"][name] = phases
             finally:
@@ -320,15 +344,18 @@ async def _run(nodes: int, pods: int, rate: float, rate_seconds: float, fair_pod
 def bench_kubernetes(nodes: int = 1000, pods: int = 10000, rate: float = 100.0, rate_seconds: float = 30.0,
                      fair_pods: int | None = None, schedulers: tuple[str, ...] = ("fairstream", "kube-scheduler"),
                      broker: str | None = None, redis: str | None = None,
-                     kube_scheduler_qps: float | None = None) -> dict[str, Any]:
+                     kube_scheduler_qps: float | None = None, phases: tuple[str, ...] = PHASES,
+                     finalizer: bool = True) -> dict[str, Any]:
     unknown = [s for s in schedulers if s not in ("fairstream", "kube-scheduler")]
     if unknown:
         raise ModelError(f"--schedulers: unknown {unknown[0]!r} (fairstream, kube-scheduler)")
+    if not phases or not set(phases) <= set(PHASES):
+        raise ModelError(f"--kube-phases: some of {', '.join(PHASES)}")
     broker = broker or os.environ.get("FAIRSTREAM_BROKER", "127.0.0.1:9092")
     redis = redis or os.environ.get("FAIRSTREAM_REDIS_URL", "redis://127.0.0.1:6379/0")
     fair_pods = fair_pods if fair_pods is not None else 3 * nodes
     try:
         return asyncio.run(_run(nodes, pods, rate, rate_seconds, fair_pods, list(schedulers), broker, redis,
-                                kube_scheduler_qps))
+                                kube_scheduler_qps, tuple(phases), finalizer))
     except RuntimeError as exc:
         raise ModelError(str(exc)) from None

@@ -43,12 +43,14 @@ def test_a_waiting_pod_of_ours_is_submitted_once_and_another_schedulers_is_not()
     assert mirror.pod_seen(theirs, 2.0) == []
 
 
-def test_pods_of_other_schedulers_on_a_node_take_its_room_from_the_heartbeat():
+def test_pods_of_other_schedulers_on_a_node_take_its_room_from_the_heartbeat_at_once():
     mirror = mirror_with_nodes("n1")
-    mirror.pod_seen(pod("b", scheduler="default-scheduler", node="n1", phase="Running", cpu="1500m", memory="1Gi"), 1.0)
-    [beat] = messages(mirror.heartbeats(2.0), "heartbeat")
+    theirs = pod("b", scheduler="default-scheduler", node="n1", phase="Running", cpu="1500m", memory="1Gi")
+    [beat] = messages(mirror.pod_seen(theirs, 1.0), "heartbeat")
     # 4 cores less 1.5; 8 GiB = 8,192 MiB less 1,024.
     assert beat["capacity"] == {"cpu": 2.5, "mem": 7168.0}
+    [back] = messages(mirror.pod_gone(theirs, 2.0), "heartbeat")
+    assert back["capacity"] == {"cpu": 4.0, "mem": 8192.0}
 
 
 def test_a_placement_binds_the_pod_and_its_end_is_a_completion_once():
