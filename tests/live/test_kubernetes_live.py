@@ -221,7 +221,7 @@ def test_preemption_evicts_for_a_starved_queue_and_honours_a_pod_disruption_budg
     assert all(phase(pods[f"a-{k}"]) == "Running" for k in range(4))
     assert not any(bound_node(pods[f"b-{k}"]) for k in range(2))
     held = wait_until(lambda: waiting_reason(test, "b-0"), 30, "b-0 to say why it waits")
-    assert held["reason"] == "WaitingForRoom", held
+    assert held["reason"] == "WaitingForRoom", (held, cluster.events(test.namespace, "b-0"), test.logs())
     refused = [e for k in range(4) for e in cluster.events(test.namespace, f"a-{k}") if e["reason"] == "EvictionRefused"]
     assert len(refused) == 2, refused  # the two youngest, preempted
     cluster.client.delete(PodDisruptionBudget, "a-budget", namespace=test.namespace)
