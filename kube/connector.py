@@ -124,8 +124,11 @@ class Connector:
         calls = self._take(actions)
         await self.flush()
         if calls:
-            await asyncio.gather(*(self._call(call) for call in calls))
-            await self.flush()  # (what the calls' outcomes queued)
+            outcomes = await asyncio.gather(*(self._call(call) for call in calls))
+            # Submissions sent once their finalizer is on go in the mirror's order, not in the
+            # order the calls came back: a tenant's pods wait in the order they came.
+            self._take([then for then in outcomes if then is not None])
+            await self.flush()
 
     # ------------------------------------------------------------------ API calls
 
@@ -141,7 +144,9 @@ class Connector:
                 log.warning("kubernetes.api_unreachable", call=what, error=str(exc), retry_in_s=delay)
                 await asyncio.sleep(delay)
 
-    async def _call(self, call: Action) -> None:
+    async def _call(self, call: Action) -> Publish | None:
+        """Makes ``call``; returns the message to send after it (a submission whose pod now has
+        our finalizer), if any."""
         try:
             if isinstance(call, Bind):
                 result = await self._retrying("bind", lambda: self.api.bind(call.pod, call.node))
@@ -159,7 +164,7 @@ class Connector:
                 if view is not None:
                     view.finalizing = False
                 if present and call.then is not None:
-                    self._take([call.then])  # (sent by apply's flush after the calls)
+                    return call.then
             elif isinstance(call, Evict):
                 self._spawn(self._evict(call))
             elif isinstance(call, DeletePod):
@@ -170,7 +175,11 @@ class Connector:
             log.error("kubernetes.api_error", call=type(call).__name__, pod=str(call.pod),
                       error=f"{type(exc).__name__}: {exc}")
             if isinstance(call, Finalize) and call.pod.uid in self.mirror.pods:
-                self.mirror.pods[call.pod.uid].finalizing = False
+                view = self.mirror.pods[call.pod.uid]
+                view.finalizing = False
+                if call.then is not None:
+                    view.submitted = False  # (not sent: its next change tries again)
+        return None
 
     async def _evict(self, call: Evict) -> None:
         """Evicts, and while a PodDisruptionBudget refuses, tries again (as ``kubectl drain``

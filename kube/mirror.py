@@ -274,7 +274,8 @@ class ClusterMirror:
         for uid in [uid for uid in self.pods if uid not in present]:
             view = self.pods[uid]
             out += self.pod_gone({"metadata": {"uid": uid, "namespace": view.ref.namespace, "name": view.ref.name}}, time)
-        for pod in pods:
+        # In the order they were made (the list's is by name): a tenant's pods wait in line so.
+        for pod in sorted(pods, key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"])):
             out += self.pod_seen(pod, time)
         return out
 

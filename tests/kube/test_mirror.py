@@ -220,3 +220,12 @@ def test_a_pod_that_cannot_be_expressed_waits_and_says_why_once():
     [said] = mirror.pod_seen(made, 0.0)
     assert said.reason == "Unsupported" and "example.com/fpga" in said.message and said.warning
     assert mirror.pod_seen(made, 1.0) == []
+
+
+def test_pods_listed_are_submitted_in_the_order_they_were_made_not_by_name():
+    mirror = mirror_with_nodes("n1")
+    made = []
+    for name, at in (("p-10", "2026-11-29T00:00:01Z"), ("p-2", "2026-11-29T00:00:01Z"), ("p-1", "2026-11-29T00:00:00Z")):
+        made.append(pod(name, uid=f"{name}-uid"))
+        made[-1]["metadata"]["creationTimestamp"] = at
+    assert [m["task"].split("/")[1] for m in messages(mirror.pods_listed(made, 2.0), "submitted")] == ["p-1", "p-10", "p-2"]

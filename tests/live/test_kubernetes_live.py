@@ -153,6 +153,11 @@ def test_bound_pods_follow_the_fair_share_of_queues_weighted_2_to_1(setup, clust
     wait_until(lambda: len(order.order) >= 12, 60, "12 pods bound")
     first = order.order[:12]
     assert sum(name.startswith("a-") for name in first) == 8, first
+    # Each queue's pods are taken in the order they were made (to the second, then by name).
+    made = sorted(test.pods().values(), key=lambda p: (p["metadata"]["creationTimestamp"], p["metadata"]["name"]))
+    for queue, count in (("a", 8), ("b", 4)):
+        in_line = [p["metadata"]["name"] for p in made if p["metadata"]["name"].startswith(f"{queue}-")][:count]
+        assert sorted(n for n in first if n.startswith(f"{queue}-")) == sorted(in_line), (first, in_line)
     # A pod that waits says why where Kubernetes users look (PodScheduled=False, and an Event):
     # the worker's explanation of its place in line.
     said = wait_until(lambda: waiting_reason(test, "b-17"), 30, "b-17 to say why it waits")
