@@ -89,7 +89,6 @@ class Connector:
         self.explanations: dict[str, Explain] = {}  # by pod uid: the newest to write
         self.explained = asyncio.Event()
         self.in_flight = asyncio.Semaphore(config.max_in_flight)
-        self.ready = asyncio.Event()  # set once the first lists are published
         self.changes: asyncio.Queue = asyncio.Queue()  # (kind, ADDED|MODIFIED|DELETED, object) from the watches
         self.tasks: set[asyncio.Task] = set()
         self.stats = {"binds": 0, "evictions_refused": 0, "api_errors": 0}
@@ -263,7 +262,6 @@ class Connector:
         from aiokafka import TopicPartition
         from aiokafka.structs import OffsetAndMetadata
 
-        held_at: dict[str, tuple[Any, int]] = {}  # decision id -> (partition, offset): not acknowledged
         while True:
             batch = await consumer.getmany(timeout_ms=500, max_records=2000)
             ends: dict[Any, int] = {}
@@ -279,20 +277,17 @@ class Connector:
                         continue
                     if decision.get("cluster") != self.config.cluster:
                         continue
-                    before = set(self.mirror.held_decisions())
                     counted = self.mirror.counts.as_dict()
-                    actions += self.mirror.decision(decision, now)
+                    actions += self.mirror.decision(decision, now, position=(tp, record.offset))
                     _log_not_carried_out(decision, counted, self.mirror.counts.as_dict())
-                    for ident in set(self.mirror.held_decisions()) - before:
-                        held_at[ident] = (tp, record.offset)
             if actions:
                 await self.apply(actions)
-            still = set(self.mirror.held_decisions())
-            for ident in [i for i in held_at if i not in still]:
-                del held_at[ident]
+            # Acknowledged up to the first placement still held in each partition (read again
+            # after a restart), else to the end of what was read.
+            held = self.mirror.held_positions()
             commits = {}
-            for tp in set(ends) | {tp for tp, _ in held_at.values()}:
-                waiting = [offset for (held_tp, offset) in held_at.values() if held_tp == tp]
+            for tp in set(ends) | {tp for tp, _ in held}:
+                waiting = [offset for (held_tp, offset) in held if held_tp == tp]
                 position = min(waiting) if waiting else ends.get(tp)
                 if position is not None:
                     commits[TopicPartition(tp.topic, tp.partition)] = OffsetAndMetadata(position, "")
@@ -364,7 +359,6 @@ class Connector:
             try:
                 node_version = await self._sync("node")
                 pod_version = await self._sync("pod")
-                self.ready.set()
                 log.info("kubernetes.started", cluster=config.cluster, nodes=len(self.mirror.nodes),
                          pods=len(self.mirror.pods), scheduler=config.scheduler_name)
                 workers = [self._watch("node", node_version), self._watch("pod", pod_version), self._apply_changes(),

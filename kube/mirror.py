@@ -152,11 +152,13 @@ class NodeView:
 
 @dataclass
 class Held:
-    """A placement waiting for its node's real room (``offset``: its decision's, for commits)."""
+    """A placement waiting for its node's real room (``position``: where its decision was read,
+    the caller's, for what it may acknowledge)."""
 
     decision: dict[str, Any]
     pod: str  # uid
     node: str
+    position: Any = None
 
 
 @dataclass
@@ -370,7 +372,7 @@ class ClusterMirror:
         if view is None or view.lost:
             return []
         view.lost = True
-        return [Publish(HEARTBEAT, {"cluster": self.cluster, "node": name, "time": time, "lost": True})]
+        return [self._lost(name, time)]
 
     def nodes_listed(self, nodes: list[Mapping[str, Any]], time: float) -> list[Action]:
         present = {n["metadata"]["name"] for n in nodes}
@@ -380,6 +382,9 @@ class ClusterMirror:
         for node in nodes:
             out += self.node_seen(node, time)
         return out
+
+    def _lost(self, node: str, time: float) -> Publish:
+        return Publish(HEARTBEAT, {"cluster": self.cluster, "node": node, "time": time, "lost": True})
 
     def _node_message(self, view: NodeView, time: float) -> list[Action]:
         if view.lost:
@@ -403,7 +408,7 @@ class ClusterMirror:
             if (not view.lost and view.not_ready_since is not None
                     and time - view.not_ready_since >= self.lost_after):
                 view.lost = True
-                out.append(Publish(HEARTBEAT, {"cluster": self.cluster, "node": view.name, "time": time, "lost": True}))
+                out.append(self._lost(view.name, time))
         live = [view for view in self.nodes.values() if not view.lost]
         if live:
             self.tick = (self.tick + 1) % len(live)
@@ -412,8 +417,9 @@ class ClusterMirror:
 
     # ------------------------------------------------------------------ decisions
 
-    def decision(self, decision: Mapping[str, Any], time: float) -> list[Action]:
-        """One decision of the worker for this cluster: what to do about it."""
+    def decision(self, decision: Mapping[str, Any], time: float, position: Any = None) -> list[Action]:
+        """One decision of the worker for this cluster: what to do about it. ``position``: where
+        it was read (kept with a placement that waits: ``held_positions``)."""
         ident = decision.get("id")
         if ident is not None:
             if ident in self.seen_decisions:
@@ -428,7 +434,7 @@ class ClusterMirror:
             uid = self.by_task.get(task)
             view = None if uid is None else self.pods.get(uid)
             if kind == "place":
-                out += self._place(decision, view, time)
+                out += self._place(decision, view, time, position)
             elif view is None or view.ended:
                 self.counts.pod_gone += 1
             elif kind == "preempt":
@@ -442,7 +448,8 @@ class ClusterMirror:
                 out += self._explain(view, "Unschedulable", decision.get("reason") or "no node can ever hold it")
         return out
 
-    def _place(self, decision: Mapping[str, Any], view: PodView | None, time: float) -> list[Action]:
+    def _place(self, decision: Mapping[str, Any], view: PodView | None, time: float,
+               position: Any = None) -> list[Action]:
         node = decision.get("node")
         if view is None or view.ended or view.deleting:
             self.counts.pod_gone += 1
@@ -457,7 +464,7 @@ class ClusterMirror:
             self.counts.pod_gone += 1  # (its node went: the worker requeues what it placed there)
             return []
         if self.held.get(node) or not self._fits(view, node):
-            self.held.setdefault(node, []).append(Held(dict(decision), view.ref.uid, node))
+            self.held.setdefault(node, []).append(Held(dict(decision), view.ref.uid, node, position))
             return self._explain(view, "WaitingForRoom",
                                  f"placed on node {node} by fairstream; waits for the pods leaving it "
                                  f"(preempted or terminating) to free its room")
@@ -499,6 +506,10 @@ class ClusterMirror:
         if view is not None and view.node == node and not view.ended:
             view.node = None
             self._change(node, view, -1)
+
+    def held_positions(self) -> list[Any]:
+        """Where the decisions of placements still waiting were read: not to be acknowledged."""
+        return [h.position for waiting in self.held.values() for h in waiting]
 
     def held_decisions(self) -> list[str]:
         """Ids of decisions whose placement still waits (not acknowledged to Kafka)."""
