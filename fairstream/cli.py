@@ -618,7 +618,7 @@ def cmd_kubernetes(args) -> int:
     return 0
 
 
-DRILLS = ("poison", "oversize", "far-future", "kill-9", "redis-empty", "redis-older", "planted-snapshot", "kafka-restart")
+DRILLS = ("poison", "oversize", "far-future", "kill-9", "redis-empty", "redis-older", "kill-9-redis-empty", "kill-9-redis-older", "planted-snapshot", "kafka-restart")
 
 
 def cmd_drill(args) -> int:

@@ -36,7 +36,7 @@ from fairstream.state.store import BatchCommit, StaleLog, StateStore, republishi
 from fairstream.streams import snapshots
 from fairstream.streams.decoding import decode_batch
 from fairstream.streams.incoming import Incoming, InputLog
-from fairstream.streams.journal import journal_record
+from fairstream.streams.journal import journal_record, unique_records
 from fairstream.streams.publishing import Outputs, Publish, acknowledged_all
 from fairstream.streams.rebuild import read_again
 from fairstream.streams.session import ClusterSession, Sessions
@@ -94,6 +94,7 @@ class Processor:
         # A worker that can read the input again journals what it applies (streams/journal.py).
         self.input_log = input_log
         self.consumer_start: dict[str, int] = {}  # consuming_from: Kafka's committed offsets, not yet checked
+        self.assigned: set[str] = set()  # the input positions the consumer was last given (consuming_from)
         self.owed: dict[str, int] = {}  # per position, how far the store must be read up to again (start)
         self._lock = asyncio.Lock()
         self._waiting: list[_Ticket] = []  # batches waiting for the lock, applied together
@@ -137,6 +138,8 @@ class Processor:
         journaled = self.outputs.journaled
         for position, offset in journal_from.items():
             journaled[position] = max(journaled.get(position, 0), offset)
+        if self.input_log is not None and self.assigned:
+            await self._owed_by_journal(stored, journal_from)
         if self.owed and self.input_log is not None:
             self.sessions.clear()  # they may hold what the store lost
             read = await read_again(self.input_log, {p: (stored.get(p, 0), end) for p, end in self.owed.items()},
@@ -151,11 +154,26 @@ class Processor:
             log.info("worker.outbox_republished", messages=len(entries))
         self._started = True
 
+    async def _owed_by_journal(self, stored: Mapping[str, int], journal_from: Mapping[str, int]) -> None:
+        """Add to ``owed`` what the journal holds past the store's offsets on the partitions this
+        worker consumes: batches a store that lost writes no longer has, which Kafka's committed
+        offsets may not cover either (Faust commits them every few seconds, the journal is
+        written with every batch). A worker killed with kill -9 and restarted on a Redis that
+        forgot would otherwise read them as new batches, at a new clock, and decide again under
+        new ids what it had published (a task placed twice). Reads the journal from the store's
+        offsets in it: at a normal start the last few records, which the store already covers."""
+        async for _, runs, _, _ in unique_records(self.input_log.journal(dict(journal_from))):
+            for position, _first, last in runs:
+                if position in self.assigned and stored.get(position, 0) <= last:
+                    self.owed[position] = max(self.owed.get(position, 0), last + 1)
+
     def consuming_from(self, offsets: Mapping[str, int]) -> None:
-        """Where the consumer starts reading partitions (Kafka's committed offsets), at start-up
-        and after every rebalance (``streams/transport.py``): checked against the store's
-        offsets when the store is next read (``start``), before anything of theirs is applied."""
+        """Where the consumer starts reading partitions (Kafka's committed offsets; 0 where none
+        is committed), at start-up and after every rebalance (``streams/transport.py``): checked
+        against the store's offsets, and against the journal, when the store is next read
+        (``start``), before anything of theirs is applied."""
         self.consumer_start.update(offsets)
+        self.assigned = {position for position in offsets if not self._journal_position(position)}
         self._started = False  # the first assignment comes after the worker's own start
 
     def _journal_position(self, position: str) -> bool:

@@ -23,8 +23,9 @@ the aiokafka consumer before it starts (aiokafka reads them when it builds its f
 
 At start-up and after every rebalance Faust seeks each assigned partition to its committed
 offset (``perform_seek``) before the agents get anything; ``on_seek`` is then told those
-offsets, so the worker can compare them with its state store's and read again what a store
-that lost writes no longer has (``Processor.consuming_from``, ``Processor._read_again``).
+offsets (0 for a partition with none), so the worker can compare them, and its journal, with
+its state store's and read again what a store that lost writes no longer has
+(``Processor.consuming_from``, ``rebuild.read_again``).
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ class _Consumer(faust_aiokafka.Consumer):
         await super().perform_seek()
         if self.on_seek is not None:
             assigned = self.assignment()
-            self.on_seek({f"{tp.topic}:{tp.partition}": offset
-                          for tp, offset in self._committed_offset.items() if offset and tp in assigned})
+            committed = self._committed_offset
+            self.on_seek({f"{tp.topic}:{tp.partition}": committed.get(tp) or 0 for tp in assigned})
 
 
 class Transport(faust_aiokafka.Transport):

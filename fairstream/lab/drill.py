@@ -301,6 +301,27 @@ async def fault_redis_older(ctx: Context) -> None:
     ctx.fault_ended = time.monotonic()
 
 
+async def fault_kill_9_redis_lost(ctx: Context, older: bool = False) -> None:
+    # kill -9 while Kafka's committed offsets lag the journal (Faust commits every few
+    # seconds), then Redis forgets while the worker is down: restarted empty, or from a file
+    # saved 15 decisions before the kill.
+    await _after_decisions(ctx, 10)
+    if older:
+        ctx.redis.command("SAVE")
+        await _after_decisions(ctx, ctx.sent() + 15)
+    ctx.worker.kill9()
+    ctx.redis.stop()
+    if not older:
+        (ctx.directory / "dump.rdb").unlink(missing_ok=True)
+    await asyncio.to_thread(ctx.redis.start)
+    ctx.fault_ended = time.monotonic()
+    await asyncio.to_thread(ctx.worker.start)
+
+
+async def fault_kill_9_redis_older(ctx: Context) -> None:
+    await fault_kill_9_redis_lost(ctx, older=True)
+
+
 async def fault_planted_snapshot(ctx: Context) -> None:
     await _after_decisions(ctx, 10)
     ctx.worker.stop()
@@ -352,6 +373,8 @@ FAULTS: dict[str, tuple[Callable, tuple[str, ...], bool]] = {
     "kill-9": (fault_kill_9, (), False),
     "redis-empty": (fault_redis_empty, (), True),
     "redis-older": (fault_redis_older, (), True),
+    "kill-9-redis-empty": (fault_kill_9_redis_lost, (), True),
+    "kill-9-redis-older": (fault_kill_9_redis_older, (), True),
     "planted-snapshot": (fault_planted_snapshot, (), False),
     "kafka-restart": (fault_kafka_restart, (), False),
 }

@@ -344,6 +344,49 @@ def test_what_the_store_lost_is_read_again_from_kafka_and_every_task_is_done_onc
     assert engine.tasks == {} and len(engine.finished_ids) == 30 and not engine.used.any()
 
 
+@pytest.mark.parametrize("restore", [
+    pytest.param("empty", id="a Redis restarted empty while the worker was down"),
+    pytest.param("older", id="a Redis restored from an older file while the worker was down"),
+])
+@pytest.mark.parametrize("committed", [
+    pytest.param(True, id="Kafka's committed offsets behind the journal"),
+    pytest.param(False, id="no offset committed in Kafka yet"),
+])
+def test_a_worker_killed_9_reads_again_every_batch_the_journal_holds_past_kafkas_committed_offsets(restore,
+                                                                                                   committed):
+    # Found by an operator's trial: kill -9, FLUSHALL, restart: tasks placed twice. Faust
+    # commits offsets every few seconds, the journal gets every batch; the rebuild read only up
+    # to Kafka's committed offsets and the later input came again as new batches. Applied as it
+    # arrived: t1 (time 2) and t2 (5) wait, t0's completion (3) comes last and places t1 at 5.
+    # Handed over again as the agents happen to fetch it (t1, the completion, t2), t1 would be
+    # placed at 3: a second placement of a task an agent already runs.
+    import copy
+
+    store, wire = MemoryStore(), Wire()
+    kafka = Partitions(wire, late_completion())
+    [heartbeat_0], [t0, t1, t2], [t0_done] = kafka.messages.values()
+
+    async def scenario():
+        p = processor(store, wire, input_log=kafka.input_log())
+        await p.handle([heartbeat_0, t0])
+        kafka_offsets = {position: p.applied.get(position, 0) if committed else 0 for position in kafka.messages}
+        saved = copy.deepcopy(store) if restore == "older" else MemoryStore()
+        await p.handle([t1, t2])
+        await p.handle([t0_done])  # then kill -9: Kafka still has the offsets of before
+        restarted = processor(saved, wire, input_log=kafka.input_log())
+        restarted.consuming_from(kafka_offsets)
+        for batch in ([heartbeat_0, t0] if not committed else [], [t1], [t0_done], [t2]):
+            if batch:
+                await restarted.handle(batch)
+        return restarted
+
+    restarted = run(scenario())
+    placed = sorted({(d["task"], d["time"]) for d in wire.decisions() if d["kind"] == "place"})
+    assert placed == [("t0", 1), ("t1", 5)]
+    assert wire.dead() == []
+    assert sorted(restarted.sessions["c1"].engine.tasks) == ["t1", "t2"]
+
+
 def test_a_batch_that_waited_for_the_lock_while_the_store_lost_writes_is_applied_after_reading_again():
     # The submissions' batch is the first to commit after Redis lost everything: it fails
     # (the log is shorter than the worker's). The completions' batch, already waiting for the
