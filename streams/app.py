@@ -20,8 +20,10 @@ from fairstream.wire.jsoncodec import dumps, loads
 from fairstream.streams.config import WorkerConfig
 from fairstream.wire.events import MAX_REASON
 from fairstream.state.store import StaleLog
+from fairstream.streams.incoming import UnreadableBatch
 from fairstream.streams.processor import Applied, Incoming, Processor
 from fairstream.wire.retry import backoff, waiting_for
+from fairstream.streams import unreadable
 from fairstream.streams.transport import kafka_transport
 
 log = structlog.get_logger("fairstream.worker")
@@ -55,6 +57,7 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         **app_options,
     )
     app.transport = kafka_transport(app, config.fetch_max_wait, config.fetch_min_bytes)
+    unreadable.install()  # a compressed batch it cannot read is a dead letter, not a crash (streams/unreadable.py)
     out = {
         config.topics.decisions: app.topic(config.topics.decisions, value_serializer="raw", key_serializer="raw"),
         config.topics.deadletter: app.topic(config.topics.deadletter, value_serializer="raw", key_serializer="raw"),
@@ -166,7 +169,7 @@ class KafkaInputLog:
                 fetched = await consumer.getmany(*left, timeout_ms=1000)
                 for tp, records in fetched.items():
                     position, end = wanted[tp][0], left[tp]
-                    messages = [Incoming(self.kinds[tp.topic], r.value if r.value is not None else b"", tp.topic,
+                    messages = [Incoming(self.kinds[tp.topic], _raw(r.value), tp.topic,
                                          tp.partition, r.offset, (r.timestamp or 0) / 1000.0, _key(r.key))
                                 for r in records if r.offset < end]
                     done = await consumer.position(tp) >= end
@@ -310,9 +313,8 @@ class GroupCommit:
                 await self._gather()
                 events, self.buffer = self.buffer[:self.max_size], self.buffer[self.max_size:]
                 self.room.set()
-                batch = [Incoming(self.kind, bytes(e.value) if e.value is not None else b"", e.message.topic,
-                                  e.message.partition, e.message.offset, e.message.timestamp or 0.0,
-                                  _key(e.message.key)) for e in events]
+                batch = [Incoming(self.kind, _raw(e.value), e.message.topic, e.message.partition, e.message.offset,
+                                  e.message.timestamp or 0.0, _key(e.message.key)) for e in events]
                 applied = await self._apply(batch)
                 self.last_ack = asyncio.get_running_loop().create_task(
                     self._acknowledge(events, applied.published, self.last_ack))
@@ -394,6 +396,13 @@ def _unavailable(exc: BaseException) -> bool:
     from redis.exceptions import RedisError
 
     return isinstance(exc, (OSError, asyncio.TimeoutError, RedisError, KafkaError, StaleLog))
+
+
+def _raw(value) -> bytes:
+    """A message's value as bytes; an ``UnreadableBatch`` as it is (its reason goes with it)."""
+    if value is None:
+        return b""
+    return value if value.__class__ is UnreadableBatch else bytes(value)
 
 
 def _key(key) -> bytes | None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from fairstream.core.model import Event
-from fairstream.streams.incoming import Incoming
+from fairstream.streams.incoming import Incoming, UnreadableBatch
 from fairstream.wire.events import BadElement, BadInput, DeadLetter, decode_message, element_bytes
 
 
@@ -32,6 +32,9 @@ def decode_batch(messages: list[Incoming], applied: Mapping[str, int], max_bytes
             continue
         out.applying.append(message)
         out.offsets[message.position] = max(out.offsets.get(message.position, 0), message.offset + 1)
+        if message.raw.__class__ is UnreadableBatch:
+            out.dead.append(DeadLetter(message.topic, message.partition, message.offset, message.raw.reason, b""))
+            continue
         try:
             decoded = decode_message(message.kind, message.raw, max_bytes)
         except BadInput as exc:

@@ -7,12 +7,25 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Protocol
 
 
+class UnreadableBatch(bytes):
+    """The value of the one message that stands for a compressed batch the worker could not
+    read (``streams/unreadable.py``): no bytes, and ``reason``, which its dead letter gives. A
+    client cannot make one: it is made by the worker's own Kafka reader."""
+
+    reason: str
+
+    def __new__(cls, reason: str) -> "UnreadableBatch":
+        made = super().__new__(cls, b"")
+        made.reason = reason
+        return made
+
+
 @dataclass(frozen=True)
 class Incoming:
     """One input message as the agent received it."""
 
     kind: str  # submitted | completed | heartbeat | config
-    raw: bytes
+    raw: bytes  # (an ``UnreadableBatch`` for a batch that could not be read)
     topic: str
     partition: int
     offset: int

@@ -4,6 +4,7 @@ topic prefix, consumer group and Redis key prefix."""
 
 import asyncio
 import json
+import os
 import re
 import signal
 import subprocess
@@ -38,8 +39,8 @@ def free_port():
 
 
 class Worker:
-    def __init__(self, app_id, tmp_path, *extra):
-        self.app_id, self.tmp_path, self.extra = app_id, tmp_path, extra
+    def __init__(self, app_id, tmp_path, *extra, env=None):
+        self.app_id, self.tmp_path, self.extra, self.env = app_id, tmp_path, extra, env
         self.metrics_port = free_port()
         self.process = None
 
@@ -50,7 +51,7 @@ class Worker:
             [sys.executable, "-m", "fairstream.cli", "worker", "--policy", "drf", "--app-id", self.app_id,
              "--topic-prefix", self.app_id, "--broker", BROKER, "--redis", REDIS,
              "--metrics-port", str(self.metrics_port), *self.extra],
-            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=self.env)
         return self
 
     def wait_for_log(self, event: str, timeout: float = 90.0) -> dict:
@@ -158,6 +159,76 @@ def test_events_from_our_client_and_from_kcat_and_batch_messages_are_decided_and
     assert any("malformed JSON" in r for r in reasons) and any("completion of an unknown task" in r for r in reasons)
     [bad_element] = [d for d in dead if "index" in d]
     assert bad_element["index"] == 1 and json.loads(bad_element["original"])["task"] == "m1"
+
+
+def kcat_batch(topic: str, messages: list[dict], codec: str) -> None:
+    """``messages`` in one batch compressed with ``codec``, by kcat (librdkafka), keyed c1."""
+    lines = "\n".join(json.dumps(m) for m in messages).encode()
+    subprocess.run(["kcat", "-P", "-b", BROKER, "-t", topic, "-k", "c1", "-z", codec], input=lines, check=True)
+
+
+def submissions(names, time=1):
+    return [{"cluster": "c1", "task": name, "tenant": "A", "demand": {"cpu": 1, "mem": 1}, "time": time}
+            for name in names]
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_batches_compressed_with_every_kafka_codec_are_decided(codec, tmp_path):
+    # Producers often compress (lz4, zstd and snappy are other clients' defaults): one lz4
+    # batch once stopped the worker, and again at every restart.
+    app_id = f"t{uuid.uuid4().hex[:8]}"
+    topics = Topics().with_prefix(app_id)
+    worker = Worker(app_id, tmp_path).start()
+    try:
+        worker.wait_for_log("worker.partitions_assigned")
+        kcat_batch(topics.heartbeats, [{"cluster": "c1", "node": "n1", "time": 0, "capacity": {"cpu": 8, "mem": 8}}],
+                   codec)
+        kcat_batch(topics.submitted, submissions([f"{codec}-{k}" for k in range(5)]), codec)
+        decisions = asyncio.run(collect(topics.decisions, lambda ms: len(placed(ms)) >= 5))
+        dead = asyncio.run(collect(topics.deadletter, lambda ms: False, timeout=0))
+    finally:
+        worker.stop()
+    assert sorted(d["task"] for d in placed(decisions)) == [f"{codec}-{k}" for k in range(5)]
+    assert dead == []
+
+
+def test_a_compressed_batch_the_worker_cannot_read_is_one_dead_letter_and_one_line_never_a_crash_loop(tmp_path):
+    # A worker whose install lacks the codecs' library (an import of cramjam that fails):
+    # the lz4 batch is dead-lettered with its offsets and codec, what follows is decided, and
+    # a restart does not meet the batch again.
+    blocked = tmp_path / "without-codecs" / "cramjam"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('cramjam left out of this install by the test')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocked.parent), os.environ.get("PYTHONPATH", "")])}
+    app_id = f"t{uuid.uuid4().hex[:8]}"
+    topics = Topics().with_prefix(app_id)
+    worker = Worker(app_id, tmp_path, "--partitions", "1", env=env).start()
+    try:
+        worker.wait_for_log("worker.partitions_assigned")
+        kcat_batch(topics.heartbeats, [{"cluster": "c1", "node": "n1", "time": 0, "capacity": {"cpu": 8, "mem": 8}}],
+                   "gzip")  # (gzip is in Python itself)
+        kcat_batch(topics.submitted, submissions(["before"]), "gzip")
+        kcat_batch(topics.submitted, submissions([f"lz4-{k}" for k in range(3)]), "lz4")  # offsets 1-3
+        kcat_batch(topics.submitted, submissions(["after"], time=2), "gzip")
+        decisions = asyncio.run(collect(topics.decisions, lambda ms: len(placed(ms)) >= 2))
+        [dead] = asyncio.run(collect(topics.deadletter, lambda ms: len(ms) >= 1))
+        line = worker.wait_for_log("worker.batch_unreadable")
+        worker.stop()
+        assert worker.process.returncode == 0
+        worker.start()  # the batch's offsets were committed with its dead letter: not met again
+        worker.wait_for_log("worker.partitions_assigned")
+        kcat_batch(topics.submitted, submissions(["restarted"], time=3), "gzip")
+        again = asyncio.run(collect(topics.decisions, lambda ms: len(placed(ms)) >= 3))
+        dead_after = asyncio.run(collect(topics.deadletter, lambda ms: False, timeout=0))
+    finally:
+        worker.stop()
+    assert sorted(d["task"] for d in placed(decisions)) == ["after", "before"]
+    assert sorted(d["task"] for d in placed(again)) == ["after", "before", "restarted"]
+    assert (dead["topic"], dead["partition"], dead["offset"]) == (topics.submitted, 0, 3)
+    assert "compressed with lz4 at offsets 1-3 that this worker cannot read" in dead["reason"], dead["reason"]
+    assert (line["partition"], line["offsets"], line["codec"]) == (f"{topics.submitted}:0", [1, 3], "lz4")
+    assert len(dead_after) == 1
+    assert "Traceback" not in worker.log_path.read_text()
 
 
 def test_a_worker_started_before_its_topics_exist_creates_them_and_decides_what_arrives_afterwards(tmp_path):
