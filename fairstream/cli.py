@@ -306,7 +306,7 @@ def cmd_worker(args) -> int:
 def cmd_publish(args) -> int:
     from fairstream.producers.client import publish_stdin
 
-    count = publish_stdin(args.broker, args.topic)
+    count = publish_stdin(args.broker, args.topic, args.delivery_timeout)
     print(json.dumps({"published": count, "topic": args.topic}), file=sys.stderr)
     return 0
 
@@ -559,7 +559,8 @@ def cmd_replay(args) -> int:
     from fairstream.wire.topics import Topics
 
     scenario = _workload(args)
-    count = asyncio.run(replay_only(scenario, args.cluster, args.broker, Topics().with_prefix(args.topic_prefix), args.speed))
+    count = asyncio.run(replay_only(scenario, args.cluster, args.broker, Topics().with_prefix(args.topic_prefix), args.speed,
+                                    args.delivery_timeout))
     print(json.dumps({"cluster": args.cluster, "nodes": len(scenario.nodes), "submitted": count}))
     return 0
 
@@ -570,7 +571,7 @@ def cmd_emulate(args) -> int:
 
     scenario = _workload(args)
     report = run(scenario, args.cluster, args.broker, Topics().with_prefix(args.topic_prefix), args.speed,
-                 args.heartbeat_interval, not args.no_replay, args.timeout)
+                 args.heartbeat_interval, not args.no_replay, args.timeout, args.delivery_timeout)
     print(json.dumps({"cluster": args.cluster, "tasks": scenario.task_count, **report.to_json()}))
     return 0 if not report.over_committed and report.completed == scenario.task_count else 1
 
@@ -943,6 +944,7 @@ def build_parser() -> argparse.ArgumentParser:
     publish = sub.add_parser("publish", help="send JSON events from stdin (one per line) to a topic")
     publish.add_argument("--topic", required=True)
     publish.add_argument("--broker", default=env_broker)
+    _delivery_timeout_option(publish)
     publish.set_defaults(func=cmd_publish)
 
     configure = sub.add_parser("configure", help="change a running cluster's tenant tree (weights, shares, new "
@@ -984,6 +986,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--nodes", type=int)
         cmd.add_argument("--broker", default=env_broker)
         cmd.add_argument("--topic-prefix", default="")
+        _delivery_timeout_option(cmd)
         if name == "emulate":
             cmd.add_argument("--heartbeat-interval", type=float, default=30.0, help="seconds of event time")
             cmd.add_argument("--no-replay", action="store_true", help="do not publish submissions (run `replay` too)")
@@ -1138,6 +1141,25 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"fairstream: error: {unreachable}", file=sys.stderr)
         return 2
+
+
+def _delivery_timeout_option(parser) -> None:
+    parser.add_argument("--delivery-timeout", type=_positive_seconds, default=None, dest="delivery_timeout",
+                        help="seconds a message may wait for the broker (an outage is ridden out, nothing is sent "
+                             "twice) before the command gives up saying what it could not send "
+                             "(default: FAIRSTREAM_KAFKA_DELIVERY_TIMEOUT, else 120)")
+
+
+def _positive_seconds(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
+    return value
 
 
 def _unreachable(exc: Exception) -> str | None:

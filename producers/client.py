@@ -25,22 +25,43 @@ from typing import Any, AsyncIterator
 from fairstream.core.model import ModelError
 from fairstream.wire.events import DEFAULT_MAX_BYTES
 from fairstream.wire.kafka import kafka_security
-from fairstream.wire.retry import waiting_for
 from fairstream.wire.topics import Topics
 
 
-class Publisher:
-    """Sends events to the input topics. ``outage_s``: how long a send keeps trying while the
-    broker has no leader for the partition (a broker restarting under load can take longer than
-    the producer's own retries); errors that may have written the message are not retried."""
+DELIVERY_TIMEOUT_S = 120.0  # a send's default deadline (FAIRSTREAM_KAFKA_DELIVERY_TIMEOUT overrides it)
 
-    def __init__(self, broker: str = "127.0.0.1:9092", topics: Topics = Topics(), outage_s: float = 120.0,
-                 **kafka_options: Any) -> None:
+
+class Undelivered(ModelError):
+    """Kafka did not acknowledge messages within the delivery timeout (one line for the user)."""
+
+
+class Publisher:
+    """Sends events to the input topics.
+
+    The producer is idempotent (Kafka's ``enable.idempotence``): a batch the broker did not
+    answer (frozen, restarting, a network that paused) is sent again with its producer id and
+    sequence number, and the broker writes it once. So a send rides out an outage: it returns
+    once the broker has the message, or after ``delivery_timeout_s`` (default
+    ``FAIRSTREAM_KAFKA_DELIVERY_TIMEOUT``, else 120 s) raises ``Undelivered``, saying what it
+    could not send. A batch that expired without a leader (never written) is sent again within
+    the same deadline. After ``Undelivered`` the producer is closed without waiting for what it
+    holds (``__aexit__``): whether those messages arrived is then unknown, and nothing of them
+    is sent again."""
+
+    def __init__(self, broker: str = "127.0.0.1:9092", topics: Topics = Topics(),
+                 delivery_timeout_s: float | None = None, **kafka_options: Any) -> None:
+        import os
+
         from aiokafka import AIOKafkaProducer
 
         self.topics = topics
-        self.outage_s = outage_s
-        self.producer = AIOKafkaProducer(bootstrap_servers=broker, **kafka_security(kafka_options))
+        if delivery_timeout_s is None:
+            delivery_timeout_s = delivery_timeout_from_env(os.environ.get("FAIRSTREAM_KAFKA_DELIVERY_TIMEOUT"))
+        self.delivery_timeout_s = delivery_timeout_s
+        self.unacknowledged = 0  # sends under way
+        self.gave_up = False
+        self.producer = AIOKafkaProducer(bootstrap_servers=broker, enable_idempotence=True,
+                                         **kafka_security(kafka_options))
 
     async def __aenter__(self) -> "Publisher":
         try:
@@ -51,14 +72,58 @@ class Publisher:
         return self
 
     async def __aexit__(self, *exc) -> None:
+        if self.gave_up or exc[0] is not None:
+            await self._close_now()
+        else:
+            await self.producer.stop()  # (everything sent was acknowledged: nothing waits)
+
+    async def _close_now(self) -> None:
+        """Close without flushing: a producer stopping normally waits until the broker has every
+        message it holds, however long the broker is away. Its sending task is cancelled (again
+        while it waits for a request the broker does not answer) and its connections closed."""
+        sender = getattr(self.producer, "_sender", None)
+        task = getattr(sender, "sender_task", None)
+        for _ in range(3):
+            if task is None or task.done():
+                break
+            task.cancel()
+            await asyncio.wait([task], timeout=1.0)
+        await self.producer.client.close()
         await self.producer.stop()
 
     async def send_raw(self, topic: str, key: str, value: bytes) -> None:
-        from aiokafka.errors import LeaderNotAvailableError, NotLeaderForPartitionError
+        """Send one message and wait until the broker has it (``Undelivered`` after the delivery
+        timeout)."""
+        from aiokafka.errors import KafkaTimeoutError, LeaderNotAvailableError, NotLeaderForPartitionError
 
-        # No leader took the batch, so it was not written: sending again cannot double it.
-        await waiting_for(lambda: self.producer.send_and_wait(topic, value=value, key=key.encode()), None,
-                          (LeaderNotAvailableError, NotLeaderForPartitionError), (0.5, 0.5), give_up_after=self.outage_s)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.delivery_timeout_s
+        self.unacknowledged += 1
+        try:
+            while True:
+                try:
+                    remaining = max(0.0, deadline - loop.time())
+                    # (send() waits for room in the producer's buffer; its future, for the broker.)
+                    sent = await asyncio.wait_for(self.producer.send(topic, value=value, key=key.encode()), remaining)
+                    await asyncio.wait_for(asyncio.shield(sent), max(0.0, deadline - loop.time()))
+                    return
+                except (LeaderNotAvailableError, NotLeaderForPartitionError):
+                    # The batch expired with no leader to take it, so it was not written:
+                    # sending it again cannot double it.
+                    if loop.time() + 0.5 > deadline:
+                        raise self._undelivered(topic, key, "no leader for its partition") from None
+                    await asyncio.sleep(0.5)
+                except (asyncio.TimeoutError, KafkaTimeoutError):
+                    raise self._undelivered(topic, key, "no acknowledgement from the broker") from None
+        finally:
+            self.unacknowledged -= 1
+
+    def _undelivered(self, topic: str, key: str, why: str) -> Undelivered:
+        self.gave_up = True
+        return Undelivered(
+            f"gave up after the delivery timeout of {self.delivery_timeout_s:g} s ({why}): {self.unacknowledged} "
+            f"message(s) not acknowledged, the last to {topic} keyed {key!r}; they may or may not have arrived and "
+            "are not sent again (set FAIRSTREAM_KAFKA_DELIVERY_TIMEOUT or --delivery-timeout to wait longer)")
 
     async def send(self, topic: str, message: dict[str, Any] | list[dict[str, Any]]) -> None:
         """One message: an event (a JSON object) or several of one cluster (a JSON array), keyed by
@@ -114,6 +179,19 @@ class Publisher:
         if time is not None:
             message["time"] = time
         await self.send(self.topics.config, message)
+
+
+def delivery_timeout_from_env(text: str | None) -> float:
+    """``FAIRSTREAM_KAFKA_DELIVERY_TIMEOUT`` (seconds) as a float; the default when unset."""
+    if text is None or not text.strip():
+        return DELIVERY_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ModelError(f"FAIRSTREAM_KAFKA_DELIVERY_TIMEOUT={text!r}: give a number of seconds above 0")
+    return value
 
 
 def split_burst(messages: list[dict[str, Any]], max_bytes: int = DEFAULT_MAX_BYTES) -> list[bytes]:
@@ -172,13 +250,13 @@ async def read_topic(broker: str, topic: str, from_beginning: bool = True, idle_
         await consumer.stop()
 
 
-def publish_stdin(broker: str, topic: str) -> int:
+def publish_stdin(broker: str, topic: str, delivery_timeout: float | None = None) -> int:
     """``fairstream publish``: one message per line of stdin to ``topic`` (a JSON object, or an
     array of one cluster's events); returns the count of messages."""
 
     async def run() -> int:
         count = 0
-        async with Publisher(broker) as pub:
+        async with Publisher(broker, delivery_timeout_s=delivery_timeout) as pub:
             for number, line in enumerate(sys.stdin, 1):
                 if not line.strip():
                     continue

@@ -63,9 +63,11 @@ async def run_emulator(
     heartbeat_interval: float = 30.0,
     replay: bool = True,
     timeout: float | None = None,
+    delivery_timeout: float | None = None,
 ) -> EmulatorReport:
     """Drive ``scenario`` through the worker until every task has completed (or ``timeout``
-    seconds of wall time pass). Returns what it saw, including any node over-commitment."""
+    seconds of wall time pass). Returns what it saw, including any node over-commitment.
+    ``delivery_timeout``: the publisher's (``Publisher``; None: its default)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     report = EmulatorReport()
@@ -156,66 +158,70 @@ async def run_emulator(
         started = max(decision["time"], (wall.monotonic() - origin) * speed)
         return started + spec.duration, "complete", (task_id, attempts[task_id])
 
-    async with Publisher(broker, topics) as pub:
-        while report.completed < total:
-            now_event = (wall.monotonic() - origin) * speed
-            while heap and heap[0][0] <= now_event:
-                at, _, kind, payload = heapq.heappop(heap)
-                if kind == "heartbeat":
-                    for node in scenario.nodes:
-                        await pub.heartbeat(cluster, node.id, at, node.capacity, node.labels or None, node.weights or None)
-                    if report.completed < total:
-                        schedule(at + heartbeat_interval, "heartbeat", None)
-                elif kind == "submit":
-                    spec: TaskSpec = payload
-                    await pub.submit(cluster, spec.id, spec.tenant, spec.demand, at, job=spec.job,
-                                     constraints=spec.constraints, count=spec.count,
-                                     estimate=spec.estimate)
-                    report.submitted += spec.tasks
-                elif kind == "complete":
-                    task_id, attempt = payload
-                    if attempts.get(task_id) != attempt:
-                        continue  # requeued meanwhile
-                    release(task_id)
-                    await pub.complete(cluster, task_id, at)
-                    report.completed += 1
-                    finished.add(task_id)
-                    for released in gates.finished(spec_of(task_id), at):
-                        schedule(max(released.submit, gates.release_time(released, at)), "submit", released)
-            next_at = heap[0][0] if heap else now_event + speed
-            wait = max(0.0, min((next_at - now_event) / speed, 0.2))
-            batch = await consumer.getmany(timeout_ms=int(wait * 1000))
-            for records in batch.values():
-                for record in records:
-                    decision = json.loads(record.value)
-                    if decision.get("cluster") != cluster:
-                        continue
-                    if decision["id"] in seen:
-                        report.duplicates_ignored += 1
-                        continue
-                    seen.add(decision["id"])
-                    for task_id in decision.get("tasks") or [decision["task"]]:
-                        completion = place(decision, task_id)
-                        if completion is not None:
-                            schedule(*completion)
-            if deadline is not None and wall.monotonic() > deadline:
-                log.warning("emulator.timeout", completed=report.completed, tasks=total)
-                break
-    await consumer.stop()
+    try:
+        async with Publisher(broker, topics, delivery_timeout) as pub:
+            while report.completed < total:
+                now_event = (wall.monotonic() - origin) * speed
+                while heap and heap[0][0] <= now_event:
+                    at, _, kind, payload = heapq.heappop(heap)
+                    if kind == "heartbeat":
+                        for node in scenario.nodes:
+                            await pub.heartbeat(cluster, node.id, at, node.capacity, node.labels or None, node.weights or None)
+                        if report.completed < total:
+                            schedule(at + heartbeat_interval, "heartbeat", None)
+                    elif kind == "submit":
+                        spec: TaskSpec = payload
+                        await pub.submit(cluster, spec.id, spec.tenant, spec.demand, at, job=spec.job,
+                                         constraints=spec.constraints, count=spec.count,
+                                         estimate=spec.estimate)
+                        report.submitted += spec.tasks
+                    elif kind == "complete":
+                        task_id, attempt = payload
+                        if attempts.get(task_id) != attempt:
+                            continue  # requeued meanwhile
+                        release(task_id)
+                        await pub.complete(cluster, task_id, at)
+                        report.completed += 1
+                        finished.add(task_id)
+                        for released in gates.finished(spec_of(task_id), at):
+                            schedule(max(released.submit, gates.release_time(released, at)), "submit", released)
+                next_at = heap[0][0] if heap else now_event + speed
+                wait = max(0.0, min((next_at - now_event) / speed, 0.2))
+                batch = await consumer.getmany(timeout_ms=int(wait * 1000))
+                for records in batch.values():
+                    for record in records:
+                        decision = json.loads(record.value)
+                        if decision.get("cluster") != cluster:
+                            continue
+                        if decision["id"] in seen:
+                            report.duplicates_ignored += 1
+                            continue
+                        seen.add(decision["id"])
+                        for task_id in decision.get("tasks") or [decision["task"]]:
+                            completion = place(decision, task_id)
+                            if completion is not None:
+                                schedule(*completion)
+                if deadline is not None and wall.monotonic() > deadline:
+                    log.warning("emulator.timeout", completed=report.completed, tasks=total)
+                    break
+    finally:
+        await consumer.stop()
     return report
 
 
 def run(scenario: Scenario, cluster: str, broker: str, topics: Topics, speed: float, heartbeat_interval: float,
-        replay: bool, timeout: float | None) -> EmulatorReport:
-    return asyncio.run(run_emulator(scenario, cluster, broker, topics, speed, heartbeat_interval, replay, timeout))
+        replay: bool, timeout: float | None, delivery_timeout: float | None = None) -> EmulatorReport:
+    return asyncio.run(run_emulator(scenario, cluster, broker, topics, speed, heartbeat_interval, replay, timeout,
+                                    delivery_timeout))
 
 
-async def replay_only(scenario: Scenario, cluster: str, broker: str, topics: Topics, speed: float) -> int:
+async def replay_only(scenario: Scenario, cluster: str, broker: str, topics: Topics, speed: float,
+                      delivery_timeout: float | None = None) -> int:
     """``fairstream replay``: heartbeats, then the ungated submissions at their trace times."""
     gates = ReleaseGates(scenario.tasks)
     released = sorted(gates.initially_released(), key=lambda t: t.submit)
     origin = wall.monotonic()
-    async with Publisher(broker, topics) as pub:
+    async with Publisher(broker, topics, delivery_timeout) as pub:
         for node in scenario.nodes:
             await pub.heartbeat(cluster, node.id, 0.0, node.capacity, node.labels or None, node.weights or None)
         for spec in released:

@@ -204,15 +204,21 @@ case "${1:-}" in
     stop_one kafka "$kafka_dir/kafka.pid"
     stop_one redis "$redis_dir/redis.pid"
     ;;
-  restart-kafka)  # the chaos drill's "Kafka restart" (fairstream drill kafka-restart); its data is kept
+  restart-kafka|freeze-kafka|thaw-kafka)
+    # restart-kafka: the chaos drill's "Kafka restart" (fairstream drill kafka-restart), its data
+    # kept; freeze-kafka / thaw-kafka: the broker paused (SIGSTOP) and resumed (SIGCONT), as a
+    # broker stuck in a long GC pause or on a host that froze (the producers' outage test).
     if started_here "$kafka_dir/kafka.pid" "$KAFKA_PORT"; then
-      stop_one kafka "$kafka_dir/kafka.pid"
-      start_kafka
+      case "$1" in
+        restart-kafka) stop_one kafka "$kafka_dir/kafka.pid"; start_kafka ;;
+        freeze-kafka) kill -STOP "$(cat "$kafka_dir/kafka.pid")"; log "kafka on $KAFKA_PORT frozen" ;;
+        thaw-kafka) kill -CONT "$(cat "$kafka_dir/kafka.pid")"; log "kafka on $KAFKA_PORT thawed" ;;
+      esac
       exit 0
     fi
-    # Not started here: restarted only if told to, through the checkout whose services.sh did.
+    # Not started here: acted on only if told to, through the checkout whose services.sh did.
     if [ "${FAIRSTREAM_SERVICES_REUSE:-0}" != 1 ]; then
-      log "kafka on 127.0.0.1:$KAFKA_PORT was not started by this checkout: not restarting it (FAIRSTREAM_SERVICES_REUSE=1 restarts another checkout's)"
+      log "kafka on 127.0.0.1:$KAFKA_PORT was not started by this checkout: not acting on it (FAIRSTREAM_SERVICES_REUSE=1 acts on another checkout's)"
       exit 1
     fi
     owner=""
@@ -223,17 +229,17 @@ case "${1:-}" in
       fi
     done
     if [ -z "$owner" ] || [ "$owner" = "$root" ] || [ ! -f "$owner/scripts/services.sh" ]; then
-      log "kafka on $KAFKA_PORT was not started by a checkout's scripts/services.sh: not restarting it"; exit 1
+      log "kafka on $KAFKA_PORT was not started by a checkout's scripts/services.sh: not acting on it"; exit 1
     fi
-    log "kafka on $KAFKA_PORT belongs to $owner: restarting it there"
-    exec bash "$owner/scripts/services.sh" restart-kafka
+    log "kafka on $KAFKA_PORT belongs to $owner: $1 there"
+    exec bash "$owner/scripts/services.sh" "$1"
     ;;
   status)
     port_open "$KAFKA_PORT" && echo "kafka: up (127.0.0.1:$KAFKA_PORT)" || echo "kafka: down"
     port_open "$REDIS_PORT" && echo "redis: up (127.0.0.1:$REDIS_PORT)" || echo "redis: down"
     ;;
   *)
-    echo "usage: $0 start|stop|status|restart-kafka" >&2
+    echo "usage: $0 start|stop|status|restart-kafka|freeze-kafka|thaw-kafka" >&2
     exit 2
     ;;
 esac
