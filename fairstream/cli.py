@@ -904,6 +904,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--snapshot-inline", action="store_true",
                         help="encode engine snapshots in the worker process, pausing it, rather than in a forked child "
                              "(for platforms where fork is unwelcome)")
+    worker.add_argument("--stop-timeout", type=positive_seconds, default=worker_defaults.stop_timeout,
+                        help="seconds a stop (SIGTERM, SIGINT) may take to leave the group and commit offsets; then "
+                             "the worker exits at once, which loses nothing (its state is committed in Redis)")
     worker.add_argument("--data-dir", default=None,
                         help="Faust's local directory (default: <tmp>/fairstream-faust/<app-id>; no state of ours is kept there)")
     worker.set_defaults(func=cmd_worker)
@@ -1144,22 +1147,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _delivery_timeout_option(parser) -> None:
-    parser.add_argument("--delivery-timeout", type=_positive_seconds, default=None, dest="delivery_timeout",
+    parser.add_argument("--delivery-timeout", type=positive_seconds, default=None, dest="delivery_timeout",
                         help="seconds a message may wait for the broker (an outage is ridden out, nothing is sent "
                              "twice) before the command gives up saying what it could not send "
                              "(default: FAIRSTREAM_KAFKA_DELIVERY_TIMEOUT, else 120)")
-
-
-def _positive_seconds(text: str) -> float:
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
-    return value
 
 
 def _unreachable(exc: Exception) -> str | None:

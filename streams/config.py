@@ -53,6 +53,7 @@ class WorkerConfig:
     explain_interval: float = 5.0  # seconds between writes of a cluster's explanation (inf: never)
     explain_max_entries: int = DEFAULT_MAX_ENTRIES  # pending entries listed per tenant (a request counts once)
     kafka_options: dict = field(default_factory=dict)  # security settings passed to Faust
+    stop_timeout: float = 10.0  # seconds a stop (SIGTERM, SIGINT) may take before the process exits at once
     # Faust's local directory; it holds nothing of ours (state is in Redis), so by default it
     # goes to the temporary directory rather than "<app-id>-data" in the working directory.
     data_dir: str | None = None

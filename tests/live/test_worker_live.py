@@ -310,6 +310,43 @@ def test_sigterm_stops_a_worker_within_seconds_while_its_redis_is_down_and_a_bat
     assert took < 10
 
 
+def test_sigterm_stops_a_worker_within_its_stop_timeout_while_kafka_is_frozen_and_redis_is_down(tmp_path):
+    # Faust leaves the group and commits offsets on the way out: with the broker frozen too,
+    # that took about a minute. Past --stop-timeout the worker exits at once (nothing is lost:
+    # its state is committed in Redis, as after kill -9).
+    app_id = f"t{uuid.uuid4().hex[:8]}"
+    topics = Topics().with_prefix(app_id)
+    port = free_port()
+    redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    worker = Worker(app_id, tmp_path, "--redis", f"redis://127.0.0.1:{port}/0", "--stop-timeout", "5").start()
+    services = ["bash", str(ROOT / "scripts" / "services.sh")]
+    try:
+        worker.wait_for_log("worker.partitions_assigned")
+        redis.terminate()
+        redis.wait()
+
+        async def submit():
+            async with Publisher(BROKER, topics) as pub:
+                await pub.submit("c1", "t1", tenant="A", demand={"cpu": 1, "mem": 1}, time=1)
+
+        asyncio.run(submit())
+        worker.wait_for_log("worker.batch_failed")
+        subprocess.run([*services, "freeze-kafka"], check=True, capture_output=True)
+        stopped_at = time.monotonic()
+        worker.process.send_signal(signal.SIGTERM)
+        worker.process.wait(timeout=120)
+        took = time.monotonic() - stopped_at
+    finally:
+        subprocess.run([*services, "thaw-kafka"], check=True, capture_output=True)
+        worker.stop()
+        if redis.poll() is None:
+            redis.terminate()
+            redis.wait()
+    assert took < 10, worker.log_path.read_text()[-3000:]
+    assert worker.process.returncode == 0
+
+
 def test_the_worker_leaves_existing_topics_as_they_are_and_refuses_input_topics_of_different_partition_counts(tmp_path):
     from fairstream.wire.kafka import ensure_topics
 
