@@ -18,11 +18,15 @@ from fairstream.collector import tuned_gc
 from fairstream.core.model import ModelError
 
 
+ALLOW_PARTIAL = ("table: a gzipped file cut short runs with the rows before the cut (without it, the command "
+                 "refuses it, exit 2, so a script notices)")
+
+
 def _trace_options(args) -> dict:
     """The loader options the command line gave for this trace format (None: the default)."""
     keys = {"swim": ("limit", "nodes", "tenant_count", "max_tasks_per_job"), "google": ("limit", "nodes", "users"),
             "philly": ("limit", "nodes", "tenant_count", "seed"),
-            "table": ("limit", "nodes", "mapping", "nodes_table", "nodes_mapping")}[args.format]
+            "table": ("limit", "nodes", "mapping", "nodes_table", "nodes_mapping", "allow_partial")}[args.format]
     loader_name = {"tenant_count": "tenants"}  # (the loaders' own word for it)
     return {loader_name.get(k, k): getattr(args, k) for k in keys if getattr(args, k, None) is not None}
 
@@ -155,17 +159,32 @@ def cmd_explain(args) -> int:
 
 
 def cmd_simulate(args) -> int:
-    from fairstream.sim.output import DecisionWriter, write_run
-    from fairstream.policies.base import parse_param_pairs
-    from fairstream.sim.simulator import Simulator
+    from fairstream.sim.output import staged
 
     if args.events:
         return _replay_events(args)
     scenario = _scenario_from_args(args)
     _warn_min_share(scenario.tree)
+    with staged(Path(args.out)) as out:  # the old output stays whole unless this run succeeds
+        summary = _simulate_into(args, scenario, out)
+    print(json.dumps({
+        "policy": summary["policy"], "scenario": scenario.name, "tasks": summary["tasks"],
+        "decisions": summary["decisions"], "placed_tasks": summary["placed_tasks"],
+        "task_placements": summary["task_placements"], "unfinished_tasks": summary["unfinished_tasks"],
+        "makespan": summary["makespan"], "sharing_benefit": summary["sharing_benefit"],
+        "sharing_loss": summary["sharing_loss"], "out": str(Path(args.out)),
+    }))
+    return 0
+
+
+def _simulate_into(args, scenario, out: Path) -> dict:
+    """``simulate``'s run of ``scenario`` written into ``out``; returns its summary."""
+    from fairstream.policies.base import parse_param_pairs
+    from fairstream.sim.output import DecisionWriter, write_run
+    from fairstream.sim.simulator import Simulator
+
     params = parse_param_pairs(args.param)
     progress = None if args.progress is None else args.progress
-    out = Path(args.out)
     writer = DecisionWriter(out)  # decisions go to disk as they are taken, not into memory
     try:
         simulator = Simulator(scenario, args.policy, params, metric_resource=args.metric_resource,
@@ -188,15 +207,7 @@ def cmd_simulate(args) -> int:
         baseline = Simulator(scenario, "static", {}, metric_resource=args.metric_resource, progress=progress,
                              on_decision=lambda decision: None).run()
     write_run(result, out, baseline, plots=not args.no_plots, theory=run_theory(scenario, result), decisions_written=True)
-    summary = result.summary()
-    print(json.dumps({
-        "policy": summary["policy"], "scenario": scenario.name, "tasks": summary["tasks"],
-        "decisions": summary["decisions"], "placed_tasks": summary["placed_tasks"],
-        "task_placements": summary["task_placements"], "unfinished_tasks": summary["unfinished_tasks"],
-        "makespan": summary["makespan"], "sharing_benefit": summary["sharing_benefit"],
-        "sharing_loss": summary["sharing_loss"], "out": str(out),
-    }))
-    return 0
+    return result.summary()
 
 
 def _seconds(text: str) -> float:
@@ -239,7 +250,6 @@ def _replay_events(args) -> int:
     ``{"time", "events"}``) through a fresh engine; writes the decisions it takes."""
     from fairstream.policies.base import parse_param_pairs
     from fairstream.streams.app import WorkerConfig
-    from fairstream.wire.log import replay
     from fairstream.sim.scenario import load_tenant_tree
 
     # The engine the worker builds from the same options (equivalence depends on it), or the
@@ -260,13 +270,24 @@ def _replay_events(args) -> int:
             tenants=load_tenant_tree(args.tenants_file) if args.tenants_file else None,
             finished_retention=args.finished_retention,
         ).make_engine()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    decisions = 0
     try:
         handle = open(args.events)
     except OSError as exc:
         raise ModelError(f"--events {args.events}: cannot read ({exc.strerror})") from None
+    from fairstream.sim.output import staged
+
+    with handle, staged(Path(args.out)) as out:  # the old output stays whole unless this run succeeds
+        decisions = _replay_events_into(args, engine, handle, out)
+    print(json.dumps({"policy": args.policy, "events": args.events, "decisions": decisions, "out": str(Path(args.out))}))
+    return 0
+
+
+def _replay_events_into(args, engine, handle, out: Path) -> int:
+    """``simulate --events``: the recorded steps of ``handle`` replayed on ``engine``, the
+    decisions and the usage view written into ``out``; returns the count of decisions."""
+    from fairstream.wire.log import replay
+
+    decisions = 0
     line = 0
 
     def recorded_steps():
@@ -279,7 +300,7 @@ def _replay_events(args) -> int:
                     raise ModelError(f"not a recorded step ({exc})") from None
 
     cluster = {"cluster": args.cluster} if args.cluster else {}
-    with handle, open(out / "decisions.jsonl", "w") as written:
+    with open(out / "decisions.jsonl", "w") as written:
         try:
             for result in replay(engine, recorded_steps()):
                 for decision in result.decisions:
@@ -293,8 +314,7 @@ def _replay_events(args) -> int:
     usage = {name: {k: json.loads(v) for k, v in fields.items()} for name, fields in views(engine).items()
              if name.startswith("usage:")}
     (out / "usage.json").write_text(json.dumps(usage, indent=1))
-    print(json.dumps({"policy": args.policy, "events": args.events, "decisions": decisions, "out": str(out)}))
-    return 0
+    return decisions
 
 
 def cmd_worker(args) -> int:
@@ -738,6 +758,7 @@ def build_parser() -> argparse.ArgumentParser:
     workload.add_argument("--nodes-table", dest="nodes_table", help="table: the nodes as a table (with --nodes-mapping)")
     workload.add_argument("--nodes-mapping", dest="nodes_mapping",
                           help="table: the node table's mapping, or a shipped one: alibaba-2018-nodes")
+    workload.add_argument("--allow-partial", action="store_true", dest="allow_partial", help=ALLOW_PARTIAL)
     workload.add_argument("--limit", type=int,
                           help="trace: first N jobs (swim), tasks (google), or jobs per late tenant (philly)")
     workload.add_argument("--tenant-count", type=int, dest="tenant_count",
@@ -982,6 +1003,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--mapping", help="table: the column mapping, or a shipped one by name")
         cmd.add_argument("--nodes-table", dest="nodes_table")
         cmd.add_argument("--nodes-mapping", dest="nodes_mapping")
+        cmd.add_argument("--allow-partial", action="store_true", dest="allow_partial", help=ALLOW_PARTIAL)
         cmd.add_argument("--cluster", default="default")
         cmd.add_argument("--speed", type=float, default=100.0, help="event seconds per wall second")
         cmd.add_argument("--limit", type=int)

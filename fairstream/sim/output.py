@@ -1,10 +1,15 @@
-"""Writing a run to disk: decisions.jsonl, metrics.json and plots."""
+"""Writing a run to disk: decisions.jsonl, metrics.json and plots; ``staged``: a run's output
+folder put in place only when the run succeeds."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
+import os
+import shutil
 from pathlib import Path
+from typing import Iterator
 
 from fairstream.sim.metrics import job_statistics
 from fairstream.sim.simulator import SimResult
@@ -98,6 +103,39 @@ def write_run(result: SimResult, out: Path, baseline: SimResult | None = None, p
 
         written += plot_run(result, out)
     return written
+
+
+@contextlib.contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A folder to write a run's output into, put in place at ``out`` when the ``with`` block
+    ends without an error: each file or folder it holds replaces the one of that name in
+    ``out`` (others in ``out`` are left as they are). A run that fails or is interrupted
+    leaves ``out`` as it was: a failed command once cut a good decisions.jsonl to nothing and
+    left the old metrics.json and plots beside it. The folder is a hidden sibling of ``out``
+    (``.<name>.partial-<pid>``), so moving it into place is a rename on the same file system."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(20, "--out is a file, not a folder", str(out))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if not out.exists():
+        staging.rename(out)
+        return
+    for entry in sorted(staging.iterdir()):
+        target = out / entry.name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+        entry.rename(target)
+    staging.rmdir()
 
 
 def write_csv(rows: list[dict], fields: tuple[str, ...], path: Path) -> Path:

@@ -648,3 +648,59 @@ def test_the_agenda_gives_each_instants_events_in_the_order_of_one_heap_of_time_
         while heap and heap[0][0] == now:
             expected.append(heapq.heappop(heap)[1:])
         assert events == expected
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("failing", [
+    pytest.param(["--policy", "no-such-policy"], id="an unknown policy"),
+    pytest.param(["--policy", "ltrf", "--param", "round=soon"], id="a bad --param"),
+    pytest.param(["--policy", "drf", "interrupted"], id="a run interrupted (Ctrl-C) halfway"),
+])
+def test_a_failed_or_interrupted_run_leaves_the_previous_output_whole(failing, tmp_path, capsys, monkeypatch):
+    # Found by an operator: an unknown policy with an existing --out cut a good
+    # decisions.jsonl to 0 bytes and left the old metrics.json and plots beside it.
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(ISSUE_EXAMPLE))
+    out = tmp_path / "run"
+    (out / "notes").mkdir(parents=True)
+    (out / "notes" / "mine.txt").write_text("the user's own file")
+    assert main(["simulate", "--scenario", str(path), "--policy", "drf", "--out", str(out)]) == 0
+    before = folder_bytes(out)
+    assert before["decisions.jsonl"] and "metrics.json" in before and "notes/mine.txt" in before
+    if failing[-1] == "interrupted":
+        failing = failing[:-1]
+
+        def interrupted(self, *args, **kwargs):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(Simulator, "run", interrupted)
+    assert main(["simulate", "--scenario", str(path), "--out", str(out), *failing]) in (2, 130)
+    monkeypatch.undo()
+    assert folder_bytes(out) == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # nothing half-written is left
+    # And a run that succeeds replaces the outputs it writes, beside the user's own files.
+    assert main(["simulate", "--scenario", str(path), "--policy", "fifo", "--out", str(out), "--no-plots"]) == 0
+    after = folder_bytes(out)
+    assert json.loads(after["decisions.jsonl"].splitlines()[0])["policy"] == "fifo"
+    assert after["notes/mine.txt"] == b"the user's own file"
+
+
+def test_a_trace_cut_short_exits_2_in_one_line_unless_partial_input_is_allowed(tmp_path, capsys):
+    rows = "".join(f"j{k},u{k % 3},{k},{k + 5},1\n" for k in range(20_000))
+    whole = gzip.compress(("job,user,start,end,gpus\n" + rows).encode())
+    trace = tmp_path / "cut.csv.gz"
+    trace.write_bytes(whole[: len(whole) // 2])
+    mapping = tmp_path / "m.json"
+    mapping.write_text(json.dumps({"job": "job", "tenant": "user", "submit": "start", "end": "end",
+                                   "demand": {"gpu": "gpus"}, "cluster": {"nodes": 4, "capacity": {"gpu": 8}}}))
+    argv = ["simulate", "--trace", str(trace), "--format", "table", "--mapping", str(mapping), "--policy", "drf",
+            "--no-plots", "--no-baseline", "--limit", "50", "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the file ends early (a gzip cut short)" in err and "--allow-partial" in err
+    assert not (tmp_path / "o").exists()
+    assert main([*argv, "--allow-partial"]) == 0
+    assert json.loads(capsys.readouterr().out)["tasks"] == 50

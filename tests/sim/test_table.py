@@ -237,14 +237,18 @@ def test_a_key_the_mapping_does_not_know_is_refused_at_every_level(tmp_path, cha
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
-def test_a_gzip_cut_short_gives_its_good_rows_and_counts_the_rest(tmp_path):
+def test_a_gzip_cut_short_is_refused_and_with_allow_partial_gives_its_good_rows_and_counts_the_rest(tmp_path):
     rows = "".join(f"j{k},u{k % 3},{k},{k + 5},1\n" for k in range(20_000))
     whole = gzip.compress(("job,user,start,end,gpus\n" + rows).encode())
     path = tmp_path / "cut.csv.gz"
     path.write_bytes(whole[: len(whole) * 2 // 3])
     mapping = {"job": "job", "tenant": "user", "submit": "start", "end": "end", "demand": {"gpu": "gpus"},
                "cluster": {"nodes": 1, "capacity": {"gpu": 8}}}
-    scenario = load_table(str(path), mapping)
+    # A script running the command must notice (it once ran what it read and exited 0).
+    with pytest.raises(ModelError, match=r"cut\.csv\.gz: the file ends early \(a gzip cut short\): nothing after "
+                                         r"line \d+ read \(\d+ tasks before the cut\); --allow-partial runs what was read$"):
+        load_table(str(path), mapping)
+    scenario = load_table(str(path), mapping, allow_partial=True)
     tasks = list(scenario.tasks)
     (reason, count), = scenario.tasks.left_out.items()
     assert reason.startswith("the file ends early (a gzip cut short): nothing after line ") and count == 1

@@ -124,6 +124,11 @@ def _cut_short(line: int) -> str:
     return f"the file ends early (a gzip cut short): nothing after line {line} read"
 
 
+def _cut_short_error(path: str, line: int, read: str) -> ModelError:
+    return ModelError(f"{path}: the file ends early (a gzip cut short): nothing after line {line} read ({read} "
+                      "before the cut); --allow-partial runs what was read")
+
+
 def _rows(path: str, fmt: FileFormat, truncated: Callable[[int], None] | None = None
           ) -> Iterator[tuple[int, list[str]]]:
     """``(line number, cells)`` of the data rows; the header (if any) is skipped. A gzipped
@@ -510,6 +515,7 @@ class TableWorkload:
         self.map = TaskMapping(mapping, _columns(self.path, self.format))
         self.limit = limit
         self.left_out: dict[str, int] = {}
+        self.cut_short_at: int | None = None  # the last line read of a gzip cut short
         self.round_robin: dict[str, str] = {}
         self._names: dict[str | None, int] = {}  # tenants named on rows, coded per row
         self._tenant_codes = array("l")
@@ -522,6 +528,7 @@ class TableWorkload:
         self.left_out[reason] = self.left_out.get(reason, 0) + count
 
     def _truncated(self, line: int) -> None:
+        self.cut_short_at = line
         self._skip(_cut_short(line))
 
     # One row per task (or request).
@@ -716,10 +723,11 @@ class TableWorkload:
 # ------------------------------------------------------------------ nodes
 
 
-def read_node_table(path: str, mapping: dict) -> tuple[list[NodeSpec], dict[str, int]]:
+def read_node_table(path: str, mapping: dict, allow_partial: bool = True) -> tuple[list[NodeSpec], dict[str, int]]:
     """Nodes from a table: ``id``, ``capacity`` (resource -> column or value, as a demand) and
     ``labels`` (label -> column). A node's first row counts (Alibaba's machine_meta repeats a
-    machine per state change); rows that cannot be used are counted per reason."""
+    machine per state change); rows that cannot be used are counted per reason. A gzipped file
+    cut short is refused unless ``allow_partial`` (``load_table``)."""
     fmt = _file_format(mapping, str(path))
     cols = _Columns(_columns(str(path), fmt))
     known = {"file", "id", "capacity", "labels", "keep", "name"}
@@ -740,8 +748,13 @@ def read_node_table(path: str, mapping: dict) -> tuple[list[NodeSpec], dict[str,
     keep = _keep_rule(mapping.get("keep"), cols)
     nodes: dict[str, NodeSpec] = {}
     left_out: dict[str, int] = {}
+    cut_at: list[int] = []
 
-    for number, cells in _rows(str(path), fmt, lambda line: left_out.update({_cut_short(line): 1})):
+    def truncated(line: int) -> None:
+        cut_at.append(line)
+        left_out[_cut_short(line)] = 1
+
+    for number, cells in _rows(str(path), fmt, truncated):
         try:
             if not _kept(keep, cells):
                 raise _Skip("not kept (keep)")
@@ -757,25 +770,34 @@ def read_node_table(path: str, mapping: dict) -> tuple[list[NodeSpec], dict[str,
                                                   if i < len(cells) and cells[i].strip()})
         except _Skip as skip:
             left_out[str(skip)] = left_out.get(str(skip), 0) + 1
+    if cut_at and not allow_partial:
+        raise _cut_short_error(path, cut_at[0], f"{len(nodes)} nodes")
     if not nodes:
         raise ModelError(f"{path}: no usable node rows ({left_out or 'the file is empty'})")
     return list(nodes.values()), left_out
 
 
 def load_table(path: str, mapping: str | dict, limit: int | None = None, nodes: int | None = None,
-               nodes_table: str | None = None, nodes_mapping: str | dict | None = None) -> Scenario:
+               nodes_table: str | None = None, nodes_mapping: str | dict | None = None,
+               allow_partial: bool = False) -> Scenario:
     """The table as a scenario read as the simulation reaches it. Nodes: from ``nodes_table``
     through ``nodes_mapping``, else the mapping's ``cluster`` (``nodes`` x ``capacity``; ``nodes``
-    overrides the count). Tenants: a flat tree, weight 1, in order of first task."""
+    overrides the count). Tenants: a flat tree, weight 1, in order of first task.
+
+    A gzipped file cut short (a copy that stopped early) is refused (``ModelError``), so that a
+    script running the command notices; with ``allow_partial`` its rows before the cut are used
+    and the cut is counted among the rows left out."""
     document = read_mapping(mapping) if not isinstance(mapping, dict) else mapping
     workload = TableWorkload(str(path), document, limit=limit)
+    if workload.cut_short_at is not None and not allow_partial:
+        raise _cut_short_error(path, workload.cut_short_at, f"{len(workload)} tasks")
     resources = ResourceSpace(workload.map.resources)
     name = f"table:{Path(path).name} ({len(workload)} tasks; {workload.report()})"
     if nodes_table is not None:
         if nodes_mapping is None:
             raise ModelError("--nodes-table needs --nodes-mapping")
         node_doc = read_mapping(nodes_mapping) if not isinstance(nodes_mapping, dict) else nodes_mapping
-        node_specs, node_left = read_node_table(nodes_table, node_doc)
+        node_specs, node_left = read_node_table(nodes_table, node_doc, allow_partial)
         if nodes is not None:
             node_specs = node_specs[:nodes]
         for spec in node_specs:
