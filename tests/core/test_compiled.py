@@ -37,6 +37,9 @@ def _manifest(build: Path, stamp: dict) -> None:
     pytest.param(lambda stamp: stamp, "", id="a build of these sources, by this interpreter and compiler, is served"),
     pytest.param(lambda stamp: {**stamp, "sources": {**stamp["sources"], compiled.MODULES[0]: "0" * 64}},
                  "built from other sources", id="one source edited since the build: none is served"),
+    pytest.param(lambda stamp: {**stamp, "sources": {**stamp["sources"], "fairstream/core/admission.py": "0" * 64}},
+                 "built from other sources",
+                 id="a module the compiled ones import, itself run from source, edited since the build: none is served"),
     pytest.param(lambda stamp: {**stamp, "python": "cpython-0"}, "built from other sources",
                  id="a build by another interpreter is not served"),
     pytest.param(lambda stamp: {**stamp, "mypy": "0.0"}, "",
@@ -57,6 +60,35 @@ def test_the_compiled_modules_are_served_only_when_built_from_the_sources_as_the
         assert sys.meta_path[1:] == before and isinstance(sys.meta_path[0], compiled._Finder)
         assert compiled.why_not() == ""
     assert compiled.build_needed() == (change(compiled._stamp()) != compiled._stamp())
+
+
+def test_a_builds_stamp_covers_every_module_the_compiled_ones_import_transitively():
+    # A type-correct edit of core/admission.py (not compiled) once made compiled workload.py
+    # raise TypeError while the guard, which hashed only the compiled sources, still served it.
+    import ast
+
+    stamped = set(compiled._sources())
+    by_module = {compiled._module_name(path): path for path in stamped}
+    for installed, folder in (("fairstream.policies", "policies"), ("fairstream.state", "state"),
+                              ("fairstream.streams", "streams"), ("fairstream.producers", "producers"),
+                              ("fairstream.kube", "kube")):
+        by_module.update({name.replace(folder, installed, 1): path for name, path in by_module.items()
+                          if name.startswith(folder + ".") or name == folder})
+    seen, todo = set(), [compiled._module_name(path) for path in compiled.MODULES]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        path = by_module.get(module) or by_module.get(module + ".__init__")
+        assert path is not None, f"{module} is imported by a compiled module but not in a build's stamp"
+        for node in ast.walk(ast.parse((ROOT / path).read_text())):  # (function-local imports too)
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fairstream"):
+                todo += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names
+                                        if f"{node.module}.{alias.name}" in by_module)]
+            elif isinstance(node, ast.Import):
+                todo += [alias.name for alias in node.names if alias.name.startswith("fairstream")]
+    assert "fairstream.core.admission" in seen and len(seen) > len(compiled.MODULES)
 
 
 def test_without_a_build_everything_runs_from_source(monkeypatch, tmp_path):
