@@ -17,8 +17,9 @@ from fairstream.policies.base import Param, parse_choice, parse_fraction, parse_
 
 
 RESOURCE_PARAM = Param(
-    "resource", "mem", parse_name,
-    "resource the policy is fair on (single-resource mode, as YARN's memory); 'dominant' for the dominant share",
+    "resource", "auto", parse_name,
+    "resource the policy is fair on (single-resource mode); 'dominant' for the dominant share; 'auto': mem where "
+    "the cluster has it (as YARN's memory), else the dominant share",
 )
 
 #: Parameters of the long-term family; ``long_term_accounting`` makes the engine's accounting from them.
@@ -76,13 +77,23 @@ def preemption_rule(params: Mapping[str, Any]) -> PreemptionRule | None:
 
 
 def resource_index(resources: ResourceSpace, name: str) -> int | None:
-    """Index of the named resource, or None for 'dominant'; the one check of ``--param resource``."""
+    """Index of the named resource, or None for 'dominant'; the one check of ``--param resource``.
+    'auto' (the default) is mem where the cluster has it, else 'dominant': a default that works on
+    every cluster (it was mem, which a cpu-only cluster refused though no ``--param`` was given)."""
+    if name == "auto":
+        return resources.index("mem") if "mem" in resources.names else None
     if name == "dominant":
         return None
     if name not in resources.names:
         known = ", ".join(resources.names)
-        raise ModelError(f"--param resource={name}: not a resource of this cluster (known: {known}, dominant)")
+        raise ModelError(f"--param resource={name}: not a resource of this cluster (known: {known}, dominant, auto)")
     return resources.index(name)
+
+
+def resource_label(snapshot) -> str:
+    """The name of the resource ``snapshot``'s policy is fair on (``resource_index``), or 'dominant'."""
+    index = snapshot.accounting.resource
+    return "dominant" if index is None else snapshot.resources.names[index]
 
 
 def resource_accounting(resources: ResourceSpace, params: Mapping[str, Any]) -> AccountingConfig:

@@ -1,7 +1,8 @@
 """``fair``: memoryless weighted max-min fairness on one resource (YARN Fair Scheduler style).
 
 The tenant with the lowest ``allocation_r / (capacity_r * w_i)`` gets the next task, where ``r``
-is the configured resource (memory by default, as YARN) and ``w_i`` the tenant's effective
+is the configured resource (memory by default where the cluster has it, as YARN; else the
+dominant share) and ``w_i`` the tenant's effective
 share in the tree. This is MLRF in the LTRF paper's terms (section 4, Table 1a).
 """
 
@@ -14,7 +15,7 @@ from fairstream.core.model import Decision
 from fairstream.core.placement import Cycle, FlatKey, Service, TenantOrder, leaf_arrival, serve_in_order
 from fairstream.core.snapshot import Snapshot
 from fairstream.core.preemption import reclaim
-from fairstream.policies._common import PREEMPTION_PARAMS, RESERVATION_PARAM, RESOURCE_PARAM, preemption_rule, resource_accounting
+from fairstream.policies._common import PREEMPTION_PARAMS, RESERVATION_PARAM, RESOURCE_PARAM, preemption_rule, resource_accounting, resource_label
 from fairstream.policies.base import Needs, Ordering, PolicySpec, Traits
 
 
@@ -27,12 +28,12 @@ def order(snapshot: Snapshot, params: Mapping[str, Any]) -> TenantOrder:
         share = resource_share(cycle.allocation[row], snapshot.capacity, resource) / snapshot.share_fraction[row]
         return fair_key(share, leaf_arrival(snapshot, tenant), tenant, cycle.below_min_share(tenant))
 
-    return TenantOrder(f"{params['resource']} share / weight", key)
+    return TenantOrder(f"{resource_label(snapshot)} share / weight", key)
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     resource = snapshot.accounting.resource
-    label = params["resource"]
+    label = resource_label(snapshot)
     key = order(snapshot, params).key
 
     def reason(cycle: Cycle, tenant: str, k) -> str:

@@ -273,9 +273,19 @@ def test_a_policy_declares_the_accounting_it_needs(policy, params, expected):
     assert engine(tree("A"), policy, resources=("cpu", "mem"), **params).accounting.config == expected
 
 
+@pytest.mark.parametrize("resources, expected", [
+    pytest.param(("cpu", "mem"), 1, id="auto is memory where the cluster has it (as YARN)"),
+    pytest.param(("cpu", "gpu"), None, id="auto is the dominant share on a cluster without memory"),
+    pytest.param(("cpu",), None, id="auto on a cpu-only cluster (mem once failed there with no --param given)"),
+])
+@pytest.mark.parametrize("policy", ["fair", "ltrf", "hltrf"])
+def test_the_default_resource_works_on_every_cluster(policy, resources, expected):
+    assert engine(tree("A"), policy, resources=resources).accounting.config.resource == expected
+
+
 @pytest.mark.parametrize("policy", ["fair", "ltrf", "hltrf"])
 def test_a_resource_the_cluster_lacks_is_refused_when_the_engine_is_assembled(policy):
-    with pytest.raises(ModelError, match=r"--param resource=gpu: not a resource of this cluster \(known: cpu, mem, dominant\)"):
+    with pytest.raises(ModelError, match=r"--param resource=gpu: not a resource of this cluster \(known: cpu, mem, dominant, auto\)"):
         engine(tree("A"), policy, resources=("cpu", "mem"), resource="gpu")
 
 
