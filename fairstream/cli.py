@@ -193,15 +193,7 @@ def _simulate_into(args, scenario, out: Path) -> dict:
     finally:
         writer.close()
     if simulator.explanation is not None:
-        from fairstream.wire.visibility import explanation_documents
-
-        explanation = simulator.explanation
-        folder = out / "explain"
-        folder.mkdir(exist_ok=True)
-        documents = explanation_documents(args.cluster or "default", explanation.status_json(),
-                                          explanation.pending_json())
-        for name, document in documents.items():
-            (folder / name).write_text(json.dumps(document, indent=1) + "\n")
+        _write_explanation(out, args.cluster, simulator.explanation)
     baseline = None
     if args.policy != "static" and not args.no_baseline:
         baseline = Simulator(scenario, "static", {}, metric_resource=args.metric_resource, progress=progress,
@@ -284,20 +276,28 @@ def _replay_events(args) -> int:
 
 def _replay_events_into(args, engine, handle, out: Path) -> int:
     """``simulate --events``: the recorded steps of ``handle`` replayed on ``engine``, the
-    decisions and the usage view written into ``out``; returns the count of decisions."""
+    decisions and the usage view written into ``out`` (and with ``--explain-at T`` the
+    explanation of the engine after the last step at or before T, as a scenario's run writes
+    it); returns the count of decisions."""
     from fairstream.wire.log import replay
 
     decisions = 0
     line = 0
+    explanation = None
 
     def recorded_steps():
-        nonlocal line
+        nonlocal line, explanation
         for line, text in enumerate(handle, 1):
             if text.strip():
                 try:
-                    yield json.loads(text)
+                    step = json.loads(text)
                 except ValueError as exc:
                     raise ModelError(f"not a recorded step ({exc})") from None
+                # (The steps before it are applied when the next is asked for: replay is lazy.)
+                if (args.explain_at is not None and explanation is None and isinstance(step, dict)
+                        and isinstance(step.get("time"), (int, float)) and step["time"] > args.explain_at):
+                    explanation = _explain_engine(engine)
+                yield step
 
     cluster = {"cluster": args.cluster} if args.cluster else {}
     with open(out / "decisions.jsonl", "w") as written:
@@ -308,6 +308,8 @@ def _replay_events_into(args, engine, handle, out: Path) -> int:
                     decisions += 1
         except ModelError as exc:
             raise ModelError(f"{args.events}:{line}: {exc}") from None
+    if args.explain_at is not None:
+        _write_explanation(out, args.cluster, explanation or _explain_engine(engine))
     from fairstream.streams.views import views
 
     # The same per-tenant accumulated usage view the worker keeps in Redis, for comparison.
@@ -315,6 +317,25 @@ def _replay_events_into(args, engine, handle, out: Path) -> int:
              if name.startswith("usage:")}
     (out / "usage.json").write_text(json.dumps(usage, indent=1))
     return decisions
+
+
+def _explain_engine(engine):
+    """``explain`` of ``engine`` as it stands (a recorded log holds no held-back stages)."""
+    from fairstream.core.explain import explain
+    from fairstream.core.forecast import MAX_STEPS, MAX_TASKS
+
+    return explain(engine, [], forecast=(MAX_STEPS, MAX_TASKS))
+
+
+def _write_explanation(out: Path, cluster: str | None, explanation) -> None:
+    """``explain/tenants.json`` and ``explain/pending.json`` in ``out``, as the worker's API serves them."""
+    from fairstream.wire.visibility import explanation_documents
+
+    folder = out / "explain"
+    folder.mkdir(exist_ok=True)
+    documents = explanation_documents(cluster or "default", explanation.status_json(), explanation.pending_json())
+    for name, document in documents.items():
+        (folder / name).write_text(json.dumps(document, indent=1) + "\n")
 
 
 def cmd_worker(args) -> int:

@@ -704,3 +704,25 @@ def test_a_trace_cut_short_exits_2_in_one_line_unless_partial_input_is_allowed(t
     assert not (tmp_path / "o").exists()
     assert main([*argv, "--allow-partial"]) == 0
     assert json.loads(capsys.readouterr().out)["tasks"] == 50
+
+
+def test_a_replayed_log_explains_itself_at_the_time_asked(tmp_path, capsys):
+    # It once wrote no explain/ and exited 0. One node of 1 cpu: t0 runs from 1, t1 waits
+    # until t0 ends at 5; at 3, t1 is the one pending task, and after 5 nothing waits.
+    from fairstream.core.model import NodeHeartbeat, TaskCompleted, TaskSubmitted
+    from fairstream.wire.log import log_step
+
+    steps = [log_step(0, [NodeHeartbeat(node="n1", time=0, capacity={"cpu": 1})]),
+             log_step(1, [TaskSubmitted(task=f"t{k}", job=f"t{k}", tenant="A", demand={"cpu": 1}, time=1)
+                          for k in range(2)]),
+             log_step(5, [TaskCompleted(task="t0", time=5)])]
+    log = tmp_path / "steps.jsonl"
+    log.write_text("".join(json.dumps(step) + "\n" for step in steps))
+    for at, waiting in ((3, ["t1"]), (9, [])):
+        out = tmp_path / f"at-{at}"
+        assert main(["simulate", "--events", str(log), "--policy", "drf", "--resources", "cpu", "--out", str(out),
+                     "--explain-at", str(at)]) == 0
+        pending = json.loads((out / "explain" / "pending.json").read_text())
+        assert json.loads((out / "explain" / "tenants.json").read_text())
+        listed = [entry["id"] for entry in pending["entries"]]
+        assert listed == waiting, pending
