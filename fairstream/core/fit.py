@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from fairstream.core.model import EPSILON, Constraints, Task, event_time
-from fairstream.core.snapshot import Snapshot
+from fairstream.core.snapshot import Reservation, Snapshot
 
 
 class NodeFit:
@@ -28,8 +28,10 @@ class NodeFit:
         self.placed = placed
         self.affinity = affinity
         self.node_order: np.ndarray | None = None
-        # The node reserved for one waiting task (``Snapshot.reservation``): no other shape goes there.
+        # The node reserved for one waiting task (``Snapshot.reservation``): no other shape goes there
+        # (None while the pass serves tenants ahead of its holder: ``suspend_reservation``).
         self.reservation = snapshot.reservation
+        self._suspended: Reservation | None = None
         # Rows of ``free`` as plain floats, made on first use: checking one node is then a few
         # float compares instead of numpy calls on a 2-element array.
         self.free_rows: dict[int, list[float]] = {}
@@ -106,6 +108,31 @@ class NodeFit:
         rows = self._job_rows_.get((tenant, job))
         if rows is not None:  # (not asked yet: made with this pass's placements when asked)
             rows[node] = rows.get(node, 0) + change
+
+    def suspend_reservation(self) -> None:
+        """Let every task take the reserved node's room until ``resume_reservation``: the pass
+        serves tenants ahead of the reservation's holder in line, whom it must not hold room
+        against (a small task's reservation once kept a big task first in line off the room
+        it waited for, and smaller tasks behind took it)."""
+        if self.reservation is not None:
+            self._suspended, self.reservation = self.reservation, None
+
+    def resume_reservation(self) -> None:
+        """Keep other shapes off the reserved node's room again (the pass reached its holder):
+        what the pass cached while it was open (first-fit lists, alignment scores) loses the node."""
+        held, self._suspended = self._suspended, None
+        if held is None:
+            return
+        self.reservation = held
+        for shape, entry in self.first_fit.items():
+            if shape != held.shape and held.node in entry[0]:
+                at = entry[0].index(held.node)
+                del entry[0][at]
+                if at < entry[1]:
+                    entry[1] -= 1
+        for shape, entry in self._aligned.items():
+            if shape != held.shape:
+                entry[0][held.node] = -np.inf
 
     def usable(self, task: Task) -> np.ndarray | bool:
         """The nodes ``task`` may take room on as far as a reservation goes: all but a node

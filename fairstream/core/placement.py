@@ -429,7 +429,11 @@ def serve_in_order(snapshot: Snapshot, policy: str, service: Service, cycle: Cyc
     key, reason, charge, admit = service.key, service.reason, service.charge, service.admit
     key_reads_queue, code, flat_key = service.key_reads_queue, service.code, service.flat_key
     cycle = cycle or Cycle(snapshot, policy)
+    # A reservation holds room only against tenants behind its holder in line: those whose key
+    # comes before the holder's are served first with it open (``NodeFit.suspend_reservation``).
+    holder_key = _holder_key(cycle, key)
     if (flat_key is not None and flat_key.compiled and native.enabled() and admit is None and not key_reads_queue
+            and not _ahead_of_holder(cycle, key, holder_key, only)
             and _serve_compiled(cycle, flat_key, reason, initial_shares, only, code)):
         return cycle.decisions
     if only is None and snapshot.candidates is not None:
@@ -449,8 +453,14 @@ def serve_in_order(snapshot: Snapshot, policy: str, service: Service, cycle: Cyc
             heap.append((key(cycle, tenant), tenant))
     heapq.heapify(heap)
     blocked_key = None  # the key its tenant had when the pass's first blocked task fitted nowhere
+    if holder_key is not None and heap and heap[0][0] < holder_key:
+        cycle.nodes.suspend_reservation()
     while heap:
         tenant_key, tenant = heapq.heappop(heap)
+        if holder_key is not None and not tenant_key < holder_key:
+            # (Keys only grow in a pass: every tenant served from here on is behind the holder.)
+            cycle.nodes.resume_reservation()
+            holder_key = None
         if key_reads_queue and (now := key(cycle, tenant)) != tenant_key:
             # Another tenant's task that fitted nowhere marked its shape too big, and this
             # tenant's head had that shape: its head, so its key, moved on meanwhile. Served
@@ -477,9 +487,29 @@ def serve_in_order(snapshot: Snapshot, policy: str, service: Service, cycle: Cyc
             if key_reads_queue:
                 heapq.heappush(heap, (key(cycle, tenant), tenant))
                 break
+    if holder_key is not None and cycle.made("nodes"):
+        cycle.nodes.resume_reservation()
     if only is not None and snapshot.reserving:
         _first_blocked_of_all(cycle, only, key, initial_shares, blocked_key)
     return cycle.decisions
+
+
+def _holder_key(cycle: Cycle, key: KeyFn):
+    """The key of the tenant holding the reservation (its place in line), or None without one."""
+    held = cycle.snapshot.reservation
+    return None if held is None else key(cycle, held.tenant)
+
+
+def _ahead_of_holder(cycle: Cycle, key: KeyFn, holder_key, only: list[str] | None) -> bool:
+    """Whether a tenant this pass may serve comes before the reservation's holder in line (the
+    compiled pass applies a reservation to every tenant, so the Python loop serves such a pass)."""
+    if holder_key is None:
+        return False
+    snapshot = cycle.snapshot
+    tenants = only if only is not None else (
+        snapshot.pending if snapshot.candidates is None else [t for t in snapshot.pending if t in snapshot.candidates])
+    holder = snapshot.reservation.tenant
+    return any(tenant != holder and key(cycle, tenant) < holder_key for tenant in tenants)
 
 
 def _serve_compiled(cycle: Cycle, flat_key: FlatKey, reason: ReasonFn, initial_shares: np.ndarray | None,

@@ -334,6 +334,63 @@ def test_without_a_reservation_the_big_task_waits_and_the_explanation_says_why()
     assert "room freed in smaller pieces goes to smaller tasks behind it (reservation is off)" in why.message
 
 
+def operators_tree_with_a_big_task(reservation: str) -> list:
+    """The second operator trial's first scenario (issue 59): 4 nodes of <10 cpu, 10 mem>; tree
+    eng(3){a(2), b(1, max_share 0.4)}, ops(1){c}; drf, preemption (timeout 30, threshold 1).
+    c: 40 unit tasks of 1,500 s at 0; a: 40 of 1,500 s at 10; b: 10 of 300 s at 100 and one
+    <8,8> task of 100 s at 120."""
+    tenants = [{"id": "eng", "weight": 3}, {"id": "a", "parent": "eng", "weight": 2},
+               {"id": "b", "parent": "eng", "weight": 1, "max_share": 0.4}, {"id": "ops", "weight": 1},
+               {"id": "c", "parent": "ops"}]
+    unit = {"cpu": 1, "mem": 1}
+    tasks = [{"id": "c", "tenant": "c", "submit": 0, "duration": 1500, "demand": unit, "count": 40},
+             {"id": "a", "tenant": "a", "submit": 10, "duration": 1500, "demand": unit, "count": 40},
+             {"id": "b", "tenant": "b", "submit": 100, "duration": 300, "demand": unit, "count": 10},
+             {"id": "big", "tenant": "b", "submit": 120, "duration": 100, "demand": {"cpu": 8, "mem": 8}}]
+    document = {"resources": ["cpu", "mem"], "nodes": [{"id": f"n{k}", "capacity": {"cpu": 10, "mem": 10}}
+                                                       for k in range(4)], "tenants": tenants, "tasks": tasks}
+    out: list = []
+    Simulator(parse_scenario(document), "drf", {"preemption": "on", "preemption_timeout": 30,
+                                                 "preemption_threshold": 1, "reservation": reservation},
+              on_decision=out.append).run()
+    return out
+
+
+@pytest.mark.parametrize("reservation", ["on", "backfill", "off"])
+def test_a_reservation_never_holds_room_against_a_task_ahead_of_its_holder(reservation):
+    # c takes all 40 units at 0; a, starved from 10, takes 30 back at 40; b, starved from 100,
+    # takes 10 of a's on n0 at 130 (its ten units run 130-430). b's big task, submitted at 120,
+    # would take b from 10/40 = 0.25 to 18/40 = 0.45 > its max_share 0.4: it waits. c's next
+    # unit task, first in line meanwhile and fitting nowhere, reserves a node. At 430 b's ten
+    # end on n0 (10 free), b holds 0 (dominant share 0: first in line) and 8/40 = 0.2 is within
+    # its max_share: the big task starts on n0 at 430, reservation or not. A reservation for c's
+    # unit task (behind b in line) once kept it off n0: a and c took the room and the big task
+    # started at 460 after 8 more preemptions.
+    out = operators_tree_with_a_big_task(reservation)
+    [big] = [d for d in out if d.task == "big"]
+    assert (big.time, big.node, big.kind) == (430.0, "n0", DecisionKind.PLACE)
+    assert not big.reason.startswith("reclaimed")
+    assert [d for d in out if d.kind is DecisionKind.PREEMPT and 130 < d.time <= 430] == []  # none for it
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["with the compiled pass", "in Python"])
+def test_room_freed_on_a_reserved_node_goes_to_a_tenant_ahead_of_the_holder_that_arrives_with_it(compiled, monkeypatch):
+    # Two nodes of 4 cpu full of A's unit tasks; A's 3-cpu task fits nowhere and reserves n0
+    # (first of two that lack 3). Then, in one step, two of A's tasks on n0 end (2 cpu free)
+    # and B submits a 2-cpu task: B holds nothing, so it is ahead of A in line, and the room
+    # is not held against it. A's big task still waits for its third cpu on n0.
+    from fairstream.core import native
+
+    if not compiled:
+        monkeypatch.setattr(native, "enabled", lambda: False)
+    e = engine(tree("A", "B"), "drf", resources=("cpu",))
+    e.step(0, [node("n0", cpu=4), node("n1", cpu=4)] + [submit(f"a{k}", "A", cpu=1) for k in range(8)]
+           + [submit("a-big", "A", cpu=3)])
+    assert (e.reservation.node, e.reservation.task) == (0, "a-big")
+    step = e.step(1, [TaskCompleted(1, "a0"), TaskCompleted(1, "a1"), submit("b", "B", time=1, cpu=2)])
+    assert [(d.task, d.node) for d in step.decisions] == [("b", "n0")]
+
+
 def test_the_reserved_nodes_room_goes_to_no_other_shape_and_a_lost_node_drops_the_reservation():
     e = engine(tree("S", "B"), "drf", resources=("cpu",))
     e.step(0, [node("n0", cpu=4), node("n1", cpu=4)]
@@ -353,27 +410,28 @@ def test_the_reserved_nodes_room_goes_to_no_other_shape_and_a_lost_node_drops_th
 
 
 def test_a_small_task_kept_off_the_reserved_node_does_not_make_the_reserved_task_look_too_large():
-    # n0 of 2 GB, n1 of 3 GB. A's a1 (3 GB) runs on n1, a0 (2 GB) on n0; a2 (3 GB) fits only n1:
-    # it reserves n1. At t=1 a1 ends and B's 1-GB task arrives, first in DRF's order (B holds
-    # nothing): n0 is full and n1 is kept for a2, so b1 fits nowhere. That says nothing of a
-    # 3-GB task, which the pass must still place on n1 (a rule "anything at least as large as a
-    # task that fitted nowhere fits nowhere" once held a2 back until the next event).
+    # n0 of 2 GB, n1 of 3 GB, n2 of 5 GB. A's a1 (3 GB) runs on n1, a0 (2 GB) on n0, B's b0
+    # (5 GB) on n2; a2 (3 GB) fits nowhere: it reserves n1 (n1 and n2 both lack 3: the first).
+    # At t=1 a1 ends and B's 1-GB task arrives. A holds 2/10, B 5/10: A is ahead, B behind the
+    # holder, so n1 is kept for a2, which the pass places there (a rule "anything at least as
+    # large as a task that fitted nowhere fits nowhere" once held a2 back until the next event).
     e = engine(tree("A", "B"), "drf")
-    e.step(0, [node("n0", mem=2), node("n1", mem=3), submit("a1", "A", mem=3), submit("a2", "A", mem=3),
-               submit("a0", "A", mem=2)])
+    e.step(0, [node("n0", mem=2), node("n1", mem=3), node("n2", mem=5), submit("a1", "A", mem=3),
+               submit("a2", "A", mem=3), submit("a0", "A", mem=2), submit("b0", "B", mem=5)])
     assert (e.reservation.node, e.reservation.task) == (1, "a2")
     placed = e.step(1, [TaskCompleted(1, "a1"), submit("b1", "B", 1, mem=1)])
     assert [(d.task, d.node) for d in placed.decisions] == [("a2", "n1")]
 
 
 def test_a_task_kept_off_the_reserved_room_does_not_take_the_reservation_over():
-    # n0 of 2 GB full with A's a0; n1 of 3 GB holds a1 (2 GB) and a3 (1 GB); a2 (3 GB) fits
-    # only n1 and reserves it. At t=1 a3 ends: 1 GB of n1 is kept for a2. B's 1-GB task comes
-    # first in DRF's order and would fit that gigabyte, but it is not short of room, only kept
-    # off it: the reservation stays a2's, and b1 is told so.
+    # n0 of 2 GB full with A's a0; n1 of 3 GB holds a1 (2 GB) and a3 (1 GB); n2 of 5 GB holds
+    # B's b0; a2 (3 GB) fits only n1 and n2, both full, and reserves n1. At t=1 a3 ends: 1 GB
+    # of n1 is kept for a2. B's 1-GB task would fit that gigabyte, but B (5/10) is behind A
+    # (4/10), the holder, in line: it is not short of room, only kept off it; the reservation
+    # stays a2's, and b1 is told so.
     e = engine(tree("A", "B"), "drf")
-    e.step(0, [node("n0", mem=2), node("n1", mem=3), submit("a0", "A", mem=2), submit("a1", "A", mem=2),
-               submit("a3", "A", mem=1), submit("a2", "A", mem=3)])
+    e.step(0, [node("n0", mem=2), node("n1", mem=3), node("n2", mem=5), submit("a0", "A", mem=2),
+               submit("a1", "A", mem=2), submit("a3", "A", mem=1), submit("a2", "A", mem=3), submit("b0", "B", mem=5)])
     assert (e.reservation.node, e.reservation.task) == (1, "a2")
     placed = e.step(1, [TaskCompleted(1, "a3"), submit("b1", "B", 1, mem=1)])
     assert placed.decisions == [] and (e.reservation.node, e.reservation.task) == (1, "a2")
