@@ -159,6 +159,12 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     waiting_since = {leaf: float(snapshot.waiting_since[rows[leaf]]) for leaf in demanding}
     lowest = [(node_key(leaf), leaf) for leaf in demanding]
     heapq.heapify(lowest)
+    # A reservation holds room only against leaves behind its holder in the walk: it is open
+    # while the walk serves leaves ahead of it (``NodeFit.suspend_reservation``), as in the
+    # flat pass (``placement.serve_in_order``).
+    held = snapshot.reservation
+    if held is not None and held.tenant in rows:
+        cycle.nodes.suspend_reservation()
 
     def drop(leaf: str) -> None:
         for node in (ROOT,) + tree.path(leaf):
@@ -184,6 +190,10 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
                 leaf, reason, code = candidate, f"hltrf: starved leaf waited {waited:.4g}s >= t_wait", ReasonCode.STARVED
         if leaf is None:
             leaf, reason = descend()
+        if held is not None and code is not ReasonCode.STARVED and (
+                leaf == held.tenant or not walk.path_key(leaf) < walk.path_key(held.tenant)):
+            cycle.nodes.resume_reservation()  # (the walk's keys only grow: behind the holder from here on)
+            held = None
         task = cycle.next_task(leaf)
         if task is None:
             drop(leaf)
@@ -197,6 +207,8 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
             heapq.heappush(lowest, (node_key(leaf), leaf))
         if cycle.next_task(leaf) is None:
             drop(leaf)
+    if held is not None:
+        cycle.nodes.resume_reservation()
     rule = preemption_rule(params)
     if rule is not None:
         # Victims: the leaves of the highest long-term usage per fair share, not per static
