@@ -597,11 +597,15 @@ def test_the_worker_keeps_recent_preemptions_and_configuration_changes_for_the_p
         await processor.handle([message("heartbeat", 1, {"cluster": "c1", "node": "n1", "time": 5, "capacity": {"cpu": 4}})])
         await processor.handle([config_message(0, {"cluster": "c1", "time": 6, "tenants": [{"id": "A"}, {"id": "B", "weight": 2}]}),
                                 config_message(1, {"cluster": "c1", "time": 7, "tenants": [{"id": "A", "ordering": "lifo"}]})])
+        # Sent without a time, a rejected tree is shown at the cluster's clock (it showed null).
+        await processor.handle([config_message(2, {"cluster": "c1", "tenants": [{"id": "A", "ordering": "lifo"}]})])
 
     asyncio.run(scenario())
     events = Visibility(store.view_reader()).events("c1")["events"]
-    assert [(e["kind"], e["time"]) for e in events] == [("config_rejected", 7), ("config_accepted", 6),
-                                                         ("preempt", 5.0), ("preempt", 5.0)]
+    assert [(e["kind"], e["time"]) for e in events][1:] == [("config_rejected", 7), ("config_accepted", 6),
+                                                             ("preempt", 5.0), ("preempt", 5.0)]
+    assert (events[0]["kind"], events[0]["time"]) == ("config_rejected", 6)
+    events = events[1:]
     assert "tenants.0.ordering" in events[0]["message"] and "B (weight 2)" in events[1]["message"]
     assert sorted((e["task"], e["tenant"], e["started"]) for e in events[2:]) == [("a2", "A", 1.0), ("a3", "A", 1.0)]
 

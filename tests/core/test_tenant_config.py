@@ -91,6 +91,13 @@ def busy_engine(auto_tenants: bool = True):
     pytest.param([TenantSpec("G"), TenantSpec("A", parent="G"), TenantSpec("B"), TenantSpec("B2", parent="B")], True,
                  "tenants[B]: has running or pending tasks, so it cannot become a queue with children",
                  id="making a tenant with tasks a queue"),
+    # Left out, a tenant would stay as one joins: at the root, weight 1, no limits. A's place
+    # under G (refused when asked for) and its max_share would go without a word (an operator's
+    # c lost its max_share so, and 11 of its tasks were preempted).
+    pytest.param([TenantSpec("G"), TenantSpec("B")], True,
+                 "tenants: 'A' has running or pending tasks and is not in the new tree: it would become a leaf under "
+                 "the root with weight 1 and no limits, losing parent 'G'; list it as it is",
+                 id="leaving out a busy tenant the tree placed under a queue, with auto tenants"),
     pytest.param([TenantSpec("A", parent="nowhere")], True, "tenants: tenants[A].parent: unknown tenant 'nowhere'",
                  id="a tree with an unknown parent"),
     pytest.param([TenantSpec("G", weight=0.0), TenantSpec("A", parent="G"), TenantSpec("B")], True,
