@@ -393,6 +393,8 @@ def cmd_configure(args) -> int:
             tree = engine.admission_tree(TenantsChanged(args.time, tuple(specs)))
         except EventRejected as exc:
             raise ModelError(f"--tenants {args.tenants}: the worker would reject it: {exc}") from None
+        for warning in _limit_warnings(engine, tree):
+            print(f"fairstream: warning: {warning}", file=sys.stderr)
     if args.dry_run:
         print(json.dumps(_shares_before_and_after(engine, tree), indent=1))
         return 0
@@ -456,7 +458,8 @@ def _worker_engine(args):
 
 
 def _shares_before_and_after(engine, tree) -> dict:
-    """Per tenant: weight and fair share now and under ``tree`` (same demand), for --dry-run."""
+    """Per tenant: weight and fair share now and under ``tree`` (same demand); the queues whose
+    settings change; what the new limits do to what runs now: for --dry-run."""
     names = [ledger.name for ledger in engine.accounting.ledgers]
     before, after = engine.fair_shares(), engine.fair_shares(tree)
     rows = []
@@ -465,7 +468,57 @@ def _shares_before_and_after(engine, tree) -> dict:
         rows.append({"tenant": name, "weight_before": old.weight if old else None,
                      "weight_after": new.weight if new else None, "fair_share_before": round(float(before[row]), 6),
                      "fair_share_after": round(float(after[row]), 6)})
-    return {"cluster_time": engine.time, "policy": engine.policy, "tenants": rows}
+    # The queues (inner nodes) whose weight or limits change, added or removed: a leaf's
+    # share moves with them (dry runs once listed the leaves only).
+    queues = []
+    for name in sorted(set(engine.tree.specs) | set(tree.specs)):
+        old, new = engine.tree.specs.get(name), tree.specs.get(name)
+        if name in names or (old is not None and old == new):
+            continue
+        if (old is not None and engine.tree.is_leaf(name)) or (new is not None and tree.is_leaf(name)):
+            continue
+        changed = {field: [getattr(old, field, None) if old else None, getattr(new, field, None) if new else None]
+                   for field in ("parent", "weight", "min_share", "max_share", "max_resources", "max_running", "ordering")
+                   if (getattr(old, field, None) if old else None) != (getattr(new, field, None) if new else None)}
+        queues.append({"queue": name, "before_after": changed})
+    return {"cluster_time": engine.time, "policy": engine.policy, "tenants": rows, "queues": queues,
+            "warnings": _limit_warnings(engine, tree)}
+
+
+def _limit_warnings(engine, tree) -> list[str]:
+    """What ``tree``'s limits do to what runs now: a tenant or queue whose new max_share or
+    max_resources is below what it runs (it was accepted without a word: an operator set
+    max_share 0 on a tenant with 20 running tasks)."""
+    from fairstream.core.fairness import dominant_share
+
+    capacity = engine.accounting.capacity
+    running: dict[str, int] = {}
+    for task in engine.tasks.values():
+        if task.state.value == "running":
+            running[task.tenant] = running.get(task.tenant, 0) + 1
+    allocation = {ledger.name: engine.accounting.allocation[row] for row, ledger in enumerate(engine.accounting.ledgers)}
+    warnings = []
+    for name, spec in tree.specs.items():
+        leaves = [leaf for leaf in allocation if leaf in tree.specs and name in tree.path(leaf)]
+        if not leaves:
+            continue
+        held = sum((allocation[leaf] for leaf in leaves[1:]), allocation[leaves[0]].copy())
+        tasks = sum(running.get(leaf, 0) for leaf in leaves)
+        share = dominant_share(held, capacity)
+        over = []
+        if spec.max_share < 1 and share > spec.max_share + 1e-9:
+            over.append(f"max_share {spec.max_share:g} (it holds {share:.4g})")
+        for resource, cap in (spec.max_resources or {}).items():
+            used = float(held[engine.resources.index(resource)])
+            if used > cap + 1e-9:
+                over.append(f"max_resources {resource} {cap:g} (it uses {used:g})")
+        if over and tasks:
+            preemption = ("with preemption on they are taken back, as its fair share shrinks to the limit, when a "
+                          "tenant below its fair share waits" if engine.preemption is not None else
+                          "preemption is off: they run to their end")
+            warnings.append(f"{name} runs {tasks} task{'s' if tasks != 1 else ''} over its new {' and '.join(over)}: "
+                            f"they keep running and none of its tasks starts until it is within it; {preemption}")
+    return warnings
 
 
 def cmd_tail(args) -> int:

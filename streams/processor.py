@@ -286,6 +286,11 @@ class Processor:
             metrics.events.labels(topic).inc(count)
         metrics.latency.observe(time.perf_counter() - received)
 
+    def _clock_of(self, cluster: str) -> float | None:
+        """The cluster's clock if its engine is held (a tenant tree sent without a time is read at it)."""
+        session = self.sessions.get(cluster)
+        return None if session is None else session.engine.time
+
     async def _handle(self, messages: list[Incoming], journaled: tuple[str, int] | None = None,
                       ) -> tuple[BatchOutcome, list[tuple[str, dict]], list]:
         """The pipeline, with the lock held: decode, step, persist, publish; returns the outcome,
@@ -299,7 +304,7 @@ class Processor:
         try:
             fork_after_commit = await self.stepping.step(self.sessions_held, decoded.by_cluster, commit, outcome,
                                                          decoded.dead)
-            self.stepping.dead_letters(decoded.dead, commit, outcome)
+            self.stepping.dead_letters(decoded.dead, commit, outcome, self._clock_of)
             await self.store.commit(commit)
         except BaseException as exc:
             # The engines have applied a batch that is not durable, or failed part-way through

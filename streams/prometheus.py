@@ -68,7 +68,8 @@ class WorkerMetrics:
         self.tenant_share = Gauge("fairstream_tenant_share", "The tenant's dominant share of the cluster",
                                   labels, registry=self.registry)
         self.tenant_fair_share = Gauge("fairstream_tenant_fair_share",
-                                       "The tenant's instantaneous fair share (its weight over the tenants with work)",
+                                       "The tenant's fair share (fairness.fair_shares: hierarchical, demand-capped by max_share and "
+                                       "max_resources, min_share guaranteed; docs/policies.md), in the policy's measure",
                                        labels, registry=self.registry)
         self.tenant_running = Gauge("fairstream_tenant_running_tasks", "The tenant's running tasks", labels,
                                     registry=self.registry)

@@ -114,14 +114,16 @@ class Stepping:
                                            rules)
         return fork_after_commit
 
-    def dead_letters(self, dead: list[DeadLetter], commit: BatchCommit, outcome: BatchOutcome) -> None:
+    def dead_letters(self, dead: list[DeadLetter], commit: BatchCommit, outcome: BatchOutcome,
+                     clock=lambda cluster: None) -> None:
         """``dead`` into ``commit`` (the outbox; a rejected tenant tree among its cluster's recent
-        events) and ``outcome``, each logged and counted."""
+        events, at its time or else at ``clock(cluster)``, the cluster's clock) and ``outcome``,
+        each logged and counted."""
         for letter in dead:
             log.warning("worker.dead_letter", topic=letter.topic, partition=letter.partition,
                         offset=letter.offset, reason=letter.reason)
             if letter.topic == self.topics.config:
-                rejected = recent_config_rejected(letter)
+                rejected = recent_config_rejected(letter, clock)
                 if rejected is not None:
                     commit.recent.setdefault(rejected[0], []).append(rejected[1])
             self.metrics.dead_letters.labels(letter.topic).inc()
@@ -158,8 +160,10 @@ def recent_config(event: dict) -> str:
                        "message": f"tenant tree of {len(tenants)} applied: {shown}" + (" ..." if len(tenants) > 8 else "")})
 
 
-def recent_config_rejected(letter: DeadLetter) -> tuple[str, str] | None:
-    """A dead-lettered tenants.config as (cluster, recent event), if its cluster can be read."""
+def recent_config_rejected(letter: DeadLetter, clock=lambda cluster: None) -> tuple[str, str] | None:
+    """A dead-lettered tenants.config as (cluster, recent event), if its cluster can be read; one
+    sent without a time is shown at ``clock(cluster)``, the time it was read at (it showed
+    ``time: null``)."""
     try:
         body = loads(letter.raw)
     except Exception:  # noqa: BLE001 - not JSON: no cluster to show it under
@@ -168,5 +172,7 @@ def recent_config_rejected(letter: DeadLetter) -> tuple[str, str] | None:
     if not isinstance(cluster, str):
         return None
     at = body.get("time")
-    return cluster, dumps_text({"kind": "config_rejected", "time": at if isinstance(at, (int, float)) else None,
+    if not isinstance(at, (int, float)) or isinstance(at, bool):
+        at = clock(cluster)
+    return cluster, dumps_text({"kind": "config_rejected", "time": at,
                                 "message": letter.reason})

@@ -27,6 +27,7 @@ from fairstream.core.model import (
     NodeLost,
     TaskCompleted,
     TaskSubmitted,
+    TenantSpec,
     TenantsChanged,
     request_task_id,
 )
@@ -150,7 +151,8 @@ def new_tree(engine: "Engine", event: TenantsChanged) -> TenantTree:
     tree stays) if it is no tree, moves a tenant to another parent, or leaves a tenant with
     running or pending tasks out (without ``auto_tenants``) or makes it a queue. With
     ``auto_tenants``, such a tenant left out stays a leaf under the root, weight 1, as it
-    would join."""
+    would join, if it was one; one the old tree placed or limited otherwise is refused (leaving
+    it out would move it and drop its limits without a word)."""
     try:
         tree = TenantTree.from_specs([dataclasses.replace(spec) for spec in event.tenants])
         for spec in event.tenants:
@@ -170,6 +172,17 @@ def new_tree(engine: "Engine", event: TenantsChanged) -> TenantTree:
             if not engine.auto_tenants:
                 raise EventRejected(f"tenants: {ledger.name!r} has running or pending tasks and is not in the "
                                     "new tree")
+            old = engine.tree.specs.get(ledger.name)
+            if old is not None and old != TenantSpec(ledger.name):
+                # Left out, it would stay as a tenant joins: a leaf under the root, weight 1, no
+                # limits. That is a move, refused when asked for, and the loss of its limits (an
+                # operator's ops/c lost its max_share this way and 11 of its tasks were preempted).
+                was = {k: v for k, v in dataclasses.asdict(old).items()
+                       if k != "id" and v != getattr(TenantSpec(ledger.name), k)}
+                raise EventRejected(f"tenants: {ledger.name!r} has running or pending tasks and is not in the new "
+                                    f"tree: it would become a leaf under the root with weight 1 and no limits, losing "
+                                    f"{_settings(was)}; list it as it is (a tenant cannot move to another parent "
+                                    "while the cluster runs)")
             tree.ensure_leaf(ledger.name)
         elif not tree.is_leaf(ledger.name):
             raise EventRejected(f"tenants[{ledger.name}]: has running or pending tasks, so it cannot become a "
@@ -178,6 +191,11 @@ def new_tree(engine: "Engine", event: TenantsChanged) -> TenantTree:
     if problem is not None:
         raise EventRejected(problem)
     return tree
+
+
+def _settings(fields: dict) -> str:
+    """A tenant's settings that differ from a joining tenant's, as ``parent 'ops', max_share 0.4``."""
+    return ", ".join(f"{name} {value!r}" if isinstance(value, str) else f"{name} {value}" for name, value in fields.items())
 
 
 def orderings_problem(spec: "PolicySpec", tree: TenantTree) -> str | None:

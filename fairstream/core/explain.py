@@ -325,6 +325,16 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
                 return other, bool((mask & ~nodes).any())
         return tenant, False
 
+    def in_line(tenant: str) -> str:
+        """"first in line" when nothing is ahead of ``tenant`` in the order (rank 1); else what is
+        true: tenants ahead of it wait for other room (limits, other shapes or nodes). An entry
+        once said "first in line" at rank 2."""
+        ahead = rank[tenant] - 1
+        if ahead == 0:
+            return "first in line"
+        return (f"first in line for this room ({ahead} tenant{'s' if ahead != 1 else ''} ahead of it in the order "
+                f"wait{'s' if ahead == 1 else ''} for other room or {'are' if ahead != 1 else 'is'} held by a limit)")
+
     def room_reason(tenant: str, task: "Task") -> tuple[WaitReason, str, str | None, float | None]:
         need = _text(engine.resources.as_dict(task.demand))
         nowhere = "no node has room" if task.constraints.empty else "no node its constraints allow has room"
@@ -352,7 +362,7 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
             reserved = (f"node {node} is reserved for {tenant}'s next task of this shape "
                         f"({reserved_for.task}): room freed there is kept for it, and it needs {short} more there")
             if tenant == first:
-                return (WaitReason.RESERVATION, f"{reserved} (first in line, {label} {order.value(keys[tenant]):.4g})",
+                return (WaitReason.RESERVATION, f"{reserved} ({in_line(tenant)}, {label} {order.value(keys[tenant]):.4g})",
                         None, None)
             # A tenant ahead of it waits for room that would fit it: on other nodes, or on this
             # one with a task of the same shape (the room there is kept for the shape).
@@ -364,7 +374,7 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         if tenant == first:
             pieces = ("; room freed in smaller pieces goes to smaller tasks behind it (reservation is off)"
                       if not engine.reserving else "")
-            return (WaitReason.NO_ROOM, f"{nowhere} for {need}; {tenant} is first in line: the first room "
+            return (WaitReason.NO_ROOM, f"{nowhere} for {need}; {tenant} is {in_line(tenant)}: the first room "
                                         f"that frees for it on one node goes to it ({label} "
                                         f"{order.value(keys[tenant]):.4g}){pieces}", None, None)
         gap = order.value(keys[tenant]) - order.value(keys[first])

@@ -66,12 +66,23 @@ class QueueLimits:
         new_job = bool(self.job_limits) and self.new_job(tenant, task)
         for node in tree.path(tenant):
             limit = tree.specs[node].max_share
-            if limit < 1 and dominant_share(self.group_allocation[node] + task.demand, cap) > limit + EPSILON:
-                return "max_share", f"{node} is at its max_share {limit:g}: one more task would take it over"
+            if limit < 1 and (after := dominant_share(self.group_allocation[node] + task.demand, cap)) > limit + EPSILON:
+                # (The numbers as they are: "at its max_share" once said so of a queue at 0.25
+                # whose next task, of 8 cpu, would take it to 0.45.)
+                now = dominant_share(self.group_allocation[node], cap)
+                return "max_share", (f"{node} holds {now:.4g} of the cluster (dominant share) and this task would take "
+                                     f"it to {after:.4g}, over its max_share {limit:g}")
             caps = self.resource_caps.get(node)
             if caps is not None and (self.group_allocation[node] + task.demand > caps + EPSILON).any():
-                named = {k: v for k, v in self.snapshot.resources.as_dict(caps).items() if v != np.inf}
-                return "max_resources", f"{node} is at its max_resources {named}: one more task would take it over"
+                resources = self.snapshot.resources
+                named = {k: v for k, v in resources.as_dict(caps).items() if v != np.inf}
+                over = [name for name in named if (self.group_allocation[node] + task.demand)[resources.index(name)]
+                        > caps[resources.index(name)] + EPSILON]
+                using = {name: round(float(self.group_allocation[node][resources.index(name)]), 6) for name in over}
+                after = {name: round(float((self.group_allocation[node] + task.demand)[resources.index(name)]), 6)
+                         for name in over}
+                return "max_resources", (f"{node} uses {using} and this task would take it to {after}, over its "
+                                         f"max_resources {named}")
             jobs = self.job_limits.get(node)
             if new_job and jobs is not None and self.group_jobs[node] + 1 > jobs:
                 running = self.group_jobs[node]

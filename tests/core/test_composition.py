@@ -585,3 +585,27 @@ def test_a_restored_engine_backfills_as_the_one_it_was_written_from():
     assert [d.to_json() for d in restored.step(10, events).decisions] == \
         [d.to_json() for d in cluster().step(10, events).decisions]
     assert [d.code.value for d in cluster().step(10, events).decisions] == ["backfill"]
+
+
+def test_a_task_held_by_max_share_is_told_the_share_it_has_and_the_share_it_would_take():
+    # The second operator trial (issue 59): 4 nodes of <10 cpu, 10 mem>; eng(3){a(2), b(1,
+    # max_share 0.4)}, ops(1){c}. At 200 b runs its ten unit tasks, 10/40 = 0.25; its <8,8>
+    # task would take it to 18/40 = 0.45. The message once said "b is at its max_share 0.4:
+    # one more task would take it over", of a queue at 0.25.
+    tenants = [{"id": "eng", "weight": 3}, {"id": "a", "parent": "eng", "weight": 2},
+               {"id": "b", "parent": "eng", "weight": 1, "max_share": 0.4}, {"id": "ops", "weight": 1},
+               {"id": "c", "parent": "ops"}]
+    unit = {"cpu": 1, "mem": 1}
+    tasks = [{"id": "c", "tenant": "c", "submit": 0, "duration": 1500, "demand": unit, "count": 40},
+             {"id": "a", "tenant": "a", "submit": 10, "duration": 1500, "demand": unit, "count": 40},
+             {"id": "b", "tenant": "b", "submit": 100, "duration": 300, "demand": unit, "count": 10},
+             {"id": "big", "tenant": "b", "submit": 120, "duration": 100, "demand": {"cpu": 8, "mem": 8}}]
+    document = {"resources": ["cpu", "mem"], "nodes": [{"id": f"n{k}", "capacity": {"cpu": 10, "mem": 10}}
+                                                       for k in range(4)], "tenants": tenants, "tasks": tasks}
+    simulator = Simulator(parse_scenario(document), "drf", {"preemption": "on", "preemption_timeout": 30,
+                                                             "preemption_threshold": 1}, explain_at=200)
+    simulator.run()
+    [entry] = [e for e in simulator.explanation.pending["b"] if e.id == "big"]
+    assert entry.reason is WaitReason.MAX_SHARE
+    assert entry.message == ("b holds 0.25 of the cluster (dominant share) and this task would take it to 0.45, "
+                             "over its max_share 0.4")

@@ -63,7 +63,9 @@ def reasons(explanation) -> dict[str, WaitReason]:
                  id="a task larger than every node is unschedulable"),
     pytest.param("b4", WaitReason.STAGE, "stage 1 of job jb2 starts when its earlier stages have finished",
                  id="a later stage waits for its job's earlier stage"),
-    pytest.param("c", WaitReason.MAX_SHARE, "C is at its max_share 0.25",
+    # C holds 2 of 8 cpu, 0.25; a third task would take it to 3/8 = 0.375.
+    pytest.param("c", WaitReason.MAX_SHARE, "C holds 0.25 of the cluster (dominant share) and this task would take it "
+                                            "to 0.375, over its max_share 0.25",
                  id="a tenant at max_share waits though a node has room"),
     pytest.param("d1", WaitReason.CONSTRAINTS, 'its constraints {"nodes":["n1"]} exclude it',
                  id="a task whose constraints exclude the only node with room"),
@@ -98,7 +100,11 @@ def test_a_tenant_ahead_with_larger_tasks_leaves_the_first_room_that_fits_a_smal
     explanation = explained(document, params={"reservation": "off"})
     why = {entry.id: entry for entries in explanation.pending.values() for entry in entries}
     assert why["b"].reason is why["c"].reason is WaitReason.NO_ROOM
-    assert "C is first in line: the first room that frees for it on one node goes to it" in why["c"].message
+    # C is second in DRF's order (B arrived first): it is first in line for this room only,
+    # and says so (it once said "first in line" at rank 2).
+    assert ("C is first in line for this room (1 tenant ahead of it in the order waits for other room or is held "
+            "by a limit): the first room that frees for it on one node goes to it") in why["c"].message
+    assert "B is first in line: the first room" in why["b"].message
 
 
 def test_every_reason_of_the_scenario_occurs_once_and_a_request_names_its_next_task():
@@ -591,11 +597,15 @@ def test_the_worker_keeps_recent_preemptions_and_configuration_changes_for_the_p
         await processor.handle([message("heartbeat", 1, {"cluster": "c1", "node": "n1", "time": 5, "capacity": {"cpu": 4}})])
         await processor.handle([config_message(0, {"cluster": "c1", "time": 6, "tenants": [{"id": "A"}, {"id": "B", "weight": 2}]}),
                                 config_message(1, {"cluster": "c1", "time": 7, "tenants": [{"id": "A", "ordering": "lifo"}]})])
+        # Sent without a time, a rejected tree is shown at the cluster's clock (it showed null).
+        await processor.handle([config_message(2, {"cluster": "c1", "tenants": [{"id": "A", "ordering": "lifo"}]})])
 
     asyncio.run(scenario())
     events = Visibility(store.view_reader()).events("c1")["events"]
-    assert [(e["kind"], e["time"]) for e in events] == [("config_rejected", 7), ("config_accepted", 6),
-                                                         ("preempt", 5.0), ("preempt", 5.0)]
+    assert [(e["kind"], e["time"]) for e in events][1:] == [("config_rejected", 7), ("config_accepted", 6),
+                                                             ("preempt", 5.0), ("preempt", 5.0)]
+    assert (events[0]["kind"], events[0]["time"]) == ("config_rejected", 6)
+    events = events[1:]
     assert "tenants.0.ordering" in events[0]["message"] and "B (weight 2)" in events[1]["message"]
     assert sorted((e["task"], e["tenant"], e["started"]) for e in events[2:]) == [("a2", "A", 1.0), ("a3", "A", 1.0)]
 

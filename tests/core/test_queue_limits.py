@@ -54,7 +54,9 @@ def test_a_queue_with_max_resources_holds_no_more_than_its_cap_while_the_node_ha
     held, explanation = at_start(document, policy)
     assert held["tenants"] == {"A": 4, "B": 4}
     (entry,) = explanation.pending["A"]
-    assert entry.reason is WaitReason.MAX_RESOURCES and "G is at its max_resources {'cpu': 4.0}" in entry.message
+    assert entry.reason is WaitReason.MAX_RESOURCES
+    assert "G uses {'cpu': 4.0} and this task would take it to {'cpu': 5.0}, over its max_resources {'cpu': 4.0}" \
+        == entry.message
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -74,8 +74,8 @@ def test_a_queue_added_while_running_gets_its_share():
     assert at(running, 149) == {"A": 50, "B": 50} and at(running, 170) == {"A": 25, "B": 25, "C": 50}
 
 
-def busy_engine(auto_tenants: bool = True):
-    e = engine(tree(TenantSpec("G"), TenantSpec("A", parent="G"), "B"), "drf", resources=("mem",))
+def busy_engine(auto_tenants: bool = True, **params):
+    e = engine(tree(TenantSpec("G"), TenantSpec("A", parent="G"), "B"), "drf", resources=("mem",), **params)
     e.auto_tenants = auto_tenants
     e.step(0.0, [node("n", mem=4), submit("a1", "A", mem=1), submit("b1", "B", mem=1)])
     return e
@@ -91,6 +91,13 @@ def busy_engine(auto_tenants: bool = True):
     pytest.param([TenantSpec("G"), TenantSpec("A", parent="G"), TenantSpec("B"), TenantSpec("B2", parent="B")], True,
                  "tenants[B]: has running or pending tasks, so it cannot become a queue with children",
                  id="making a tenant with tasks a queue"),
+    # Left out, a tenant would stay as one joins: at the root, weight 1, no limits. A's place
+    # under G (refused when asked for) and its max_share would go without a word (an operator's
+    # c lost its max_share so, and 11 of its tasks were preempted).
+    pytest.param([TenantSpec("G"), TenantSpec("B")], True,
+                 "tenants: 'A' has running or pending tasks and is not in the new tree: it would become a leaf under "
+                 "the root with weight 1 and no limits, losing parent 'G'; list it as it is",
+                 id="leaving out a busy tenant the tree placed under a queue, with auto tenants"),
     pytest.param([TenantSpec("A", parent="nowhere")], True, "tenants: tenants[A].parent: unknown tenant 'nowhere'",
                  id="a tree with an unknown parent"),
     pytest.param([TenantSpec("G", weight=0.0), TenantSpec("A", parent="G"), TenantSpec("B")], True,
@@ -193,3 +200,24 @@ def test_min_shares_over_the_cluster_are_warned_in_one_line(tmp_path, capsys):
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert warnings == ["fairstream: warning: min_share adds up to 1.3 of the cluster: no guarantee can be kept "
                         "whole, each is scaled down in proportion (to 0.769 of it)"]
+
+
+@pytest.mark.parametrize("preemption, fate", [
+    pytest.param("on", "with preemption on they are taken back", id="with preemption on"),
+    pytest.param("off", "preemption is off: they run to their end", id="without preemption"),
+])
+def test_a_dry_run_shows_the_queues_that_change_and_what_new_limits_do_to_running_tasks(preemption, fate):
+    # G{A} and B on a node of 4 GB; A runs a1, B runs b1. The new tree weighs G 2 and gives A
+    # max_share 0: A's running task is over it. It was accepted without a word, and the dry
+    # run listed the leaves only.
+    from fairstream.cli import _shares_before_and_after
+
+    e = busy_engine(True, preemption=preemption)
+    new = e.admission_tree(TenantsChanged(1.0, (TenantSpec("G", weight=2), TenantSpec("A", parent="G", max_share=0.0),
+                                                TenantSpec("B"))))
+    shown = _shares_before_and_after(e, new)
+    assert shown["queues"] == [{"queue": "G", "before_after": {"weight": [1.0, 2.0]}}]
+    [warning] = shown["warnings"]
+    assert warning.startswith("A runs 1 task over its new max_share 0 (it holds 0.25): they keep running and none of "
+                              "its tasks starts until it is within it; ")
+    assert fate in warning

@@ -257,3 +257,15 @@ def test_the_worker_counts_preemptions_work_lost_and_config_changes_for_its_metr
     assert metric(p, "fairstream_work_lost_task_seconds_total", cluster="c1", tenant="A") == 8.0
     assert metric(p, "fairstream_preemptions_total", cluster="c1", tenant="B") == 0
     assert metric(p, "fairstream_config_changes_total", outcome="accepted") == 1
+
+
+def test_the_metrics_page_describes_the_fair_share_it_shows():
+    # It once described the old flat definition ("its weight over the tenants with work").
+    from prometheus_client import generate_latest
+
+    from fairstream.streams.prometheus import WorkerMetrics
+
+    page = generate_latest(WorkerMetrics().registry).decode()
+    [help_line] = [line for line in page.splitlines() if line.startswith("# HELP fairstream_tenant_fair_share ")]
+    assert "fairness.fair_shares: hierarchical, demand-capped by max_share and max_resources" in help_line
+    assert "its weight over the tenants with work" not in help_line
