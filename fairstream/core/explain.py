@@ -355,12 +355,13 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
             if first != tenant and first in overdue:  # (then ``tenant`` is at or above its fair share: ``first_for``)
                 return (WaitReason.RESERVATION,
                         f"node {node} is reserved for {tenant}'s next task of this shape ({reserved_for.task}), and it "
-                        f"needs {short} more there; room freed there is kept for it, but not from {first}, starved past "
+                        f"needs {short} more there; room freed there is kept for it from the tenants behind it in line, but not from {first}, starved past "
                         f"its preemption timeout, as {tenant} is at or above its fair share: {first} may take it first "
                         f"({label} {order.value(keys[first]):.4g} against {tenant}'s {order.value(keys[tenant]):.4g})",
                         first, order.value(keys[tenant]) - order.value(keys[first]))
             reserved = (f"node {node} is reserved for {tenant}'s next task of this shape "
-                        f"({reserved_for.task}): room freed there is kept for it, and it needs {short} more there")
+                        f"({reserved_for.task}): room freed there is kept for it from the tenants behind it in line, and it "
+                        f"needs {short} more there")
             if tenant == first:
                 return (WaitReason.RESERVATION, f"{reserved} ({in_line(tenant)}, {label} {order.value(keys[tenant]):.4g})",
                         None, None)

@@ -163,30 +163,34 @@ def test_policy_specific_reasons(policy, params, document, task, reason, says):
     assert entry.reason is reason and says in entry.message
 
 
-def test_a_reservation_of_a_tenant_at_its_fair_share_names_the_starved_tenant_it_does_not_hold_against():
-    # Two nodes of 2 mem; fair on mem, preemption after 5 s. u1's 2-mem tasks fill n1 at t = 0
-    # and n0 at t = 1, and n0 is reserved for its third. u0 (max_running 1) waits from t = 1
-    # with t2, 1 mem and at most one task per node. At t = 6 t1-0 ends: t2-0 takes n1, and t2-1
-    # may use n0 only. u0 holds 1 of 4 mem against a fair share of 2/4 (it asks 2), starved
-    # since 1: overdue at 6. u1 holds 2/4, its fair share: its reservation does not hold against
-    # u0 (docs/preemption.md), and it is told so.
+def test_a_reservation_holds_room_against_a_tenant_behind_its_holder_until_that_tenant_is_starved_past_its_timeout():
+    # Two nodes of 5 mem; fair on mem; G{u0, x} and u1, weights 1 (x never asks: u0's fair
+    # share is G's half, 0.5, and its key's weight 1/4). At 0 u0 runs three 1-mem tasks on n0,
+    # u1 one 5-mem task on n1, and u1's second fits nowhere: it reserves n0 (2 free, lacks 3).
+    # At 1 u0 asks for 2 more: u0's key 0.3/0.25 = 1.2 is behind u1's 0.5/0.5 = 1, so n0's room
+    # is kept from it. u0 (0.3 against 0.5) is starved from 1; at 6, past its timeout of 5, u1
+    # is at its fair share (0.5) and its reservation no longer holds against u0: u0 takes n0's
+    # two free units (reclaimed). A reservation never holds against a tenant ahead of its
+    # holder (issue 59): the first version of this test had u0 ahead, and it now simply goes first.
     document = {"resources": ["cpu", "mem"],
-                "nodes": [{"id": "n0", "capacity": {"cpu": 2, "mem": 2}}, {"id": "n1", "capacity": {"cpu": 2, "mem": 2}}],
-                "tenants": [{"id": "u0", "max_running": 1}, {"id": "u1"}],
-                "tasks": [{"id": "t0", "job": "j0", "tenant": "u0", "submit": 0, "duration": 1, "demand": {"mem": 1}},
-                          {"id": "t1", "job": "j1", "tenant": "u1", "submit": 0, "duration": 6, "demand": {"mem": 2},
+                "nodes": [{"id": "n0", "capacity": {"cpu": 5, "mem": 5}}, {"id": "n1", "capacity": {"cpu": 5, "mem": 5}}],
+                "tenants": [{"id": "G"}, {"id": "u0", "parent": "G"}, {"id": "x", "parent": "G"}, {"id": "u1"}],
+                "tasks": [{"id": "a", "job": "ja", "tenant": "u0", "submit": 0, "duration": 100, "demand": {"mem": 1},
                            "count": 3},
-                          {"id": "t2", "job": "j2", "tenant": "u0", "submit": 0, "duration": 1, "demand": {"mem": 1},
-                           "count": 2, "constraints": {"max_per_node": 1}}]}
+                          {"id": "t1", "job": "j1", "tenant": "u1", "submit": 0, "duration": 100, "demand": {"mem": 5},
+                           "count": 2},
+                          {"id": "b", "job": "jb", "tenant": "u0", "submit": 1, "duration": 100, "demand": {"mem": 1},
+                           "count": 2}]}
     params = {"preemption": "on", "preemption_timeout": "5", "preemption_threshold": "1", "resource": "mem"}
-    (entry,) = explained(document, "fair", params, at=6).pending["u1"]
-    assert entry.reason is WaitReason.RESERVATION and entry.waits_for == "u0"
-    assert ("node n0 is reserved for u1's next task of this shape (t1-2), and it needs {\"mem\":2.0} more there; "
-            "room freed there is kept for it, but not from u0, starved past its preemption timeout, as u1 is at or "
-            "above its fair share: u0 may take it first (mem share / weight 0.5 against u1's 1)") == entry.message
-    # At t = 5 u0's timeout has not run out: the reservation holds against every tenant.
-    (entry,) = explained(document, "fair", params, at=5).pending["u1"]
-    assert "room freed there is kept for it, and it needs" in entry.message
+    at_3 = explained(document, "fair", params, at=3).pending
+    (held,) = at_3["u1"]
+    assert held.reason is WaitReason.RESERVATION
+    assert ("node n0 is reserved for u1's next task of this shape (t1-1): room freed there is kept for it from the "
+            "tenants behind it in line, and it needs {\"mem\":3.0} more there (first in line, mem share / weight 1)"
+            ) == held.message
+    (kept_off,) = at_3["u0"]
+    assert kept_off.reason is WaitReason.RESERVED_FOR_OTHER and "kept for u1's task t1-1" in kept_off.message
+    assert "u0" not in explained(document, "fair", params, at=6).pending
 
 
 # Found by a what-if search over random scenarios (2026-11-27): at t = 28 u1 (at its fair
