@@ -334,11 +334,11 @@ def test_without_a_reservation_the_big_task_waits_and_the_explanation_says_why()
     assert "room freed in smaller pieces goes to smaller tasks behind it (reservation is off)" in why.message
 
 
-def operators_tree_with_a_big_task(reservation: str) -> list:
+def operators_tree_with_a_big_task() -> dict:
     """The second operator trial's first scenario (issue 59): 4 nodes of <10 cpu, 10 mem>; tree
-    eng(3){a(2), b(1, max_share 0.4)}, ops(1){c}; drf, preemption (timeout 30, threshold 1).
-    c: 40 unit tasks of 1,500 s at 0; a: 40 of 1,500 s at 10; b: 10 of 300 s at 100 and one
-    <8,8> task of 100 s at 120."""
+    eng(3){a(2), b(1, max_share 0.4)}, ops(1){c}. c: 40 unit tasks of 1,500 s at 0; a: 40 of
+    1,500 s at 10; b: 10 of 300 s at 100 and one <8,8> task of 100 s at 120. (Run under drf
+    with preemption: timeout 30, threshold 1, ``OPERATORS_PARAMS``.)"""
     tenants = [{"id": "eng", "weight": 3}, {"id": "a", "parent": "eng", "weight": 2},
                {"id": "b", "parent": "eng", "weight": 1, "max_share": 0.4}, {"id": "ops", "weight": 1},
                {"id": "c", "parent": "ops"}]
@@ -347,13 +347,11 @@ def operators_tree_with_a_big_task(reservation: str) -> list:
              {"id": "a", "tenant": "a", "submit": 10, "duration": 1500, "demand": unit, "count": 40},
              {"id": "b", "tenant": "b", "submit": 100, "duration": 300, "demand": unit, "count": 10},
              {"id": "big", "tenant": "b", "submit": 120, "duration": 100, "demand": {"cpu": 8, "mem": 8}}]
-    document = {"resources": ["cpu", "mem"], "nodes": [{"id": f"n{k}", "capacity": {"cpu": 10, "mem": 10}}
-                                                       for k in range(4)], "tenants": tenants, "tasks": tasks}
-    out: list = []
-    Simulator(parse_scenario(document), "drf", {"preemption": "on", "preemption_timeout": 30,
-                                                 "preemption_threshold": 1, "reservation": reservation},
-              on_decision=out.append).run()
-    return out
+    return {"resources": ["cpu", "mem"], "nodes": [{"id": f"n{k}", "capacity": {"cpu": 10, "mem": 10}}
+                                                   for k in range(4)], "tenants": tenants, "tasks": tasks}
+
+
+OPERATORS_PARAMS = {"preemption": "on", "preemption_timeout": 30, "preemption_threshold": 1}
 
 
 @pytest.mark.parametrize("reservation", ["on", "backfill", "off"])
@@ -366,7 +364,9 @@ def test_a_reservation_never_holds_room_against_a_task_ahead_of_its_holder(reser
     # its max_share: the big task starts on n0 at 430, reservation or not. A reservation for c's
     # unit task (behind b in line) once kept it off n0: a and c took the room and the big task
     # started at 460 after 8 more preemptions.
-    out = operators_tree_with_a_big_task(reservation)
+    out: list = []
+    Simulator(parse_scenario(operators_tree_with_a_big_task()), "drf", {**OPERATORS_PARAMS, "reservation": reservation},
+              on_decision=out.append).run()
     [big] = [d for d in out if d.task == "big"]
     assert (big.time, big.node, big.kind) == (430.0, "n0", DecisionKind.PLACE)
     assert not big.reason.startswith("reclaimed")
@@ -592,18 +592,7 @@ def test_a_task_held_by_max_share_is_told_the_share_it_has_and_the_share_it_woul
     # max_share 0.4)}, ops(1){c}. At 200 b runs its ten unit tasks, 10/40 = 0.25; its <8,8>
     # task would take it to 18/40 = 0.45. The message once said "b is at its max_share 0.4:
     # one more task would take it over", of a queue at 0.25.
-    tenants = [{"id": "eng", "weight": 3}, {"id": "a", "parent": "eng", "weight": 2},
-               {"id": "b", "parent": "eng", "weight": 1, "max_share": 0.4}, {"id": "ops", "weight": 1},
-               {"id": "c", "parent": "ops"}]
-    unit = {"cpu": 1, "mem": 1}
-    tasks = [{"id": "c", "tenant": "c", "submit": 0, "duration": 1500, "demand": unit, "count": 40},
-             {"id": "a", "tenant": "a", "submit": 10, "duration": 1500, "demand": unit, "count": 40},
-             {"id": "b", "tenant": "b", "submit": 100, "duration": 300, "demand": unit, "count": 10},
-             {"id": "big", "tenant": "b", "submit": 120, "duration": 100, "demand": {"cpu": 8, "mem": 8}}]
-    document = {"resources": ["cpu", "mem"], "nodes": [{"id": f"n{k}", "capacity": {"cpu": 10, "mem": 10}}
-                                                       for k in range(4)], "tenants": tenants, "tasks": tasks}
-    simulator = Simulator(parse_scenario(document), "drf", {"preemption": "on", "preemption_timeout": 30,
-                                                             "preemption_threshold": 1}, explain_at=200)
+    simulator = Simulator(parse_scenario(operators_tree_with_a_big_task()), "drf", OPERATORS_PARAMS, explain_at=200)
     simulator.run()
     [entry] = [e for e in simulator.explanation.pending["b"] if e.id == "big"]
     assert entry.reason is WaitReason.MAX_SHARE
