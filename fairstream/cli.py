@@ -470,6 +470,8 @@ def _shares_before_and_after(engine, tree) -> dict:
                      "fair_share_after": round(float(after[row]), 6)})
     # The queues (inner nodes) whose weight or limits change, added or removed: a leaf's
     # share moves with them (dry runs once listed the leaves only).
+    from fairstream.core.tenants import spec_changes
+
     queues = []
     for name in sorted(set(engine.tree.specs) | set(tree.specs)):
         old, new = engine.tree.specs.get(name), tree.specs.get(name)
@@ -477,10 +479,7 @@ def _shares_before_and_after(engine, tree) -> dict:
             continue
         if (old is not None and engine.tree.is_leaf(name)) or (new is not None and tree.is_leaf(name)):
             continue
-        changed = {field: [getattr(old, field, None) if old else None, getattr(new, field, None) if new else None]
-                   for field in ("parent", "weight", "min_share", "max_share", "max_resources", "max_running", "ordering")
-                   if (getattr(old, field, None) if old else None) != (getattr(new, field, None) if new else None)}
-        queues.append({"queue": name, "before_after": changed})
+        queues.append({"queue": name, "before_after": spec_changes(old, new)})
     return {"cluster_time": engine.time, "policy": engine.policy, "tenants": rows, "queues": queues,
             "warnings": _limit_warnings(engine, tree)}
 
@@ -489,6 +488,8 @@ def _limit_warnings(engine, tree) -> list[str]:
     """What ``tree``'s limits do to what runs now: a tenant or queue whose new max_share or
     max_resources is below what it runs (it was accepted without a word: an operator set
     max_share 0 on a tenant with 20 running tasks)."""
+    import numpy as np
+
     from fairstream.core.fairness import dominant_share
 
     capacity = engine.accounting.capacity
@@ -502,7 +503,7 @@ def _limit_warnings(engine, tree) -> list[str]:
         leaves = [leaf for leaf in allocation if leaf in tree.specs and name in tree.path(leaf)]
         if not leaves:
             continue
-        held = sum((allocation[leaf] for leaf in leaves[1:]), allocation[leaves[0]].copy())
+        held = np.sum([allocation[leaf] for leaf in leaves], axis=0)
         tasks = sum(running.get(leaf, 0) for leaf in leaves)
         share = dominant_share(held, capacity)
         over = []

@@ -154,7 +154,7 @@ class Processor:
             log.info("worker.outbox_republished", messages=len(entries))
         self._started = True
 
-    async def _owed_by_journal(self, stored: Mapping[str, int], journal_from: Mapping[str, int]) -> None:
+    async def _owed_by_journal(self, stored: Mapping[str, int], journal_from: dict[str, int]) -> None:
         """Add to ``owed`` what the journal holds past the store's offsets on the partitions this
         worker consumes: batches a store that lost writes no longer has, which Kafka's committed
         offsets may not cover either (Faust commits them every few seconds, the journal is
@@ -162,7 +162,7 @@ class Processor:
         forgot would otherwise read them as new batches, at a new clock, and decide again under
         new ids what it had published (a task placed twice). Reads the journal from the store's
         offsets in it: at a normal start the last few records, which the store already covers."""
-        async for _, runs, _, _ in unique_records(self.input_log.journal(dict(journal_from))):
+        async for _, runs, _, _ in unique_records(self.input_log.journal(journal_from)):
             for position, _first, last in runs:
                 if position in self.assigned and stored.get(position, 0) <= last:
                     self.owed[position] = max(self.owed.get(position, 0), last + 1)

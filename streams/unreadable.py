@@ -47,7 +47,8 @@ class _Record(NamedTuple):
 
 
 class _Decompressed:
-    """A batch whose records were read when it was taken; its other attributes are the batch's.
+    """A batch whose records were read when it was taken (or, for one that could not be, the one
+    record standing for it); its other attributes are the batch's.
     Its CRC is checked before (aiokafka's batches allow that only before they are iterated)."""
 
     def __init__(self, batch: Any, records: list, crc_valid: bool) -> None:
@@ -66,13 +67,6 @@ class _Decompressed:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._batch, name)
-
-
-class _Unreadable(_Decompressed):
-    """A batch that could not be read: one record at its last offset, an ``UnreadableBatch``."""
-
-    def __init__(self, batch: Any, record: _Record, crc_valid: bool) -> None:
-        super().__init__(batch, [record], crc_valid)
 
 
 def unreadable_record(topic: str, partition: int, batch: Any, error: BaseException) -> _Record:
@@ -113,7 +107,8 @@ class ReadableRecords:
         try:
             return _Decompressed(batch, list(batch), crc_valid)
         except Exception as exc:  # noqa: BLE001 - whatever the codec raises, the batch is one dead letter
-            return _Unreadable(batch, unreadable_record(self.topic, self.partition, batch, exc), crc_valid)
+            # (As one record at its last offset, an ``UnreadableBatch``.)
+            return _Decompressed(batch, [unreadable_record(self.topic, self.partition, batch, exc)], crc_valid)
 
 
 _installed = False

@@ -31,7 +31,7 @@ from fairstream.core.model import (
     TenantsChanged,
     request_task_id,
 )
-from fairstream.core.tenants import TenantTree
+from fairstream.core.tenants import TenantTree, spec_changes
 
 if TYPE_CHECKING:
     from fairstream.core.engine import Engine
@@ -177,8 +177,7 @@ def new_tree(engine: "Engine", event: TenantsChanged) -> TenantTree:
                 # Left out, it would stay as a tenant joins: a leaf under the root, weight 1, no
                 # limits. That is a move, refused when asked for, and the loss of its limits (an
                 # operator's ops/c lost its max_share this way and 11 of its tasks were preempted).
-                was = {k: v for k, v in dataclasses.asdict(old).items()
-                       if k != "id" and v != getattr(TenantSpec(ledger.name), k)}
+                was = {name: before for name, (before, _) in spec_changes(old, TenantSpec(ledger.name)).items()}
                 raise EventRejected(f"tenants: {ledger.name!r} has running or pending tasks and is not in the new "
                                     f"tree: it would become a leaf under the root with weight 1 and no limits, losing "
                                     f"{_settings(was)}; list it as it is (a tenant cannot move to another parent "

@@ -73,14 +73,12 @@ class QueueLimits:
                 return "max_share", (f"{node} holds {now:.4g} of the cluster (dominant share) and this task would take "
                                      f"it to {after:.4g}, over its max_share {limit:g}")
             caps = self.resource_caps.get(node)
-            if caps is not None and (self.group_allocation[node] + task.demand > caps + EPSILON).any():
+            if caps is not None and ((with_task := self.group_allocation[node] + task.demand) > caps + EPSILON).any():
                 resources = self.snapshot.resources
                 named = {k: v for k, v in resources.as_dict(caps).items() if v != np.inf}
-                over = [name for name in named if (self.group_allocation[node] + task.demand)[resources.index(name)]
-                        > caps[resources.index(name)] + EPSILON]
-                using = {name: round(float(self.group_allocation[node][resources.index(name)]), 6) for name in over}
-                after = {name: round(float((self.group_allocation[node] + task.demand)[resources.index(name)]), 6)
-                         for name in over}
+                over = [r for r in map(resources.index, named) if with_task[r] > caps[r] + EPSILON]
+                using = {resources.names[r]: round(float(self.group_allocation[node][r]), 6) for r in over}
+                after = {resources.names[r]: round(float(with_task[r]), 6) for r in over}
                 return "max_resources", (f"{node} uses {using} and this task would take it to {after}, over its "
                                          f"max_resources {named}")
             jobs = self.job_limits.get(node)

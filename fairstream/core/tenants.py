@@ -7,7 +7,7 @@ scheduler's default queue would.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from fractions import Fraction
 
 from fairstream.core.model import ORDERINGS, ROOT, ModelError, TenantSpec
@@ -178,6 +178,15 @@ def specs_from_json(items: list[dict]) -> list[TenantSpec]:
                        max_resources={k: float(v) for k, v in t["max_resources"].items()} if "max_resources" in t
                        else None, max_running=t.get("max_running"), ordering=t.get("ordering"))
             for t in items]
+
+
+def spec_changes(before: TenantSpec | None, after: TenantSpec | None) -> dict[str, list]:
+    """The settings that differ between two specs of one tenant (None: the tenant is not there,
+    every setting None), as ``{setting: [before, after]}`` (what a new tree would change:
+    ``configure --dry-run``, and what a tenant left out would lose, ``admission.new_tree``)."""
+    settings = [f.name for f in fields(TenantSpec) if f.name != "id"]
+    return {name: [getattr(before, name, None), getattr(after, name, None)] for name in settings
+            if getattr(before, name, None) != getattr(after, name, None)}
 
 
 def spec_to_json(spec: TenantSpec) -> dict:

@@ -4,6 +4,7 @@ users' code) on the real broker of ``scripts/services.sh`` while the broker is f
 timeout and sends nothing twice, or gives up with one line saying what it could not send."""
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import time
@@ -45,16 +46,24 @@ async def messages_in(topic: str) -> list[dict]:
     return [m async for m in read_topic(BROKER, topic, from_beginning=True, idle_timeout=2.0)]
 
 
+@contextlib.asynccontextmanager
+async def publisher_then_frozen(freeze, **options):
+    """A fresh topic of one partition and a ``Publisher`` (``options``) that has sent it
+    ``{"n": 0}``, handed over once the broker is frozen (``freeze``): ``(topic, publisher)``."""
+    topic = f"outage-{uuid.uuid4().hex[:8]}"
+    await ensure_topics(BROKER, [topic], 1)
+    async with Publisher(BROKER, **options) as pub:
+        await pub.send_raw(topic, "c1", b'{"n": 0}')
+        freeze()
+        yield topic, pub
+
+
 def test_a_send_rides_out_a_frozen_broker_and_the_message_arrives_once(frozen_broker):
     # The broker is frozen longer than a produce request may take (3 s here, 40 s by default):
     # the request times out and is sent again, with its sequence number, once the broker is back.
-    topic = f"outage-{uuid.uuid4().hex[:8]}"
 
     async def scenario():
-        await ensure_topics(BROKER, [topic], 1)
-        async with Publisher(BROKER, delivery_timeout_s=120, request_timeout_ms=3000) as pub:
-            await pub.send_raw(topic, "c1", b'{"n": 0}')
-            frozen_broker()
+        async with publisher_then_frozen(frozen_broker, delivery_timeout_s=120, request_timeout_ms=3000) as (topic, pub):
             sending = asyncio.create_task(pub.send_raw(topic, "c1", b'{"n": 1}'))
             await asyncio.sleep(0)
             frozen_at = time.monotonic()
@@ -71,21 +80,17 @@ def test_a_send_rides_out_a_frozen_broker_and_the_message_arrives_once(frozen_br
 
 
 def test_a_send_that_outlasts_its_delivery_timeout_says_in_one_line_what_it_could_not_send(frozen_broker):
-    topic = f"outage-{uuid.uuid4().hex[:8]}"
 
     async def scenario():
-        await ensure_topics(BROKER, [topic], 1)
-        async with Publisher(BROKER, delivery_timeout_s=4, request_timeout_ms=2000) as pub:
-            await pub.send_raw(topic, "c1", b'{"n": 0}')
-            frozen_broker()
+        async with publisher_then_frozen(frozen_broker, delivery_timeout_s=4, request_timeout_ms=2000) as (topic, pub):
             started = time.monotonic()
             with pytest.raises(Undelivered) as raised:
                 await pub.send_raw(topic, "c1", b'{"n": 1}')
             gave_up_after = time.monotonic() - started
         closed_after = time.monotonic() - started  # closing does not wait for the frozen broker
-        return raised.value, gave_up_after, closed_after
+        return topic, raised.value, gave_up_after, closed_after
 
-    error, gave_up_after, closed_after = asyncio.run(scenario())
+    topic, error, gave_up_after, closed_after = asyncio.run(scenario())
     thaw()
     message = str(error)
     assert "\n" not in message

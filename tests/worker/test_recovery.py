@@ -362,13 +362,10 @@ def test_a_worker_killed_9_reads_again_every_batch_the_journal_holds_past_kafkas
     # placed at 3: a second placement of a task an agent already runs.
     import copy
 
-    store, wire = MemoryStore(), Wire()
-    kafka = Partitions(wire, late_completion())
-    [heartbeat_0], [t0, t1, t2], [t0_done] = kafka.messages.values()
+    store, wire, kafka, (heartbeat_0, t0, t1, t2, t0_done) = late_completion_on_kafka()
 
     async def scenario():
-        p = processor(store, wire, input_log=kafka.input_log())
-        await p.handle([heartbeat_0, t0])
+        p = await node_and_t0_applied(store, wire, kafka, heartbeat_0, t0)
         kafka_offsets = {position: p.applied.get(position, 0) if committed else 0 for position in kafka.messages}
         saved = copy.deepcopy(store) if restore == "older" else MemoryStore()
         await p.handle([t1, t2])
@@ -452,6 +449,22 @@ def late_completion() -> list[tuple[str, dict]]:
             ("submitted", task("t1", time=2)), ("submitted", task("t2", time=5)), ("completed", done("t0", 3))]
 
 
+def late_completion_on_kafka():
+    """``late_completion`` as Kafka holds it, an empty store and the wire: ``(store, wire,
+    kafka, its messages: heartbeat_0, t0, t1, t2, t0_done)``."""
+    store, wire = MemoryStore(), Wire()
+    kafka = Partitions(wire, late_completion())
+    [heartbeat_0], [t0, t1, t2], [t0_done] = kafka.messages.values()
+    return store, wire, kafka, (heartbeat_0, t0, t1, t2, t0_done)
+
+
+async def node_and_t0_applied(store, wire, kafka, heartbeat_0, t0) -> Processor:
+    """A worker on ``store`` that has applied the first batch: the node and t0."""
+    p = processor(store, wire, input_log=kafka.input_log())
+    await p.handle([heartbeat_0, t0])
+    return p
+
+
 @pytest.mark.parametrize("journal", [
     pytest.param(True, id="with the journal: the batches as they were applied, the same decisions"),
     pytest.param(False, id="(without it, read merged by event time, t1 is placed at 3, not 5: a second placement)"),
@@ -464,13 +477,10 @@ def test_a_redis_restored_from_an_older_file_is_rebuilt_to_exactly_the_decisions
 
     from fairstream.core.model import TaskCompleted
 
-    store, wire = MemoryStore(), Wire()
-    kafka = Partitions(wire, late_completion())
-    [heartbeat_0], [t0, t1, t2], [t0_done] = kafka.messages.values()
+    store, wire, kafka, (heartbeat_0, t0, t1, t2, t0_done) = late_completion_on_kafka()
 
     async def scenario():
-        p = processor(store, wire, input_log=kafka.input_log())
-        await p.handle([heartbeat_0, t0])
+        p = await node_and_t0_applied(store, wire, kafka, heartbeat_0, t0)
         older = copy.deepcopy(store)  # the file Redis is restored from
         await p.handle([t1, t2])
         await p.handle([t0_done])
@@ -548,13 +558,10 @@ def test_a_message_rejected_unapplied_is_rejected_again_when_the_store_is_rebuil
     # the rebuild must not apply it now (t1 would be placed, a decision never taken before).
     import copy
 
-    store, wire = MemoryStore(), Wire()
-    kafka = Partitions(wire, late_completion())
-    [heartbeat_0], [t0, t1, t2], _ = kafka.messages.values()
+    store, wire, kafka, (heartbeat_0, t0, t1, t2, _) = late_completion_on_kafka()
 
     async def scenario():
-        p = processor(store, wire, input_log=kafka.input_log())
-        await p.handle([heartbeat_0, t0])
+        p = await node_and_t0_applied(store, wire, kafka, heartbeat_0, t0)
         older = copy.deepcopy(store)
         await (await p.reject(t1, "applying it failed: boom")).published
         await p.handle([t2])

@@ -125,8 +125,7 @@ def _cut_short(line: int) -> str:
 
 
 def _cut_short_error(path: str, line: int, read: str) -> ModelError:
-    return ModelError(f"{path}: the file ends early (a gzip cut short): nothing after line {line} read ({read} "
-                      "before the cut); --allow-partial runs what was read")
+    return ModelError(f"{path}: {_cut_short(line)} ({read} before the cut); --allow-partial runs what was read")
 
 
 def _rows(path: str, fmt: FileFormat, truncated: Callable[[int], None] | None = None
