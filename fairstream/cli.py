@@ -217,6 +217,14 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def non_negative_seconds(text: str) -> float:
+    """An argparse type: a number of seconds, zero or more."""
+    value = _seconds(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 seconds or more, got {text}")
+    return value
+
+
 def session_seconds(text: str) -> float:
     """An argparse type: a Kafka session timeout in seconds, within what a broker allows by
     default (group.min.session.timeout.ms 6 s, group.max.session.timeout.ms 30 min)."""
@@ -967,6 +975,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="partitions of each topic the worker creates at start (existing topics are left as they are)")
     worker.add_argument("--step-window", type=float, default=worker_defaults.step_window,
                         help="events within this many seconds of event time make one scheduling step (0: exact times)")
+    worker.add_argument("--step-wait", type=non_negative_seconds, default=worker_defaults.step_wait,
+                        help="seconds a step stays open for events of its window that come in the next batch, after "
+                             "its last ones came (at most --step-window + this after its first); 0: a batch's end "
+                             "ends its steps")
     worker.add_argument("--fetch-max-wait", type=float, default=worker_defaults.fetch_max_wait,
                         help="seconds the broker may hold a fetch for more data (Faust's own 1.5 s delays "
                              "busy partitions under load; docs/architecture.md)")

@@ -141,6 +141,16 @@ class LongTermUsage:
         self.vectors[row] += added
         return added
 
+    def per_weight(self) -> Callable[[str, Any], float]:
+        """A preemption victim key (``preemption.reclaim``'s): the tenant's usage per its
+        weight (effective share), LTRF's own order (formula 11): the most served go first."""
+        rows, fraction = self.snapshot.rows, self.snapshot.share_fraction
+
+        def key(tenant: str, allocation) -> float:
+            return self.key(rows[tenant]) / fraction[rows[tenant]]
+
+        return key
+
     def per_fair_share(self) -> Callable[[str, Any], float]:
         """A preemption victim key (``preemption.reclaim``'s): the tenant's usage per its fair
         share (``snapshot_fair_shares``, made when first asked), inf with none. ``hltrf``'s: its

@@ -93,11 +93,17 @@ class Ordering:
     - ``quota(snapshot, params)``: a per-tenant quota its pass checks before placing (static's
       partition): the returned ``(cycle, tenant, task)`` is False for a task over it.
     - ``efficiency``: for a policy whose choice also weighs packing (Tetris, QKnobler, FLEX), a
-      sentence saying who gets freed room, told a waiting task instead of "behind tenants"."""
+      sentence saying who gets freed room, told a waiting task instead of "behind tenants".
+    - ``victims``: (label, make key) when its preemption stage picks victims by a key of its
+      own (LTRF's long-term usage; ``preemption.reclaim``'s ``victim_key``, made from the
+      snapshot): a victim must then have a higher key than the starved tenant, which
+      ``explain`` tells a tenant waiting for its timeout. None: the share ratio (any tenant
+      above its fair share may be a victim)."""
 
     order: Callable[[Snapshot, Mapping[str, Any]], TenantOrder] | None = None
     quota: Callable[[Snapshot, Mapping[str, Any]], Callable] | None = None
     efficiency: str | None = None
+    victims: tuple[str, Callable[[Snapshot], Callable[[str, Any], float]]] | None = None
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,10 @@ Each allocation either
   instead (``fifo``: the earliest waiting task below; ``fair``, ``drf``: the lowest current
   allocation per weight), as YARN's parent queues apply their ``schedulingPolicy``.
 
+Beyond the paper: a leaf below its ``min_share`` (or below a queue's) is served before both,
+the lowest usage / weight of such leaves first, as every other fair policy keeps the guarantee
+(``FairKey``'s class; issue 59: a tenant guaranteed 0.6 held nothing for 210 s).
+
 ``t_wait=inf`` is the naive approach; ``t_wait=0`` allocates exactly as flat ``ltrf`` over the
 leaves (Theorem 1). The paper's test is ``wait > T_wait``; we use ``>=`` so Theorem 1 holds in
 discrete event time too (with ``>``, a leaf served at this instant has waited 0 and the
@@ -23,7 +27,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from fairstream.core.fairness import fair_key, normalised_usage, resource_share
+from fairstream.core.fairness import BELOW_MIN_SHARE, fair_key, normalised_usage, resource_share
 from fairstream.core.model import ROOT, Decision, ReasonCode
 from fairstream.core.placement import Cycle, TenantOrder
 from fairstream.core.queues import ordering_resource
@@ -104,8 +108,9 @@ class _TreeWalk:
 
 
 def tree_walk_order(snapshot: Snapshot, params: Mapping[str, Any]) -> TenantOrder:
-    """hltrf's order of its demanding leaves as its pass serves them at this instant: the
-    starved leaf first (the lowest by weighted usage, if it has waited ``t_wait``), then the
+    """hltrf's order of its demanding leaves as its pass serves them at this instant: leaves
+    below their min_share first (by usage / weight; not in the paper: the guarantee every other
+    fair policy keeps), then the starved leaf (the lowest by weighted usage, if it has waited ``t_wait``), then the
     tree walk: by the keys of the tree nodes on each leaf's path, level by level (``_TreeWalk``).
     The number shown is the leaf's own accumulated usage / weight."""
     usage = LongTermUsage(snapshot)
@@ -127,8 +132,10 @@ def tree_walk_order(snapshot: Snapshot, params: Mapping[str, Any]) -> TenantOrde
     def key(cycle: Cycle, tenant: str) -> tuple:
         walk = walk_of(cycle)
         if tenant not in walk.demanding_below:
-            return (2, (), walk.node_key(tenant))  # nothing of it fits: after every demanding leaf
-        return (0 if tenant == walk.starved else 1, walk.path_key(tenant), walk.node_key(tenant))
+            return (3, (), walk.node_key(tenant))  # nothing of it fits: after every demanding leaf
+        if cycle.below_min_share(tenant):
+            return (0, (), walk.node_key(tenant))  # below its min_share: first, by usage / weight
+        return (1 if tenant == walk.starved else 2, walk.path_key(tenant), walk.node_key(tenant))
 
     return TenantOrder("accumulated usage / weight", key, value_of=lambda k: float(k[-1].share))
 
@@ -143,12 +150,17 @@ def walks_one_level(snapshot: Snapshot, params: Mapping[str, Any]) -> bool:
     return math.isinf(params["t_wait"]) and snapshot.tree.depth <= 1 and not snapshot.tree.queue_orderings
 
 
+def _one_level_reason(cycle: Cycle, leaf: str, key) -> str:
+    """The walk's reason for a leaf on a tree of one level (``walks_one_level``), as ``decide``'s."""
+    if key.priority == BELOW_MIN_SHARE:
+        return f"hltrf: below its min_share, lowest usage/weight of those ({leaf})"
+    return f"hltrf: lowest usage/weight at each level ({leaf})"
+
+
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     t_wait = params["t_wait"]
     if walks_one_level(snapshot, params):
-        return usage_pass(snapshot, params, "hltrf",
-                          lambda cycle, leaf, key: f"hltrf: lowest usage/weight at each level ({leaf})",
-                          min_share_class=False, victims_per_fair_share=True)
+        return usage_pass(snapshot, params, "hltrf", _one_level_reason, victims_per_fair_share=True)
     tree, rows, now = snapshot.tree, snapshot.rows, snapshot.time
     cycle = Cycle(snapshot, "hltrf")
     usage = LongTermUsage(snapshot)
@@ -163,8 +175,22 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     # while the walk serves leaves ahead of it (``NodeFit.suspend_reservation``), as in the
     # flat pass (``placement.serve_in_order``).
     held = snapshot.reservation
+    holder_below_min = False
     if held is not None and held.tenant in rows:
         cycle.nodes.suspend_reservation()
+        holder_below_min = cycle.below_min_share(held.tenant)
+    # Leaves below their min_share (or below a queue's) go first, the lowest usage / weight of
+    # them first, as under every policy but fifo and static (``FairKey``'s class).
+    min_shares = cycle.capped and any(spec.min_share > 0 for spec in tree.specs.values())
+
+    def ahead_of_holder(leaf: str, code: ReasonCode) -> bool:
+        """Whether ``leaf``, served now with ``code``, comes before the reservation's holder in
+        the walk's order (``tree_walk_order``): the reservation is open to it."""
+        if code is ReasonCode.MIN_SHARE:
+            return leaf != held.tenant and (not holder_below_min or node_key(leaf) < node_key(held.tenant))
+        if holder_below_min:
+            return False
+        return code is ReasonCode.STARVED or (leaf != held.tenant and walk.path_key(leaf) < walk.path_key(held.tenant))
 
     def drop(leaf: str) -> None:
         for node in (ROOT,) + tree.path(leaf):
@@ -183,15 +209,19 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
         while lowest and (demanding_below.get(lowest[0][1], 0) == 0 or lowest[0][0] != node_key(lowest[0][1])):
             heapq.heappop(lowest)  # stale entry: leaf dropped out or its key has grown
         leaf, reason, code = None, "", ReasonCode.FAIR_ORDER
-        if lowest and not math.isinf(t_wait):
+        if min_shares:
+            below = [k for k in demanding if demanding_below.get(k, 0) > 0 and cycle.below_min_share(k)]
+            if below:
+                leaf = min(below, key=node_key)
+                reason, code = f"hltrf: below its min_share, lowest usage/weight of those ({leaf})", ReasonCode.MIN_SHARE
+        if leaf is None and lowest and not math.isinf(t_wait):
             candidate = lowest[0][1]
             waited = now - waiting_since[candidate]
             if waited >= t_wait:
                 leaf, reason, code = candidate, f"hltrf: starved leaf waited {waited:.4g}s >= t_wait", ReasonCode.STARVED
         if leaf is None:
             leaf, reason = descend()
-        if held is not None and code is not ReasonCode.STARVED and (
-                leaf == held.tenant or not walk.path_key(leaf) < walk.path_key(held.tenant)):
+        if held is not None and not ahead_of_holder(leaf, code):
             cycle.nodes.resume_reservation()  # (the walk's keys only grow: behind the holder from here on)
             held = None
         task = cycle.next_task(leaf)
@@ -227,7 +257,8 @@ SPEC = PolicySpec(
     "hierarchical LTRF with starvation timeout t_wait (H-LTRF)",
     LONG_TERM_PARAMS + (Param("t_wait", math.inf, _t_wait, "starvation timeout T_wait in seconds; inf = naive recursive approach"),) + PREEMPTION_PARAMS
     + (RESERVATION_PARAM,),
-    ordering=Ordering(order=tree_walk_order),
+    ordering=Ordering(order=tree_walk_order, victims=("accumulated usage / fair share",
+                                                      lambda snapshot: LongTermUsage(snapshot).per_fair_share())),
     needs=Needs(accounting=long_term_accounting, preemption=preemption_rule),
     traits=Traits(hierarchical=True),
 )

@@ -23,15 +23,15 @@ from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, RES
 from fairstream.policies.base import Needs, Ordering, PolicySpec, Traits
 
 
-def usage_order(snapshot: Snapshot, usage: LongTermUsage, min_share_class: bool = True) -> TenantOrder:
+def usage_order(snapshot: Snapshot, usage: LongTermUsage) -> TenantOrder:
     """Lowest weighted accumulated usage ``f_i / w_i`` first (formula 11), as ``usage`` charges
-    a pass's placements; a tenant below its min share before the others if ``min_share_class``."""
+    a pass's placements; a tenant below its min share before the others."""
 
     def key(cycle: Cycle, tenant: str):
         row = snapshot.rows[tenant]
         weighted = usage.key(row) / snapshot.share_fraction[row]
         return fair_key(weighted, leaf_arrival(snapshot, tenant), tenant,
-                        min_share_class and cycle.below_min_share(tenant))
+                        cycle.below_min_share(tenant))
 
     return TenantOrder("accumulated usage / weight", key)
 
@@ -42,22 +42,17 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
 
 
 def usage_pass(snapshot: Snapshot, params: Mapping[str, Any], policy: str, reason: ReasonFn,
-               min_share_class: bool = True, victims_per_fair_share: bool = False) -> list[Decision]:
+               victims_per_fair_share: bool = False) -> list[Decision]:
     """The flat pass by the lowest weighted accumulated usage (``usage_order``), charging each
     placement as Algorithm 1 does, then preemption if ``params`` ask for it (victims: the most
     served first). ``policy`` names the decisions, ``reason`` gives each one's reason (as
-    ``Service.reason``). ``hltrf`` makes it for a tree of one level (``min_share_class`` False:
-    its walk's keys have no below-min-share class; its victims' usage is weighed by their fair
-    shares, ``LongTermUsage.per_fair_share``, not their share fractions)."""
+    ``Service.reason``). ``hltrf`` makes it for a tree of one level (its victims' usage is
+    weighed by their fair shares, ``LongTermUsage.per_fair_share``, not their share fractions)."""
     usage = LongTermUsage(snapshot)
-    key = usage_order(snapshot, usage, min_share_class).key
+    key = usage_order(snapshot, usage).key
 
     def charge(cycle: Cycle, tenant: str, task: Task) -> None:
         usage.charge(cycle, snapshot.rows[tenant], task)
-
-    def victim_key(tenant: str, allocation) -> float:  # long-term usage: the most served go first
-        row = snapshot.rows[tenant]
-        return usage.key(row) / snapshot.share_fraction[row]
 
     cycle = Cycle(snapshot, policy)
     rule = preemption_rule(params)
@@ -66,11 +61,13 @@ def usage_pass(snapshot: Snapshot, params: Mapping[str, Any], policy: str, reaso
                    compiled=rule is None and usage.discount == 1.0)
     serve_in_order(snapshot, policy, Service(key, reason, charge=charge, flat_key=flat), cycle=cycle)
     if rule is not None:
-        reclaim(cycle, rule, usage.per_fair_share() if victims_per_fair_share else victim_key)
+        reclaim(cycle, rule, usage.per_fair_share() if victims_per_fair_share else usage.per_weight())
     return cycle.decisions
 
 
 SPEC = PolicySpec("ltrf", decide, "long-term max-min over accumulated usage (LTRF)", LONG_TERM_PARAMS + PREEMPTION_PARAMS + (RESERVATION_PARAM,),
-                  ordering=Ordering(order=lambda snapshot, params: usage_order(snapshot, LongTermUsage(snapshot))),
+                  ordering=Ordering(order=lambda snapshot, params: usage_order(snapshot, LongTermUsage(snapshot)),
+                                    victims=("accumulated usage / weight",
+                                             lambda snapshot: LongTermUsage(snapshot).per_weight())),
                   needs=Needs(accounting=long_term_accounting, preemption=preemption_rule),
                   traits=Traits(tenant_local=True))

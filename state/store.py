@@ -66,6 +66,8 @@ class ClusterRecord:
     log: list[dict] = field(default_factory=list)  # steps after the snapshot
     log_base: int = 0  # steps trimmed from the log's head (the first kept step's number)
     checkpoints: list[tuple[int, float]] = field(default_factory=list)  # (steps, event time), oldest first
+    # The step held open after the log's last one (``BatchCommit.open_steps``), or None.
+    open_step: list[dict] | None = None
 
 
 @dataclass
@@ -120,6 +122,9 @@ class BatchCommit:
     # cluster -> what an operator wants to see happened (preemptions, configuration changes
     # accepted or rejected), appended to its recent events, oldest first
     recent: dict[str, list[str]] = field(default_factory=dict)
+    # cluster -> the input of the step it holds open (its events' messages, ``streams.stepping``:
+    # a batch ended inside a step window), replacing the last; None: none is open any more
+    open_steps: dict[str, list[dict] | None] = field(default_factory=dict)
 
 
 HISTORY_SAMPLES = 720  # a cluster's history keeps its last so many samples (an hour at 5 s)
@@ -136,6 +141,7 @@ class StateStore(Protocol):
     async def view(self, cluster: str, name: str) -> dict[str, Any]: ...
     async def history(self, cluster: str) -> list[Any]: ...
     async def full_log(self, cluster: str) -> RetainedLog: ...
+    async def open_steps(self) -> dict[str, Any]: ...  # cluster -> the input of the step it holds open
 
 
 class MemoryStore:
@@ -151,6 +157,7 @@ class MemoryStore:
         self._checkpoints: dict[str, dict[int, tuple[float, bytes]]] = {}
         self._history: dict[str, list[str]] = {}
         self._recent: dict[str, list[str]] = {}
+        self._open: dict[str, str] = {}
 
     async def clusters(self) -> list[str]:
         return sorted(self._log)
@@ -159,7 +166,9 @@ class MemoryStore:
         snapshot, steps = self._snapshots.get(cluster, (None, 0))
         base = self._log_base.get(cluster, 0)
         points = sorted((s, t) for s, (t, _) in self._checkpoints.get(cluster, {}).items())
-        return ClusterRecord(snapshot, steps, list(self._log.get(cluster, [])[steps - base:]), base, points)
+        held = self._open.get(cluster)
+        return ClusterRecord(snapshot, steps, list(self._log.get(cluster, [])[steps - base:]), base, points,
+                             None if held is None else loads(held))
 
     async def offsets(self) -> dict[str, int]:
         return dict(self._offsets)
@@ -189,11 +198,19 @@ class MemoryStore:
             del self._recent[cluster][:-RECENT_EVENTS]
         for cluster, (steps, time, blob) in batch.checkpoints.items():
             self._checkpoints.setdefault(cluster, {})[steps] = (time, blob)
+        for cluster, held in batch.open_steps.items():
+            if held is None:
+                self._open.pop(cluster, None)
+            else:
+                self._open[cluster] = dumps(held)  # (as Redis keeps it: JSON, nothing that runs)
         for cluster, trim in batch.trims.items():
             del self._log[cluster][: trim.new_base - trim.old_base]
             self._log_base[cluster] = trim.new_base
             for steps in trim.dropped_checkpoints:
                 self._checkpoints[cluster].pop(steps, None)
+
+    async def open_steps(self) -> dict[str, Any]:
+        return {cluster: loads(held) for cluster, held in self._open.items()}
 
     async def outbox(self) -> list[list[OutboxEntry]]:
         return [list(batch) for batch in self._outbox.values()]
@@ -280,7 +297,8 @@ class RedisStore:
     ``{p}:clusters`` set; per cluster ``{p}:c:{cluster}:log`` list of JSON steps,
     ``:log_base`` int (steps trimmed from its head), ``:snapshot`` bytes, ``:snapshot_steps`` int,
     ``:checkpoints`` hash steps -> event time, ``:checkpoint:{steps}`` bytes, ``:view:{name}`` hashes,
-    ``:history`` and ``:recent`` lists (the last ``HISTORY_SAMPLES`` and ``RECENT_EVENTS``, JSON);
+    ``:history`` and ``:recent`` lists (the last ``HISTORY_SAMPLES`` and ``RECENT_EVENTS``, JSON),
+    ``:open`` the JSON input of the step held open, if one is (``{p}:open`` the set of such clusters);
     ``{p}:offsets`` hash; ``{p}:outbox`` hash, one field per batch (``outbox_field``) holding the
     JSON list of its ``[topic, message]`` entries (one HDEL clears what a batch published,
     whoever else shares the hash).
@@ -303,11 +321,13 @@ class RedisStore:
         pipe.get(self._key("c", cluster, "snapshot_steps"))
         pipe.get(self._key("c", cluster, "log_base"))
         pipe.hgetall(self._key("c", cluster, "checkpoints"))
-        snapshot, steps, base, points = await pipe.execute()
+        pipe.get(self._key("c", cluster, "open"))
+        snapshot, steps, base, points, held = await pipe.execute()
         steps, base = int(steps or 0), int(base or 0)
         log = await self.redis.lrange(self._key("c", cluster, "log"), steps - base, -1)
         checkpoints = sorted((int(s), float(t)) for s, t in points.items())
-        return ClusterRecord(snapshot, steps, [loads(s) for s in log], base, checkpoints)
+        return ClusterRecord(snapshot, steps, [loads(s) for s in log], base, checkpoints,
+                             None if held is None else loads(held))
 
     async def offsets(self) -> dict[str, int]:
         raw = await self.redis.hgetall(self._key("offsets"))
@@ -351,6 +371,13 @@ class RedisStore:
         for cluster, (steps, time, blob) in batch.checkpoints.items():
             add(("SET", self._key("c", cluster, "checkpoint", str(steps)), blob))
             add(("HSET", self._key("c", cluster, "checkpoints"), str(steps), repr(time)))
+        for cluster, held in batch.open_steps.items():
+            if held is None:
+                add(("DEL", self._key("c", cluster, "open")))
+                add(("SREM", self._key("open"), cluster))
+            else:
+                add(("SET", self._key("c", cluster, "open"), dumps(held)))
+                add(("SADD", self._key("open"), cluster))
         for cluster, trim in batch.trims.items():
             # After this batch's RPUSH, in the same script: the head goes, the tail stays.
             add(("LTRIM", self._key("c", cluster, "log"), trim.new_base - trim.old_base, -1))
@@ -371,6 +398,14 @@ class RedisStore:
             if stale is None:
                 raise
             raise StaleLog(stale["cluster"], int(stale["expected"]), int(stale["found"])) from None
+
+    async def open_steps(self) -> dict[str, Any]:
+        """Per cluster holding a step open, its input (``BatchCommit.open_steps``)."""
+        clusters = sorted(m.decode() for m in await self.redis.smembers(self._key("open")))
+        if not clusters:
+            return {}
+        held = await self.redis.mget([self._key("c", cluster, "open") for cluster in clusters])
+        return {cluster: loads(doc) for cluster, doc in zip(clusters, held) if doc is not None}
 
     async def outbox(self) -> list[list[OutboxEntry]]:
         """The batches committed but not yet published."""

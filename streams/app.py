@@ -76,6 +76,7 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         max_bytes=config.max_bytes,
         log_retention=config.log_retention,
         step_window=config.step_window,
+        step_wait=config.step_wait,
         background_snapshots=config.background_snapshots,
         max_engines=config.max_engines,
         max_ahead=config.max_ahead,

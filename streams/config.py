@@ -45,6 +45,9 @@ class WorkerConfig:
     background_snapshots: bool = True  # encoded in a forked child (Processor)
     max_bytes: int = 64 * 1024
     step_window: float = 0.1  # seconds of event time gathered into one scheduling step
+    # seconds a step whose window a batch's end cut stays open for the next batch's events
+    # (after the last came; at most step_window + step_wait after the first): 0, none
+    step_wait: float = 0.02
     finished_retention: float = 3600.0  # seconds of event time finished task ids are remembered
     log_retention: float = math.inf  # seconds of event time of input log kept in the store
     max_engines: int = 1000  # cluster engines kept in memory; the least recently used go first

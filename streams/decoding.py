@@ -72,3 +72,32 @@ def first_time(message: Incoming, max_bytes: int) -> float:
         return -math.inf
     times = [item.event.time for item in items if item.__class__ is not BadElement]
     return min((-math.inf if t is None else t for t in times), default=-math.inf)
+
+
+def held_step(items: list[tuple[Event, Incoming, int | None]]) -> list[dict]:
+    """The input of a step held open (``stepper.run_steps``' ``open_items``) as the store keeps it
+    (``BatchCommit.open_steps``): per event, its message and its index there. (The message, not
+    the event: read back, it is decoded and judged again as it first was.)"""
+    return [{"kind": m.kind, "topic": m.topic, "partition": m.partition, "offset": m.offset, "produced": m.produced,
+             "key": None if m.key is None else m.key.decode(), "raw": bytes(m.raw).decode(), "index": index}
+            for _, m, index in items]
+
+
+def held_items(held: object, max_bytes: int) -> list[tuple[Event, Incoming, int | None]]:
+    """``held_step``'s record read back: the items again. Raises ValueError if it is not one
+    (the store is not trusted to hold only what the worker wrote)."""
+    if not isinstance(held, list):
+        raise ValueError("not a list")
+    items = []
+    for entry in held:
+        try:
+            message = Incoming(str(entry["kind"]), str(entry["raw"]).encode(), str(entry["topic"]),
+                               int(entry["partition"]), int(entry["offset"]), float(entry["produced"]),
+                               None if entry["key"] is None else str(entry["key"]).encode())
+            index = entry["index"]
+            decoded = decode_message(message.kind, message.raw, max_bytes)
+            event = next(item.event for item in decoded if item.__class__ is not BadElement and item.index == index)
+        except (BadInput, KeyError, TypeError, ValueError, StopIteration) as exc:
+            raise ValueError(f"an entry does not decode ({exc.__class__.__name__}: {exc})") from None
+        items.append((event, message, index))
+    return items

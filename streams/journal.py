@@ -16,7 +16,11 @@ A record is one committed batch: ``{"id": batch id, "read": [[position, first, l
 runs of consecutive messages of one position (``"topic:partition"``) in the order applied,
 offsets inclusive (a run takes every message of its position in that range: Kafka offsets may
 have gaps). A message the worker rejected without applying (``Processor.reject``) is a record
-with ``"rejected": reason``. Every record is keyed ``journal``: one partition, one order.
+with ``"rejected": reason``. Steps held open that a timer closed (``Processor.close_open_steps``:
+no batch gave them more within ``step_wait``) are a record with ``"read": []`` and ``"close":
+{cluster: its first event's place}`` (``held_from``): read again, each is closed at the same
+point if the step it holds open starts there (else the store already had it closed). Every record is keyed ``journal``:
+one partition, one order.
 
 The processor publishes a batch's record after its commit and before its decisions, and waits
 for the broker's acknowledgement in between (``Processor._enqueue``): a published decision's
@@ -36,8 +40,10 @@ if TYPE_CHECKING:
 JOURNAL_KEY = "journal"
 
 
-def journal_record(batch: str, messages: Iterable["Incoming"], rejected: str | None = None) -> dict:
-    """The record of batch ``batch`` (its id) applying ``messages`` in this order."""
+def journal_record(batch: str, messages: Iterable["Incoming"], rejected: str | None = None,
+                   closing: dict[str, str] | None = None) -> dict:
+    """The record of batch ``batch`` (its id) applying ``messages`` in this order (or closing
+    the steps ``closing``'s clusters hold open)."""
     runs: list[list] = []
     for message in messages:
         position = message.position
@@ -49,7 +55,25 @@ def journal_record(batch: str, messages: Iterable["Incoming"], rejected: str | N
     record: dict = {"id": batch, "read": runs}
     if rejected is not None:
         record["rejected"] = rejected
+    if closing:
+        record["close"] = dict(closing)
     return record
+
+
+def record_closes(record: dict) -> dict[str, str]:
+    """The steps held open a record closes: cluster -> where its first event came from
+    (``held_from``); none if it is not such a record."""
+    closing = record.get("close")
+    if not isinstance(closing, dict) or not all(isinstance(v, str) for v in closing.values()):
+        return {}
+    return closing
+
+
+def held_from(items: list) -> str:
+    """Where the first event of a step held open came from (``"topic:partition:offset:index"``):
+    what a close record names it by."""
+    _, message, index = items[0]
+    return f"{message.position}:{message.offset}:{index}"
 
 
 def record_runs(record: object) -> list[tuple[str, int, int]] | None:

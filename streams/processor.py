@@ -36,7 +36,8 @@ from fairstream.state.store import BatchCommit, StaleLog, StateStore, republishi
 from fairstream.streams import snapshots
 from fairstream.streams.decoding import decode_batch
 from fairstream.streams.incoming import Incoming, InputLog
-from fairstream.streams.journal import journal_record, unique_records
+from fairstream.state.engine_snapshot import SnapshotError
+from fairstream.streams.journal import held_from, journal_record, unique_records
 from fairstream.streams.publishing import Outputs, Publish, acknowledged_all
 from fairstream.streams.rebuild import read_again
 from fairstream.streams.session import ClusterSession, Sessions
@@ -73,6 +74,7 @@ class Processor:
         input_log: InputLog | None = None,
         explain_interval: float = 5.0,
         explain_max_entries: int = DEFAULT_MAX_ENTRIES,
+        step_wait: float = 0.0,
     ) -> None:
         from fairstream.streams.prometheus import WorkerMetrics
 
@@ -80,14 +82,16 @@ class Processor:
         self.topics = topics
         self.max_bytes = max_bytes
         # The stages: sessions and stepping (2), the outputs (4); the store is the persist stage (3).
-        self.sessions_held = Sessions(store, make_engine, self.metrics, max_engines)
+        self.sessions_held = Sessions(store, make_engine, self.metrics, max_engines, max_bytes)
         self.stepping = Stepping(
             topics, self.metrics,
             StepRules(max_lateness=max_lateness, max_ahead=max_ahead, step_window=step_window, node_timeout=node_timeout),
             SnapshotRules(every=snapshot_every, ratio=snapshot_ratio, log_retention=log_retention),
             # Encoded in a forked child where the platform has fork().
             background_snapshots=background_snapshots and hasattr(os, "fork"),
-            explain_interval=explain_interval, explain_max_entries=explain_max_entries)
+            explain_interval=explain_interval, explain_max_entries=explain_max_entries, step_wait=step_wait)
+        self.step_wait = step_wait
+        self._closer: asyncio.Task | None = None  # closes steps held open when due (``_close_when_due``)
         self.outputs = Outputs(publish, topics, self.metrics, lambda batches: self.store.clear_outbox(batches))
         self._store = store
         self.applied: dict[str, int] = {}  # per position ("topic:partition"): the next offset to apply
@@ -143,7 +147,8 @@ class Processor:
         if self.owed and self.input_log is not None:
             self.sessions.clear()  # they may hold what the store lost
             read = await read_again(self.input_log, {p: (stored.get(p, 0), end) for p, end in self.owed.items()},
-                                    journal_from, self._apply_now, self._reject_now, self.topics, self.max_bytes)
+                                    journal_from, self._apply_now, self._reject_now, self.topics, self.max_bytes,
+                                    self._close_now)
             self.metrics.read_again.inc(read)
         self.owed.clear()
         pending = await self.store.outbox()
@@ -152,7 +157,23 @@ class Processor:
         await self.store.clear_outbox(pending)
         if entries:
             log.info("worker.outbox_republished", messages=len(entries))
+        if self.step_wait > 0:
+            await self._load_open_steps()
         self._started = True
+        self._close_later()
+
+    async def _load_open_steps(self) -> None:
+        """Hold the sessions of the clusters whose step the store holds open, read from the
+        partitions this worker consumes: their timer runs from now (a cluster that sends nothing
+        more is not loaded by a batch)."""
+        for cluster, held in (await self.store.open_steps()).items():
+            positions = {f"{entry.get('topic')}:{entry.get('partition')}" for entry in held
+                         if isinstance(entry, dict)} if isinstance(held, list) else set()
+            if cluster not in self.sessions and positions & self.assigned:
+                try:
+                    await self.session(cluster)
+                except SnapshotError as exc:
+                    log.error("worker.cluster_unreadable", cluster=cluster, reason=str(exc))
 
     async def _owed_by_journal(self, stored: Mapping[str, int], journal_from: dict[str, int]) -> None:
         """Add to ``owed`` what the journal holds past the store's offsets on the partitions this
@@ -183,6 +204,16 @@ class Processor:
         """Apply, commit and publish ``messages`` while the lock is held (a rebuild);
         ``journaled``: the journal position and offset to commit, for a batch of the journal."""
         await self._settle(*await self._handle(messages, journaled))
+
+    async def _close_now(self, closing: dict[str, str], journaled: tuple[str, int]) -> None:
+        """Close the steps a journal record says a timer closed, while the lock is held (a
+        rebuild): those that start where the record says (``journal.held_from``)."""
+        clusters = []
+        for cluster, first in closing.items():
+            session = await self.session(cluster)
+            if session.open_items and held_from(session.open_items) == first:
+                clusters.append(cluster)
+        await self._settle(*await self._close(clusters, journaled))
 
     async def _reject_now(self, message: Incoming, reason: str, journaled: tuple[str, int]) -> None:
         """``reject`` ``message`` and publish it while the lock is held (a rebuild)."""
@@ -267,12 +298,13 @@ class Processor:
         return BatchOutcome(dead_letters=1, reasons=[reason]), commit.outbox, await self.outputs.enqueue(commit.outbox)
 
     def _journal(self, commit: BatchCommit, applying: list[Incoming], journaled: tuple[str, int] | None,
-                 rejected: str | None = None) -> None:
+                 rejected: str | None = None, closing: dict[str, str] | None = None) -> None:
         """The journal's part of ``commit``: a new batch's record, first in the outbox (published,
         and acknowledged, before the batch's decisions) with the journal offsets acknowledged so
         far; a batch applied again from its record (``journaled``) only the offset read to."""
         if journaled is None:
-            commit.outbox.append((self.topics.journal, journal_record(uuid.uuid4().hex, applying, rejected=rejected)))
+            commit.outbox.append((self.topics.journal, journal_record(uuid.uuid4().hex, applying, rejected=rejected,
+                                                                      closing=closing)))
             commit.offsets.update(self.outputs.journaled)
         else:
             position, offset = journaled
@@ -301,16 +333,32 @@ class Processor:
         commit = BatchCommit(offsets=decoded.offsets)
         if decoded.applying and self.input_log is not None:
             self._journal(commit, decoded.applying, journaled)
+        return await self._step_and_commit(decoded.by_cluster, decoded.dead, commit, outcome)
+
+    async def _close(self, clusters: list[str], journaled: tuple[str, int] | None = None,
+                     ) -> tuple[BatchOutcome, list[tuple[str, dict]], list]:
+        """Take the steps ``clusters`` hold open (held sessions), with the lock held: as a batch
+        of no input, journaled as closing them (``journal.record_closes``)."""
+        commit, outcome = BatchCommit(), BatchOutcome()
+        if self.input_log is not None and (clusters or journaled is not None):
+            self._journal(commit, [], journaled, closing={c: held_from(self.sessions[c].open_items) for c in clusters})
+        return await self._step_and_commit({cluster: [] for cluster in clusters}, [], commit, outcome, closing=True)
+
+    async def _step_and_commit(self, by_cluster: dict[str, list], dead: list[DeadLetter], commit: BatchCommit,
+                               outcome: BatchOutcome, closing: bool = False,
+                               ) -> tuple[BatchOutcome, list[tuple[str, dict]], list]:
+        """Stages two to four of a batch (decoded: ``by_cluster``, ``dead``) into ``commit``:
+        step, persist, enqueue the outputs; ``closing``: the steps held open are taken."""
         try:
-            fork_after_commit = await self.stepping.step(self.sessions_held, decoded.by_cluster, commit, outcome,
-                                                         decoded.dead)
-            self.stepping.dead_letters(decoded.dead, commit, outcome, self._clock_of)
+            fork_after_commit = await self.stepping.step(self.sessions_held, by_cluster, commit, outcome, dead,
+                                                         closing=closing)
+            self.stepping.dead_letters(dead, commit, outcome, self._clock_of)
             await self.store.commit(commit)
         except BaseException as exc:
             # The engines have applied a batch that is not durable, or failed part-way through
             # it (a fault some input triggered): forget them, so that the redelivered messages
             # are applied to engines rebuilt from the store, once.
-            for cluster in decoded.by_cluster:
+            for cluster in by_cluster:
                 self.sessions.pop(cluster, None)
             if isinstance(exc, StaleLog):
                 # Another worker moved the log on (it holds the partition now; a rebalance
@@ -328,8 +376,59 @@ class Processor:
         # are applied again after a redelivery).
         for session, steps, at in fork_after_commit:
             session.snapshotting = Snapshotting(steps, at, snapshots.snapshot_in_child(session.engine))
-        self.sessions_held.evict_idle(keep=decoded.by_cluster)
+        self.sessions_held.evict_idle(keep=by_cluster)
+        if commit.open_steps:
+            self._close_later()
         return outcome, commit.outbox, await self.outputs.enqueue(commit.outbox)
+
+    async def close_open_steps(self) -> "Applied | None":
+        """Take the steps held open that no batch gave events for ``step_wait`` seconds (the
+        bounded wait: a cluster's next events may come in the next batch, not for ever), as a
+        batch: committed, and its outputs enqueued (``Applied.published``); None when none is due."""
+        async with self._lock:
+            await self._start_locked()
+            now = time.monotonic()
+            due = sorted(cluster for cluster, session in self.sessions.items()
+                         if session.open_items and now >= self._due(session))
+            if not due:
+                return None
+            outcome, outbox, acks = await self._close(due)
+            published = asyncio.get_running_loop().create_task(self.outputs.published(outbox, acks, outcome))
+        return Applied(outcome, published)
+
+    def _due(self, session: ClusterSession) -> float:
+        """When a session's step held open is closed (monotonic seconds): ``step_wait`` after a
+        batch last gave it events, and never later than ``step_window`` + ``step_wait`` after
+        it opened (events that keep coming at one event time must not hold it for ever)."""
+        return min(session.open_touched + self.step_wait,
+                   session.open_since + self.stepping.rules.step_window + self.step_wait)
+
+    def _close_later(self) -> None:
+        """Start the task that closes steps held open when they are due, unless it runs."""
+        if self.step_wait > 0 and (self._closer is None or self._closer.done()):
+            self._closer = asyncio.get_running_loop().create_task(self._close_when_due())
+
+    async def _close_when_due(self) -> None:
+        """Until no session holds a step open: sleep until the first is due, close what is due.
+        A failure (the store down) is logged and tried again a moment later; the sessions it
+        touched are then recovered from the store, their steps still open."""
+        while True:
+            due = [self._due(s) for s in self.sessions.values() if s.open_items]
+            if not due:
+                return
+            wait = min(due) - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            try:
+                applied = await self.close_open_steps()
+                if applied is not None:
+                    await asyncio.shield(applied.published)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - tried again: the steps stay open meanwhile
+                log.warning("worker.open_steps_unclosed", error=str(exc))
+                await asyncio.sleep(max(self.step_wait, 0.5))
 
     async def flush_explanations(self) -> int:
         """Write the explanations a batch left due (it came within ``explain_interval`` of the

@@ -11,7 +11,7 @@ import structlog
 
 from fairstream.streams.decoding import first_time
 from fairstream.streams.incoming import Incoming, InputLog
-from fairstream.streams.journal import RangeBuffer, unique_records
+from fairstream.streams.journal import RangeBuffer, record_closes, unique_records
 from fairstream.wire.topics import Topics
 
 log = structlog.get_logger("fairstream.worker")
@@ -22,11 +22,13 @@ BATCH = 500  # messages per commit of what no journal record holds
 async def read_again(input_log: InputLog, ranges: dict[str, tuple[int, int]], journal_from: dict[str, int],
                      apply: Callable[[list[Incoming], tuple[str, int] | None], Awaitable[None]],
                      reject: Callable[[Incoming, str, tuple[str, int]], Awaitable[None]], topics: Topics,
-                     max_bytes: int) -> int:
+                     max_bytes: int,
+                     close: Callable[[dict[str, str], tuple[str, int]], Awaitable[None]] | None = None) -> int:
     """Apply again ``ranges`` (per position: the store's offset, and where the worker believed it
     was) with ``apply`` (a batch: applied, committed and published) and ``reject`` (a message the
     journal says was rejected unapplied, with the reason); the journal is read from
-    ``journal_from`` (the store's offsets in it). Returns how many messages were read.
+    ``journal_from`` (the store's offsets in it), and ``close`` (the steps held open that a
+    record says a timer closed). Returns how many messages were read.
 
     A batch applied again from a journal record is not journaled again: ``apply`` and
     ``reject`` are given the journal position and the offset to commit as read with it, just
@@ -44,6 +46,11 @@ async def read_again(input_log: InputLog, ranges: dict[str, tuple[int, int]], jo
     held = RangeBuffer(input_log.read(ranges), ranges)
     journaled = 0
     async for record, runs, position, offset in unique_records(input_log.journal(journal_from)):
+        closing = record_closes(record)
+        if closing and close is not None:
+            journaled += 1
+            await close(closing, (position, offset + 1))
+            continue
         messages = await held.take(runs)
         if not messages:
             continue

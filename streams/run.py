@@ -70,6 +70,7 @@ def config_from_args(args) -> WorkerConfig:
         metrics_port=args.metrics_port,
         metrics_address=args.metrics_address,
         step_window=args.step_window,
+        step_wait=args.step_wait,
         finished_retention=args.finished_retention,
         batch_window=args.batch_window,
         fetch_max_wait=args.fetch_max_wait,

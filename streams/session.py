@@ -5,6 +5,7 @@ cluster is dropping its session."""
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -13,6 +14,7 @@ import structlog
 from fairstream.core.engine import Engine
 from fairstream.state.engine_snapshot import SnapshotError, decode_engine
 from fairstream.state.store import ClusterRecord, StateStore
+from fairstream.streams.decoding import held_items
 from fairstream.streams.snapshots import Snapshotting
 from fairstream.wire.log import events_in
 from fairstream.wire.log import replay as replay_log
@@ -38,6 +40,12 @@ class ClusterSession:
     # (monotonic seconds), and whether the cluster changed since.
     explained_at: float = -math.inf
     explain_due: bool = False
+    # The step held open (``stepper.run_steps``' ``open_items``: a batch ended inside its step
+    # window), when a batch last gave it events and when it opened (monotonic seconds): closed
+    # by an event beyond its window, or on a timer (``Processor.close_open_steps``).
+    open_items: list = field(default_factory=list)
+    open_touched: float = 0.0
+    open_since: float = 0.0
 
 
 class Sessions:
@@ -48,8 +56,10 @@ class Sessions:
     where it was). A snapshot that cannot be read is not trusted: the engine is rebuilt from
     the retained log instead."""
 
-    def __init__(self, store: StateStore, make_engine: Callable[[], Engine], metrics, max_engines: int = 1000) -> None:
+    def __init__(self, store: StateStore, make_engine: Callable[[], Engine], metrics, max_engines: int = 1000,
+                 max_bytes: int = 64 * 1024) -> None:
         self.store = store
+        self.max_bytes = max_bytes
         self.make_engine = make_engine
         self.metrics = metrics
         self.max_engines = max_engines
@@ -69,6 +79,12 @@ class Sessions:
                 engine, log_base=record.log_base, checkpoints=list(record.checkpoints), steps_taken=steps,
                 steps_at_snapshot=steps, events_since_snapshot=events_in(replay), time_at_snapshot=engine.time or 0.0,
                 produced=float((await self.store.view(cluster, "clock")).get("produced", 0.0)))
+            if record.open_step is not None:
+                try:
+                    session.open_items = held_items(record.open_step, self.max_bytes)
+                except ValueError as exc:
+                    raise SnapshotError(f"the step it holds open cannot be read: {exc}") from None
+                session.open_touched = session.open_since = time.monotonic()  # (its wait starts again)
             if snapshot_steps or replay:
                 log.info("worker.cluster_recovered", cluster=cluster, snapshot_steps=snapshot_steps,
                          replayed_steps=len(replay))
@@ -106,8 +122,9 @@ class Sessions:
         from again is recovered as after a restart. So a flood of new cluster ids costs memory
         for at most ``max_engines`` engines; their keys in Redis stay (they are the clusters' state)."""
         while len(self.held) > self.max_engines:
-            oldest = next(iter(self.held))
-            if oldest in keep:  # a batch of more clusters than the cap keeps them all
+            # (Not one holding a step open: it is closed on a timer, from the sessions held.)
+            oldest = next((c for c, session in self.held.items() if not session.open_items), None)
+            if oldest is None or oldest in keep:  # a batch of more clusters than the cap keeps them all
                 return
             del self.held[oldest]
             log.info("worker.engine_evicted", cluster=oldest, cached=len(self.held))

@@ -2,7 +2,10 @@
 synchronous (no Kafka, Redis or asyncio), so they are tested as they are.
 
 - Consecutive events within ``step_window`` seconds of event time (0: the same time) form one
-  step, taken at the latest of their times: a scheduling cycle.
+  step, taken at the latest of their times: a scheduling cycle. With ``hold_open`` the last
+  group is not stepped but handed back (``StepRun.open_items``): the next batch's events may
+  still join it (the worker holds it for a bounded wait, ``Processor``), so where Kafka's
+  batches happen to end does not split a step.
 - An event behind the cluster's clock is applied at the clock. One more than ``max_lateness``
   behind is rejected only if its producer sent it late (``is_late``).
 - An event more than ``max_ahead`` seconds ahead of the clock, beyond how far its producer's
@@ -42,23 +45,29 @@ class StepRules:
 class StepRun:
     """What ``run_steps`` did: the log steps it took (``fairstream.wire.log``), their decisions,
     the tenants whose accounting an event or decision changed, the events it rejected as
-    ``(message, index, reason)``, and the latest ``produced`` of the events applied."""
+    ``(message, index, reason)``, the latest ``produced`` of the events applied, and (with
+    ``hold_open``) the items of the last group, not stepped, to be given again, first, with the
+    next items (``produced`` is then as it was before them, so they are judged again alike)."""
 
     steps: list[dict] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     touched: set[str] = field(default_factory=set)
     rejected: list[tuple[Any, int | None, str]] = field(default_factory=list)
     produced: float = 0.0
+    open_items: list[tuple[Event, Sent, int | None]] = field(default_factory=list)
 
 
 def run_steps(engine: Engine, items: list[tuple[Event, Sent, int | None]], produced: float,
-              rules: StepRules) -> StepRun:
+              rules: StepRules, hold_open: bool = False) -> StepRun:
     """Apply ``items`` (event, the message it came in, its index in that message) to ``engine``
-    as steps; ``produced`` is the latest record timestamp the cluster applied before."""
+    as steps; ``produced`` is the latest record timestamp the cluster applied before.
+    ``hold_open``: the last group is handed back unstepped (``StepRun.open_items``); the
+    engine is then left as the steps before it left it."""
     out = StepRun()
     group: list[tuple[Event, Sent, int | None]] = []
     group_time: float | None = None  # the step's time: the latest event time in the group
     group_start: float | None = None
+    produced_before_group = produced
 
     def flush() -> None:
         if not group:
@@ -107,14 +116,26 @@ def run_steps(engine: Engine, items: list[tuple[Event, Sent, int | None]], produ
         if reason is not None:  # rejected before its time counts: it moves nothing
             out.rejected.append((message, index, reason))
             continue
-        produced = max(produced, message.produced)
         if group_start is None:
-            group_start = time
+            group_start, produced_before_group = time, produced
+        produced = max(produced, message.produced)
         group_time = time if group_time is None else max(group_time, time)
         group.append((event, message, index))
+    if hold_open and group:
+        # (The items as given, not as judged: a late event's time is set at the clock again.)
+        out.open_items = [(original, message, index) for original, message, index in _given(items, group)]
+        out.produced = produced_before_group
+        return out
     flush()
     out.produced = produced
     return out
+
+
+def _given(items: list[tuple[Event, Sent, int | None]], group: list[tuple[Event, Sent, int | None]]):
+    """The items of ``group`` as ``items`` gave them (the group holds some with their time set
+    at the clock), in order: matched by message and index."""
+    wanted = {(id(message), index) for _, message, index in group}
+    return [item for item in items if (id(item[1]), item[2]) in wanted]
 
 
 def is_late(event: Event, message: Sent, produced: float) -> bool:

@@ -16,7 +16,8 @@ from fairstream.core.model import DecisionKind, Event
 from fairstream.state.engine_snapshot import SnapshotError
 from fairstream.state.store import BatchCommit
 from fairstream.streams import snapshots
-from fairstream.streams.decoding import dead_letter
+from fairstream.streams.decoding import dead_letter, held_step
+from fairstream.streams.journal import held_from
 from fairstream.streams.incoming import Incoming
 from fairstream.streams.session import ClusterSession, Sessions
 from fairstream.streams.snapshots import SnapshotRules
@@ -57,15 +58,21 @@ class Stepping:
     background_snapshots: bool = False
     explain_interval: float = 5.0
     explain_max_entries: int = DEFAULT_MAX_ENTRIES
+    # Seconds a cluster's last step stays open for a next batch's events within its window
+    # (``stepper.run_steps``' ``hold_open``); 0: a batch's end ends its steps.
+    step_wait: float = 0.0
 
     async def step(self, sessions: Sessions, by_cluster: dict[str, list[tuple[Event, Incoming, int | None]]],
                    commit: BatchCommit, outcome: BatchOutcome,
-                   dead: list[DeadLetter]) -> list[tuple[ClusterSession, int, float]]:
+                   dead: list[DeadLetter], closing: bool = False) -> list[tuple[ClusterSession, int, float]]:
         """Each cluster's events through its engine, into ``commit`` (steps, outbox, views,
         snapshots) and ``outcome``; events that cannot be applied into ``dead``. Returns the
-        snapshots to encode in a child once the commit is written: (session, steps, time)."""
+        snapshots to encode in a child once the commit is written: (session, steps, time).
+
+        A cluster's step held open is taken first; its last step is held open again (with
+        ``step_wait``), unless ``closing``: the steps held open are taken now."""
         fork_after_commit = []
-        for cluster, items in by_cluster.items():
+        for cluster, new_items in by_cluster.items():
             try:
                 session = await sessions.get(cluster)
             except SnapshotError as exc:
@@ -74,11 +81,21 @@ class Stepping:
                 log.error("worker.cluster_unreadable", cluster=cluster, reason=str(exc))
                 dead.extend(dead_letter(message, index, f"cluster {cluster}: its state in the store cannot be "
                                         f"read, so its events are not applied ({exc})")
-                            for _, message, index in items)
+                            for _, message, index in new_items)
                 continue
             engine = session.engine
-            run = run_steps(engine, items, session.produced, self.rules)
+            items = session.open_items + new_items if session.open_items else new_items
+            run = run_steps(engine, items, session.produced, self.rules, hold_open=self.step_wait > 0 and not closing)
             session.produced = run.produced
+            if run.open_items:
+                commit.open_steps[cluster] = held_step(run.open_items)
+                if new_items:
+                    session.open_touched = time.monotonic()
+                if not session.open_items or held_from(session.open_items) != held_from(run.open_items):
+                    session.open_since = session.open_touched  # (a step newly opened)
+            elif session.open_items:
+                commit.open_steps[cluster] = None
+            session.open_items = run.open_items
             dead.extend(dead_letter(message, index, reason) for message, index, reason in run.rejected)
             commit.steps[cluster] = run.steps
             commit.expected_steps[cluster] = session.steps_taken  # fencing: the log as this worker left it

@@ -229,25 +229,30 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
     # Per tenant waiting for room, per waiting head: the nodes where room would serve it, and its demand.
     reach: dict[str, list[tuple[np.ndarray, tuple[float, ...], "Task"]]] = {}
     reserved_for = engine.reservation
+    # Tenants ahead of the reservation's holder in the order: the pass serves them with the
+    # reservation open (``placement.serve_in_order``), so the reserved node is in their reach.
+    ahead_of_holder = set() if reserved_for is None or reserved_for.tenant not in keys else {
+        tenant for tenant in snap.pending if keys[tenant] < keys[reserved_for.tenant]}
 
     def may_use(task: "Task", now: bool = True) -> np.ndarray:
         """The live nodes that could hold ``task`` and that its constraints allow, and (``now``)
-        the reservation: the reserved node serves its reserved task first, others after it."""
+        the reservation: the reserved node serves its reserved task first, the tenants behind
+        its holder after it."""
         mask = (live & cycle.eligible(task.constraints) & (snap.node_capacity >= task.demand - EPSILON).all(axis=1)
                 & cycle.below_job_limit(task.tenant, task))
-        if now and reserved_for is not None and reserved_for.shape != task.shape:
+        if (now and reserved_for is not None and reserved_for.shape != task.shape
+                and task.tenant not in ahead_of_holder):
             mask = mask.copy()
             mask[reserved_for.node] = False
         return mask
 
     held_by_limit: dict[str, dict[str, tuple[WaitReason, str]]] = {}
+    heads: dict[str, dict[int, "Task"]] = {}  # per tenant, per shape: the entry its pass tries first
     for tenant in ranked:
         limited = False
         held_by_limit[tenant] = held_jobs = _jobs_over_max_running(cycle, tenant, cycle.job_queue(tenant))
-        for shape, group in snap.pending[tenant].groups.items():
-            head = _head(group, held_jobs)
-            if head is None:
-                continue
+        heads[tenant] = tenant_heads = _heads(snap.pending[tenant].groups, cycle.job_queue(tenant), held_jobs)
+        for shape, head in tenant_heads.items():
             verdicts[(tenant, shape)] = verdict = _shape_verdict(engine, cycle, quota, tenant, head, live)
             # Waiting for room: none has any, or the only room is kept for another's reserved task
             # or on nodes its constraints exclude (room freed on a node it may use goes to it in
@@ -273,6 +278,26 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         if overdue:
             ratios = share_ratios(acc.allocation, acc.capacity, engine.fair_shares(), acc.config.resource)
             at_fair_share = {t for t in snap.pending if ratios[snap.rows[t]] >= 1.0 - EPSILON}
+    victim_keys = {}  # (under a policy with victims of its own order) the overdue tenants' keys
+
+    def may_be_victim(victim: str, starved: str, demand: np.ndarray) -> bool:
+        """Whether what the pass gives ``victim`` (a task of ``demand``) may be taken back for
+        overdue ``starved``: ``victim`` is at or above its fair share, and under a policy that
+        picks victims by a key of its own (``Ordering.victims``: LTRF's long-term usage) its key
+        with that task charged (one quantum of it, as the pass charges it) is above
+        ``starved``'s, unless ``starved`` is below its min_share (``preemption._make_room``)."""
+        if victim not in at_fair_share:
+            return False
+        if spec.ordering.victims is None or cycle.below_min_share(starved):
+            return True
+        make_key = spec.ordering.victims[1]
+        if starved not in victim_keys:
+            victim_keys[starved] = make_key(snap)(starved, acc.allocation)
+        row = snap.rows[victim]
+        charged = snap.accumulated.copy()
+        charged[row] = charged[row] + snap.quantum[row] * demand
+        return make_key(replace(snap, accumulated=charged))(victim, acc.allocation) > victim_keys[starved]
+
     reservation_yields = reserved_for is not None and reserved_for.tenant in at_fair_share
     # Whether the reservation's holder has a task of the reserved shape its job limits let start:
     # if not (max_running holds them all), the pass gives the room kept there to the next task of
@@ -307,16 +332,39 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
             out[reserved_for.node] = True  # the room there is kept for it
         return out if out is not None and out.any() else None
 
+    def _preemption_due(tenant: str, due: float) -> str:
+        """What its preemption timeout, running out at ``due``, does for ``tenant``: takes room
+        back from tenants above their fair share; under a policy that picks victims by a key of
+        its own (``Ordering.victims``: LTRF's long-term usage), only from those with a higher
+        key than it (unless it is below its min_share), named as they are now."""
+        if spec.ordering.victims is None or cycle.below_min_share(tenant):
+            return f": preemption takes room back for it at {due:g}"
+        victim_label, make_key = spec.ordering.victims
+        victim_key = make_key(snap)
+        own = victim_key(tenant, acc.allocation)
+        ratios = share_ratios(acc.allocation, acc.capacity, engine.fair_shares(), acc.config.resource)
+        above = [t for t in sorted(snap.rows) if t != tenant and ratios[snap.rows[t]] > 1.0 + EPSILON]
+        used_more = [t for t in above if victim_key(t, acc.allocation) > own]
+        used_less = [t for t in above if t not in used_more]
+        if used_more:
+            now = f"now {', '.join(used_more)}"
+        else:
+            now = "none has now" + (f" ({', '.join(used_less)} above {'their' if len(used_less) != 1 else 'its'} "
+                                    f"fair share used less)" if used_less else "")
+        return (f": its preemption timeout runs out at {due:g}, but room is taken back for it only from tenants "
+                f"above their fair share that have used more over the long term ({victim_label} above its "
+                f"{own:.4g}): {now}")
+
     def first_for(tenant: str, task: "Task") -> tuple[str, bool]:
         """The first tenant in line for room freed for ``task`` (the first in the order that
         waits for room it would fit, on a node both may use; ``tenant`` itself if none is
         ahead of it), and whether that tenant is ahead on some of ``task``'s nodes only."""
         mask = may_use(task, now=False)  # (on its node, the reserved task comes first)
-        if tenant in at_fair_share:
-            for other in overdue:
-                nodes = in_the_way(other, task, mask) if other != tenant else None
-                if nodes is not None:
-                    return other, bool((mask & ~nodes).any())
+        for other in overdue:
+            nodes = (in_the_way(other, task, mask) if other != tenant and may_be_victim(tenant, other, task.demand)
+                     else None)
+            if nodes is not None:
+                return other, bool((mask & ~nodes).any())
         for other in room_limited:
             if other == tenant:
                 return tenant, False
@@ -342,9 +390,8 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         if engine.preemption is not None and since is not None:
             due = since + engine.preemption.timeout
             if due > snap.time:
-                return (WaitReason.PREEMPTION_PENDING,
-                        f"{nowhere} for {need}; {tenant} is below {engine.preemption.threshold:g} x its fair "
-                        f"share since {since:g}: preemption takes room back for it at {due:g}", None, None)
+                below = f"{nowhere} for {need}; {tenant} is below {engine.preemption.threshold:g} x its fair share since {since:g}"
+                return (WaitReason.PREEMPTION_PENDING, below + _preemption_due(tenant, due), None, None)
         if spec.ordering.efficiency is not None:
             return WaitReason.EFFICIENCY, f"{nowhere} for {need}; when room frees, {spec.ordering.efficiency}", None, None
         first, partly = first_for(tenant, task)
@@ -387,7 +434,7 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         # victim: what the pass gives it (its reservation's room too) may be taken back for this
         # tenant, if that keeps it at or above its fair share (``preemption._victims_on_node``).
         starved = ", starved past its preemption timeout: room is taken back for it" if first in overdue else ""
-        victim = tenant in overdue and first in at_fair_share
+        victim = tenant in overdue and may_be_victim(first, tenant, task.demand)
         if victim:
             starved += (f"; {first} is at or above its fair share: what the pass gives it may be taken back for "
                         f"{tenant}, starved past its preemption timeout")
@@ -403,10 +450,7 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
     for tenant in ranked:
         why: dict[int, tuple[WaitReason, str, str | None, float | None]] = {}  # per shape, said once
         held_jobs = held_by_limit[tenant]
-        for shape, group in snap.pending[tenant].groups.items():
-            head = _head(group, held_jobs)
-            if head is None:
-                continue
+        for shape, head in heads[tenant].items():
             verdict = verdicts.get((tenant, shape))
             why[shape] = room_reason(tenant, head) if verdict is None else (*verdict, None, None)
         jobs = cycle.job_queue(tenant)
@@ -512,13 +556,24 @@ def _jobs_over_max_running(cycle: Cycle, tenant: str, jobs) -> dict[str, tuple[W
     return out
 
 
-def _head(group, held_jobs) -> "Task | None":
-    """The first pending entry of a shape's list whose job is not held by max_running, if any;
-    else (all held) its first pending entry."""
-    head, _ = group.pending_at(0)
-    if held_jobs:
-        head = next((e for e in _pending_entries(group) if e.job not in held_jobs), head)
-    return head
+def _heads(groups, jobs, held_jobs) -> dict[int, "Task"]:
+    """Per shape of a tenant's queue (``groups``: its shapes' lists), the entry a pass tries
+    first: the first pending one whose job is not held by max_running (``held_jobs``), or, all
+    held, the first. In arrival order; in its jobs' order if the pass serves it job by job
+    (``jobs``, its ``JobQueue``): a later entry of the shape then goes first when its job does,
+    and why it waits is why the shape waits (with backfill, its estimate keeps the shape off
+    the reserved node's room for the tenant even if a later entry's would not)."""
+    if jobs is None:
+        return {shape: next((e for e in _pending_entries(group) if e.job not in held_jobs), head)
+                for shape, group in groups.items() if (head := group.pending_at(0)[0]) is not None}
+    first: dict[int, "Task"] = {}
+    free: dict[int, "Task"] = {}
+    for job in jobs.jobs_in_order():
+        for entry in jobs.entries[job]:
+            first.setdefault(entry.shape, entry)
+            if job not in held_jobs:
+                free.setdefault(entry.shape, entry)
+    return {shape: free.get(shape, entry) for shape, entry in first.items()}
 
 
 #: Verdicts of a task that waits for room all the same: its tenant is in line for room that
@@ -533,10 +588,14 @@ def _no_backfill(engine: "Engine", snap, head: "Task") -> str:
     if snap.backfill_until is None:
         return ("; it cannot backfill there: a task running there has no run-time estimate, so when the reserved "
                 "task can start is unknown")
+    # (Said of every entry of the shape: the head's estimate keeps them all off, since a
+    # tenant's tasks of one shape start in its queue's order.)
+    first = f"{head.task_id()}, the first of {head.tenant}'s tasks of this shape in its queue's order,"
     if head.estimate is None:
-        return "; it cannot backfill there: it has no run-time estimate"
-    return (f"; it cannot backfill there: its estimate ({head.estimate:g} s) has it end at "
-            f"{snap.time + head.estimate:g}, after {snap.backfill_until:g}, when the reserved task can start there")
+        return f"; it cannot backfill there: {first} has no run-time estimate (its tasks of one shape start in order)"
+    return (f"; it cannot backfill there: {first} has an estimate ({head.estimate:g} s) that has it end at "
+            f"{snap.time + head.estimate:g}, after {snap.backfill_until:g}, when the reserved task can start there "
+            f"(its tasks of one shape start in order)")
 
 
 def _pending_entries(group) -> Iterator["Task"]:

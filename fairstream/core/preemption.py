@@ -19,7 +19,9 @@ what waits, so moving a task from one to the other in a pass does not move the f
   policies the share ratio itself), the youngest task first (latest start, then latest
   arrival: the least work lost); a tenant is a victim only while it is above its fair share
   *and* ahead of the starved tenant in that order, so preemption never undoes what the policy
-  chose (LTRF serving first a tenant that used less over the long term);
+  chose (LTRF serving first a tenant that used less over the long term); for a starved tenant
+  below its min_share (or below a queue's), first in every fair policy's order, any tenant
+  above its fair share may be a victim;
 - a victim's tenant is never taken below its own fair share (its ratio stays >= 1), so never
   below its min_share either (the fair share is raised to it);
 - this pass's own placements (of tenants that stay at or above their fair share without them)
@@ -238,7 +240,10 @@ def _make_room(cycle, tenant: str, task: Task, by_node: dict[int, list[RunningTa
         cycle.commit(tenant, task, int(room[0]), f"reclaimed: placed for starved {tenant} on room freed for it",
                      ReasonCode.RECLAIMED)
         return True
-    own = victim_key(tenant, cycle.allocation)
+    # A victim must come after the starved tenant in the policy's order (LTRF: have used more
+    # over the long term), unless the starved tenant is below its min_share: then it is ahead of
+    # every tenant that is not (the order's first class), and anyone above its fair share may go.
+    own = -np.inf if cycle.below_min_share(tenant) else victim_key(tenant, cycle.allocation)
     # The node needing the fewest tasks killed, then the fewest of this pass's placements
     # withdrawn (they cost nothing: never started), then the lowest number.
     best: tuple[tuple[int, int], int, list[RunningTask]] | None = None  # ((killed, withdrawn), node, victims)

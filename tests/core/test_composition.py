@@ -354,6 +354,37 @@ def operators_tree_with_a_big_task() -> dict:
 OPERATORS_PARAMS = {"preemption": "on", "preemption_timeout": 30, "preemption_threshold": 1}
 
 
+@pytest.mark.parametrize("policy, told, first_preempted_for_b", [
+    ("drf", "preemption takes room back for it at 130", 130.0),
+    ("ltrf", "its preemption timeout runs out at 130, but room is taken back for it only from tenants above their "
+             "fair share that have used more over the long term (accumulated usage / weight above its 420): none "
+             "has now (a above its fair share used less)", 250.0),
+    ("hltrf", "its preemption timeout runs out at 130, but room is taken back for it only from tenants above their "
+              "fair share that have used more over the long term (accumulated usage / fair share above its 420): "
+              "none has now (a above its fair share used less)", 250.0),
+], ids=["drf promises 130 and keeps it", "ltrf says only from who used more: none yet",
+        "hltrf says the same by usage per fair share"])
+def test_a_tenant_waiting_for_its_timeout_is_told_what_preemption_will_do_at_it(policy, told, first_preempted_for_b):
+    # Issue 59.2. b, starved from 100 (timeout 30), was told "preemption takes room back for it
+    # at 130" under ltrf and hltrf too, and got room at 250. Under LTRF a victim must have used
+    # more than b over the long term: b's accumulated usage per weight is 420 (the pseudo usage a
+    # newcomer starts with), a's 210, c's 220, and a is the one above its fair share. Only
+    # at 250 has a used more than b: then the room is taken back.
+    told_at: dict[float, str] = {}
+    preempted_for_b: list[float] = []
+
+    def watch(engine, result):
+        if engine.time == 100:
+            told_at[100] = next(e for e in explain(engine).pending["b"]).message
+        preempted_for_b.extend(engine.time for d in result.decisions
+                               if d.kind is DecisionKind.PREEMPT and "frees room for b" in d.reason)
+
+    Simulator(parse_scenario(operators_tree_with_a_big_task()), policy, {**OPERATORS_PARAMS, "reservation": "on"},
+              on_step=watch).run()
+    assert told_at[100].endswith("b is below 1 x its fair share since 100: " + told)
+    assert preempted_for_b[0] == first_preempted_for_b
+
+
 @pytest.mark.parametrize("reservation", ["on", "backfill", "off"])
 def test_a_reservation_never_holds_room_against_a_task_ahead_of_its_holder(reservation):
     # c takes all 40 units at 0; a, starved from 10, takes 30 back at 40; b, starved from 100,
@@ -473,8 +504,9 @@ def test_backfill_starts_short_tasks_on_the_reserved_node_only_where_they_end_be
     assert starts["q2"][0] == 14.0
     # At 12.5 (the state after the pass at 12): n0 has two cpu free, kept for B.
     assert why["Q"].reason is WaitReason.RESERVED_FOR_OTHER
-    assert "its estimate (2 s) has it end at 14, after 13, when the reserved task can start there" in why["Q"].message
-    assert "its estimate (10 s) has it end at 22" in why["S"].message
+    assert ("q2, the first of Q's tasks of this shape in its queue's order, has an estimate (2 s) that has it end "
+            "at 14, after 13, when the reserved task can start there") in why["Q"].message
+    assert "has an estimate (10 s) that has it end at 22" in why["S"].message
 
 
 @pytest.mark.parametrize("reservation, estimates", [

@@ -269,6 +269,38 @@ def test_a_task_that_would_backfill_the_reserved_node_is_not_behind_its_holder()
     assert entry.reason is WaitReason.NO_ROOM and entry.waits_for is None and "u0 is first in line" in entry.message
 
 
+# One node of <2 cpu, 2 mem>, reservation=backfill; u0 orders its jobs by dominant share. At 0
+# big (jA, <2, 1>, estimate 5) starts and wide (jB, <1, 1>) fits nowhere: n0 is reserved for it,
+# to start at 0 + 5 = 5. At 4 short (jA, 1 mem, estimate 1) and long (jB, 1 mem, estimate 2)
+# arrive, short first; 1 mem is free. jB (share 0) goes before jA (share 2/2 = 1), so the pass
+# tries long first: 4 + 2 = 6 > 5, it may not backfill, and its shape fails for u0: short (4 + 1
+# = 5, in time) is not tried.
+BACKFILL_BEHIND_A_JOB_FIRST_IN_ORDER = {
+    "resources": ["cpu", "mem"],
+    "nodes": [{"id": "n0", "capacity": {"cpu": 2, "mem": 2}}],
+    "tenants": [{"id": "u0", "ordering": "drf"}],
+    "tasks": [
+        {"id": "big", "job": "jA", "tenant": "u0", "submit": 0, "duration": 5, "demand": {"cpu": 2, "mem": 1},
+         "estimate": 5},
+        {"id": "wide", "job": "jB", "tenant": "u0", "submit": 0, "duration": 1, "demand": {"cpu": 1, "mem": 1},
+         "estimate": 1},
+        {"id": "short", "job": "jA", "tenant": "u0", "submit": 4, "duration": 1, "demand": {"cpu": 0, "mem": 1},
+         "estimate": 1},
+        {"id": "long", "job": "jB", "tenant": "u0", "submit": 4, "duration": 2, "demand": {"cpu": 0, "mem": 1},
+         "estimate": 2}]}
+
+
+def test_a_shape_kept_off_backfill_by_the_first_of_it_in_job_order_says_so_for_each_of_its_tasks():
+    # Found by the every-invariant oracle (explain said "the next pass backfills it" of tasks the
+    # pass left: it took the shape's first task in arrival order, the pass its jobs' order).
+    explanation = explained(BACKFILL_BEHIND_A_JOB_FIRST_IN_ORDER, "drf", {"reservation": "backfill"}, at=4)
+    said = {entry.id: entry for entry in explanation.pending["u0"]}
+    for task in ("long", "short"):
+        assert said[task].reason is WaitReason.RESERVED_FOR_OTHER
+        assert ("it cannot backfill there: long, the first of u0's tasks of this shape in its queue's order, has an "
+                "estimate (2 s) that has it end at 6, after 5") in said[task].message
+
+
 def test_a_starved_tenant_behind_a_tenant_at_its_fair_share_is_told_the_room_may_be_taken_back_for_it():
     # Found by the behind-a-tenant oracle, shrunk. One node of 3 mem; ltrf (fixed 2-s quantum),
     # preemption after 5 s. At t = 21 u0 (weight 3), starved since 1, waits with a 2-mem task

@@ -120,6 +120,32 @@ def test_a_tenant_that_used_less_over_the_long_term_is_not_preempted_for_one_tha
     assert {d.tenant for d in result.decisions if d.kind is DecisionKind.PREEMPT} == {"A"}
 
 
+# One node of 4 cpu. x (min_share 0.5) runs 4 unit tasks over [0, 1000): it has used 4,000
+# cpu-seconds. At 1000 z's 4 tasks of 5,000 s take the node; at 1010 x submits 4 more. x holds 0,
+# below its min_share 0.5, so its fair share is 0.5 (2 cpu): starved from 1010, its timeout (30)
+# runs out at 1040. z has used 4 x 40 = 160 cpu-seconds by then, far less than x.
+MIN_SHARE_AFTER_LONG_USE = {
+    "resources": ["cpu"], "nodes": [{"id": "n0", "capacity": {"cpu": 4}}],
+    "tenants": [{"id": "x", "min_share": 0.5}, {"id": "z"}],
+    "tasks": [{"id": "x0", "job": "jx0", "tenant": "x", "submit": 0, "duration": 1000, "demand": {"cpu": 1}, "count": 4},
+              {"id": "z1", "job": "jz1", "tenant": "z", "submit": 1000, "duration": 5000, "demand": {"cpu": 1},
+               "count": 4},
+              {"id": "x1", "job": "jx1", "tenant": "x", "submit": 1010, "duration": 100, "demand": {"cpu": 1},
+               "count": 4}]}
+
+
+@pytest.mark.parametrize("policy", PREEMPTING)
+def test_a_tenant_below_its_min_share_takes_room_back_whatever_its_long_term_usage(policy):
+    # Issue 59.3 (x, min_share 0.6, held nothing for 210 s under hltrf). Under ltrf and hltrf a
+    # victim must otherwise have used more than the starved tenant (the test above); below its
+    # min_share x is first in every fair order, so at 1040 two of z's tasks go (z keeps 2 = its
+    # fair share) and x starts two: 2 of 4 = its min_share. Before, ltrf and hltrf took nothing.
+    result, running = run(MIN_SHARE_AFTER_LONG_USE, policy, timeout=30, threshold=1)
+    preempted = [d.task for d in result.decisions if d.kind is DecisionKind.PREEMPT]
+    assert preempted == ["z1-3", "z1-2"]
+    assert held_at(running, 1040, "x") == 2 and held_at(running, 1040, "z") == 2
+
+
 def test_a_preempted_task_goes_back_to_pending_with_its_id_and_starts_over():
     result, _ = run(two_tenants(), "drf")
     placed = Counter(task for d in result.decisions if d.kind is DecisionKind.PLACE for task in d.task_ids)

@@ -120,3 +120,34 @@ def test_theorem1_t_wait_zero_is_flat_ltrf_over_the_leaves(weights, waves):
     flat = tree(*[TenantSpec(u, weight=w) for u, w in flat_weights.items()])
     assert flat.effective_share == hierarchy.effective_share
     assert decisions(hierarchy, "hltrf", waves, t_wait=0) == decisions(flat, "ltrf", waves)
+
+
+# Beyond the paper (issue 59.3): one node of 4 cpu; queues qa{x, min_share 0.5} and qb{z}. x runs
+# 4 unit tasks over [0, 1000), so its long-term usage is far above z's; at 1000 x and z each
+# submit 4 more. By Algorithm 2 alone z, the lower usage, would take 3 of the 4 cpu (x got 1);
+# below its min_share x goes first until it holds 2 of 4 = 0.5, then the walk gives z the rest,
+# as flat ltrf (which keeps min_share) does.
+MIN_SHARE_IN_A_TREE = {
+    "resources": ["cpu"], "nodes": [{"id": "n0", "capacity": {"cpu": 4}}],
+    "tenants": [{"id": "qa"}, {"id": "qb"}, {"id": "x", "parent": "qa", "min_share": 0.5}, {"id": "z", "parent": "qb"}],
+    "tasks": [{"id": "x0", "job": "jx0", "tenant": "x", "submit": 0, "duration": 1000, "demand": {"cpu": 1}, "count": 4},
+              {"id": "x1", "job": "jx1", "tenant": "x", "submit": 1000, "duration": 100, "demand": {"cpu": 1},
+               "count": 4},
+              {"id": "z1", "job": "jz1", "tenant": "z", "submit": 1000, "duration": 100, "demand": {"cpu": 1},
+               "count": 8}]}
+
+
+@pytest.mark.parametrize("policy, params", [("hltrf", {}), ("hltrf", {"t_wait": "30"}), ("ltrf", {})],
+                         ids=["hltrf's tree walk", "hltrf with a starvation timeout", "flat ltrf"])
+def test_a_leaf_below_its_min_share_goes_first_under_hltrf_as_under_every_fair_policy(policy, params):
+    from fairstream.core.model import DecisionKind, ReasonCode
+    from fairstream.sim.scenario import parse_scenario
+    from fairstream.sim.simulator import Simulator
+
+    result = Simulator(parse_scenario(MIN_SHARE_IN_A_TREE), policy, params).run()
+    at_1000 = [d for d in result.decisions if d.time == 1000 and d.kind is DecisionKind.PLACE]
+    started = Counter()
+    for d in at_1000:
+        started[d.tenant] += len(d.task_ids) or 1
+    assert started == {"x": 2, "z": 2}
+    assert at_1000[0].tenant == "x" and (policy == "ltrf" or at_1000[0].code is ReasonCode.MIN_SHARE)
