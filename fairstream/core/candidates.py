@@ -40,6 +40,11 @@ class Changes:
         fields = {}
         if self.passed and not every_tenant:
             alive = registry.storage_alive  # (the storage: not a view made per row)
+            if reservation is not None:
+                # Its room was kept from the tenants behind the holder when the last pass ended;
+                # one ahead of the holder now (its key fell: its tasks ended) may take it, though
+                # no room grew there (``placement.serve_in_order``). Found by the property test.
+                self.grown.add(reservation.node)
             grown = np.array(sorted(row for row in self.grown if alive[row]), dtype=np.int64)
             candidates, grown_demands = self.candidates(grown, workload, registry, reservation)
             fields = dict(candidates=candidates, grown_rows=grown, fresh_shapes=frozenset(self.fresh),

@@ -334,16 +334,20 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
 
     def _preemption_due(tenant: str, due: float) -> str:
         """What its preemption timeout, running out at ``due``, does for ``tenant``: takes room
-        back from tenants above their fair share; under a policy that picks victims by a key of
-        its own (``Ordering.victims``: LTRF's long-term usage), only from those with a higher
-        key than it (unless it is below its min_share), named as they are now."""
+        back from tenants above their fair share (none now: it says so); under a policy that
+        picks victims by a key of its own (``Ordering.victims``: LTRF's long-term usage), only
+        from those with a higher key than it (unless it is below its min_share), named as they
+        are now."""
+        ratios = share_ratios(acc.allocation, acc.capacity, engine.fair_shares(), acc.config.resource)
+        above = [t for t in sorted(snap.rows) if t != tenant and ratios[snap.rows[t]] > 1.0 + EPSILON]
+        if not above:
+            return (f": its preemption timeout runs out at {due:g}, but room is taken back only from tenants above "
+                    f"their fair share, and none is now")
         if spec.ordering.victims is None or cycle.below_min_share(tenant):
             return f": preemption takes room back for it at {due:g}"
         victim_label, make_key = spec.ordering.victims
         victim_key = make_key(snap)
         own = victim_key(tenant, acc.allocation)
-        ratios = share_ratios(acc.allocation, acc.capacity, engine.fair_shares(), acc.config.resource)
-        above = [t for t in sorted(snap.rows) if t != tenant and ratios[snap.rows[t]] > 1.0 + EPSILON]
         used_more = [t for t in above if victim_key(t, acc.allocation) > own]
         used_less = [t for t in above if t not in used_more]
         if used_more:

@@ -20,6 +20,7 @@ Pure functions over JSON-level data; importing this loads neither the engine nor
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Mapping
 
 API_VERSION = "v1"
@@ -234,8 +235,16 @@ def history_document(cluster: str, status: dict, samples: list[dict]) -> dict[st
 
 
 def events_document(cluster: str, status: dict, recent: list[dict]) -> dict[str, Any]:
-    """``/v1/clusters/{c}/events``: the cluster's recent events (kept oldest first), newest first."""
-    return {"api": API_VERSION, "cluster": cluster, "time": status["time"], "events": list(reversed(recent))}
+    """``/v1/clusters/{c}/events``: the cluster's recent events (kept in the order recorded),
+    newest first by event time, the last recorded first among equal times. (Recorded order is
+    not event time: a step held open across batches is recorded when it closes, after a later
+    tenant tree rejected meanwhile.)"""
+    def time_of(event: dict) -> float:
+        at = event.get("time") if isinstance(event, dict) else None
+        return at if isinstance(at, (int, float)) and not isinstance(at, bool) else -math.inf
+
+    return {"api": API_VERSION, "cluster": cluster, "time": status["time"],
+            "events": sorted(reversed(recent), key=time_of, reverse=True)}
 
 
 def _offset_in(entry: dict, task: str) -> int | None:

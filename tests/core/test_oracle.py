@@ -773,6 +773,45 @@ def test_behind_a_tenant_means_freed_room_goes_to_that_tenant_first(document, po
     _check_every_step(document, policy, reservation, behind_a_tenant_is_true)
 
 
+class PromisedPreemption:
+    """An oracle with a memory (issue 59.2): a tenant told "preemption takes room back for it at
+    T" (``preemption_pending``, the promise without conditions) gets a pass at T, in which the
+    preemption stage counts it starved past its timeout, unless it stopped being starved
+    before (room came, or its work went). (Under ltrf and hltrf the message says instead from
+    whom room may be taken: "b ... at 130" was a promise no pass kept until 250.)"""
+
+    def __init__(self) -> None:
+        self.promised: dict[str, tuple[float, float]] = {}  # tenant -> (starved since, T)
+
+    def __call__(self, engine: Engine) -> None:
+        from fairstream.core.explain import WaitReason, explain
+        from fairstream.core.preemption import starved_past_timeout
+
+        now, rule = engine.time, engine.preemption
+        for tenant, (since, due) in list(self.promised.items()):
+            if due < now - 1e-9:
+                raise AssertionError(f"{tenant} was told preemption takes room back for it at {due:g}; "
+                                     f"no pass ran then (the next at {now:g}), though it stayed starved")
+            if engine.starved_since.get(tenant) != since:
+                del self.promised[tenant]  # (room came, or its work went: no promise left)
+            elif abs(due - now) < 1e-9:
+                assert tenant in starved_past_timeout({tenant: since}, now, rule), (tenant, since, now)
+                del self.promised[tenant]
+        for tenant, entries in explain(engine).pending.items():
+            for entry in entries:
+                if entry.reason is WaitReason.PREEMPTION_PENDING and "preemption takes room back for it at" in entry.message:
+                    since = engine.starved_since[tenant]
+                    due = float(entry.message.rsplit(" at ", 1)[1])
+                    assert abs(due - (since + rule.timeout)) < 1e-6, entry.message
+                    self.promised.setdefault(tenant, (since, since + rule.timeout))
+
+
+@SETTINGS
+@given(document=everything(), policy=st.sampled_from(PREEMPTING), reservation=st.sampled_from(["on", "off", "backfill"]))
+def test_every_promise_that_preemption_takes_room_back_at_a_time_is_a_pass_at_that_time(document, policy, reservation):
+    _check_every_step(document, policy, reservation, PromisedPreemption())
+
+
 def _check_every_step(document: dict, policy: str, reservation: str, oracle) -> None:
     """Run ``document`` under ``policy`` with preemption and ``reservation``, holding every
     step's engine to ``oracle`` (an explanation oracle: it raises on a false one)."""

@@ -124,3 +124,15 @@ def test_a_step_the_timer_closed_is_closed_at_the_same_point_when_the_store_is_r
     # sees each once.
     first, again = wire.decisions()[:len(wire.decisions()) // 2], wire.decisions()[len(wire.decisions()) // 2:]
     assert again == first and len({d["id"] for d in first}) == len(first) == 4  # (the node's 4 cpu)
+
+
+def test_recent_events_are_shown_newest_first_by_event_time_not_by_when_they_were_recorded():
+    # A tenant tree accepted at 6 sits in a step held open; one rejected at 7 is recorded at
+    # once; the step closes later and records the acceptance after it. The page shows the
+    # rejection first (newest), as it happened; equal times keep the last recorded first.
+    from fairstream.wire.visibility import events_document
+
+    recorded = [{"kind": "preempt", "time": 5}, {"kind": "config_rejected", "time": 7},
+                {"kind": "config_accepted", "time": 6}, {"kind": "preempt", "time": 7}]
+    shown = events_document("c1", {"time": 7}, recorded)["events"]
+    assert shown == [recorded[3], recorded[1], recorded[2], recorded[0]]
