@@ -16,7 +16,7 @@ A record is one committed batch: ``{"id": batch id, "read": [[position, first, l
 runs of consecutive messages of one position (``"topic:partition"``) in the order applied,
 offsets inclusive (a run takes every message of its position in that range: Kafka offsets may
 have gaps). A message the worker rejected without applying (``Processor.reject``) is a record
-with ``"rejected": reason``. Steps held open that a timer closed (``Processor.close_open_steps``:
+with ``"rejected": reason``. Steps held open that a timer closed (``OpenSteps.close_due``:
 no batch gave them more within ``step_wait``) are a record with ``"read": []`` and ``"close":
 {cluster: its first event's place}`` (``held_from``): read again, each is closed at the same
 point if the step it holds open starts there (else the store already had it closed). Every record is keyed ``journal``:
@@ -31,6 +31,7 @@ journal twice, and the first copy counts (``unique_records``).
 
 from __future__ import annotations
 
+import uuid
 from collections import deque
 from typing import TYPE_CHECKING, AsyncIterator, Iterable
 
@@ -58,6 +59,21 @@ def journal_record(batch: str, messages: Iterable["Incoming"], rejected: str | N
     if closing:
         record["close"] = dict(closing)
     return record
+
+
+def journal_commit(commit, topic: str, acknowledged: dict[str, int], applying: Iterable["Incoming"],
+                   journaled: tuple[str, int] | None, rejected: str | None = None,
+                   closing: dict[str, str] | None = None) -> None:
+    """The journal's part of ``commit`` (a ``BatchCommit``): a new batch's record, first in the
+    outbox (published, and acknowledged, before the batch's decisions) with the journal offsets
+    ``acknowledged`` so far; a batch applied again from its record (``journaled``: the journal
+    position and offset read to) only that offset."""
+    if journaled is None:
+        commit.outbox.append((topic, journal_record(uuid.uuid4().hex, applying, rejected=rejected, closing=closing)))
+        commit.offsets.update(acknowledged)
+    else:
+        position, offset = journaled
+        commit.offsets[position] = offset
 
 
 def record_closes(record: dict) -> dict[str, str]:

@@ -24,8 +24,6 @@ import asyncio
 import math
 import os
 import time
-import uuid
-from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -36,10 +34,10 @@ from fairstream.state.store import BatchCommit, StaleLog, StateStore, republishi
 from fairstream.streams import snapshots
 from fairstream.streams.decoding import decode_batch
 from fairstream.streams.incoming import Incoming, InputLog
-from fairstream.state.engine_snapshot import SnapshotError
-from fairstream.streams.journal import held_from, journal_record, unique_records
+from fairstream.streams.journal import held_from, journal_commit
+from fairstream.streams.open_steps import OpenSteps
 from fairstream.streams.publishing import Outputs, Publish, acknowledged_all
-from fairstream.streams.rebuild import read_again
+from fairstream.streams.rebuild import owed_by_journal, read_again
 from fairstream.streams.session import ClusterSession, Sessions
 from fairstream.streams.snapshots import SnapshotRules, Snapshotting
 from fairstream.streams.stepper import StepRules
@@ -90,8 +88,7 @@ class Processor:
             # Encoded in a forked child where the platform has fork().
             background_snapshots=background_snapshots and hasattr(os, "fork"),
             explain_interval=explain_interval, explain_max_entries=explain_max_entries, step_wait=step_wait)
-        self.step_wait = step_wait
-        self._closer: asyncio.Task | None = None  # closes steps held open when due (``_close_when_due``)
+        self.open_steps = OpenSteps(self, step_wait, step_window)
         self.outputs = Outputs(publish, topics, self.metrics, lambda batches: self.store.clear_outbox(batches))
         self._store = store
         self.applied: dict[str, int] = {}  # per position ("topic:partition"): the next offset to apply
@@ -143,12 +140,12 @@ class Processor:
         for position, offset in journal_from.items():
             journaled[position] = max(journaled.get(position, 0), offset)
         if self.input_log is not None and self.assigned:
-            await self._owed_by_journal(stored, journal_from)
+            await owed_by_journal(self.input_log, stored, journal_from, self.assigned, self.owed)
         if self.owed and self.input_log is not None:
             self.sessions.clear()  # they may hold what the store lost
             read = await read_again(self.input_log, {p: (stored.get(p, 0), end) for p, end in self.owed.items()},
                                     journal_from, self._apply_now, self._reject_now, self.topics, self.max_bytes,
-                                    self._close_now)
+                                    self.open_steps.close_now)
             self.metrics.read_again.inc(read)
         self.owed.clear()
         pending = await self.store.outbox()
@@ -157,36 +154,10 @@ class Processor:
         await self.store.clear_outbox(pending)
         if entries:
             log.info("worker.outbox_republished", messages=len(entries))
-        if self.step_wait > 0:
-            await self._load_open_steps()
+        if self.open_steps.step_wait > 0:
+            await self.open_steps.load(await self.store.open_steps(), self.assigned, self.session)
         self._started = True
-        self._close_later()
-
-    async def _load_open_steps(self) -> None:
-        """Hold the sessions of the clusters whose step the store holds open, read from the
-        partitions this worker consumes: their timer runs from now (a cluster that sends nothing
-        more is not loaded by a batch)."""
-        for cluster, held in (await self.store.open_steps()).items():
-            positions = {f"{entry.get('topic')}:{entry.get('partition')}" for entry in held
-                         if isinstance(entry, dict)} if isinstance(held, list) else set()
-            if cluster not in self.sessions and positions & self.assigned:
-                try:
-                    await self.session(cluster)
-                except SnapshotError as exc:
-                    log.error("worker.cluster_unreadable", cluster=cluster, reason=str(exc))
-
-    async def _owed_by_journal(self, stored: Mapping[str, int], journal_from: dict[str, int]) -> None:
-        """Add to ``owed`` what the journal holds past the store's offsets on the partitions this
-        worker consumes: batches a store that lost writes no longer has, which Kafka's committed
-        offsets may not cover either (Faust commits them every few seconds, the journal is
-        written with every batch). A worker killed with kill -9 and restarted on a Redis that
-        forgot would otherwise read them as new batches, at a new clock, and decide again under
-        new ids what it had published (a task placed twice). Reads the journal from the store's
-        offsets in it: at a normal start the last few records, which the store already covers."""
-        async for _, runs, _, _ in unique_records(self.input_log.journal(journal_from)):
-            for position, _first, last in runs:
-                if position in self.assigned and stored.get(position, 0) <= last:
-                    self.owed[position] = max(self.owed.get(position, 0), last + 1)
+        self.open_steps.watch()
 
     def consuming_from(self, offsets: Mapping[str, int]) -> None:
         """Where the consumer starts reading partitions (Kafka's committed offsets; 0 where none
@@ -204,16 +175,6 @@ class Processor:
         """Apply, commit and publish ``messages`` while the lock is held (a rebuild);
         ``journaled``: the journal position and offset to commit, for a batch of the journal."""
         await self._settle(*await self._handle(messages, journaled))
-
-    async def _close_now(self, closing: dict[str, str], journaled: tuple[str, int]) -> None:
-        """Close the steps a journal record says a timer closed, while the lock is held (a
-        rebuild): those that start where the record says (``journal.held_from``)."""
-        clusters = []
-        for cluster, first in closing.items():
-            session = await self.session(cluster)
-            if session.open_items and held_from(session.open_items) == first:
-                clusters.append(cluster)
-        await self._settle(*await self._close(clusters, journaled))
 
     async def _reject_now(self, message: Incoming, reason: str, journaled: tuple[str, int]) -> None:
         """``reject`` ``message`` and publish it while the lock is held (a rebuild)."""
@@ -266,7 +227,8 @@ class Processor:
                 for other in tickets:
                     other.done.set_result(Applied(outcome, published))
         applied = ticket.done.result()
-        applied.published.add_done_callback(lambda done: self._count(messages, received, done))
+        topics = [m.topic for m in messages]
+        applied.published.add_done_callback(lambda done: self.metrics.count_published(topics, received, done))
         return applied
 
     async def reject(self, message: Incoming, reason: str) -> "Applied":
@@ -286,7 +248,8 @@ class Processor:
         commit = BatchCommit()
         commit.offsets[message.position] = max(self.applied.get(message.position, 0), message.offset + 1)
         if self.input_log is not None:
-            self._journal(commit, [message], journaled, rejected=reason)
+            journal_commit(commit, self.topics.journal, self.outputs.journaled, [message], journaled,
+                           rejected=reason)
         letter = DeadLetter(message.topic, message.partition, message.offset, reason, message.raw)
         log.error("worker.internal_error", topic=message.topic, partition=message.partition,
                   offset=message.offset, reason=reason)
@@ -296,27 +259,6 @@ class Processor:
         await self.store.commit(commit)
         self.applied.update(commit.offsets)
         return BatchOutcome(dead_letters=1, reasons=[reason]), commit.outbox, await self.outputs.enqueue(commit.outbox)
-
-    def _journal(self, commit: BatchCommit, applying: list[Incoming], journaled: tuple[str, int] | None,
-                 rejected: str | None = None, closing: dict[str, str] | None = None) -> None:
-        """The journal's part of ``commit``: a new batch's record, first in the outbox (published,
-        and acknowledged, before the batch's decisions) with the journal offsets acknowledged so
-        far; a batch applied again from its record (``journaled``) only the offset read to."""
-        if journaled is None:
-            commit.outbox.append((self.topics.journal, journal_record(uuid.uuid4().hex, applying, rejected=rejected,
-                                                                      closing=closing)))
-            commit.offsets.update(self.outputs.journaled)
-        else:
-            position, offset = journaled
-            commit.offsets[position] = offset
-
-    def _count(self, messages: list[Incoming], received: float, published: asyncio.Future) -> None:
-        if published.cancelled() or published.exception() is not None:
-            return
-        metrics = self.metrics
-        for topic, count in Counter(m.topic for m in messages).items():  # a labelled child per topic, not per message
-            metrics.events.labels(topic).inc(count)
-        metrics.latency.observe(time.perf_counter() - received)
 
     def _clock_of(self, cluster: str) -> float | None:
         """The cluster's clock if its engine is held (a tenant tree sent without a time is read at it)."""
@@ -332,7 +274,7 @@ class Processor:
         outcome = BatchOutcome(skipped=decoded.skipped)
         commit = BatchCommit(offsets=decoded.offsets)
         if decoded.applying and self.input_log is not None:
-            self._journal(commit, decoded.applying, journaled)
+            journal_commit(commit, self.topics.journal, self.outputs.journaled, decoded.applying, journaled)
         return await self._step_and_commit(decoded.by_cluster, decoded.dead, commit, outcome)
 
     async def _close(self, clusters: list[str], journaled: tuple[str, int] | None = None,
@@ -341,7 +283,8 @@ class Processor:
         of no input, journaled as closing them (``journal.record_closes``)."""
         commit, outcome = BatchCommit(), BatchOutcome()
         if self.input_log is not None and (clusters or journaled is not None):
-            self._journal(commit, [], journaled, closing={c: held_from(self.sessions[c].open_items) for c in clusters})
+            journal_commit(commit, self.topics.journal, self.outputs.journaled, [], journaled,
+                           closing={c: held_from(self.sessions[c].open_items) for c in clusters})
         return await self._step_and_commit({cluster: [] for cluster in clusters}, [], commit, outcome, closing=True)
 
     async def _step_and_commit(self, by_cluster: dict[str, list], dead: list[DeadLetter], commit: BatchCommit,
@@ -378,57 +321,8 @@ class Processor:
             session.snapshotting = Snapshotting(steps, at, snapshots.snapshot_in_child(session.engine))
         self.sessions_held.evict_idle(keep=by_cluster)
         if commit.open_steps:
-            self._close_later()
+            self.open_steps.watch()
         return outcome, commit.outbox, await self.outputs.enqueue(commit.outbox)
-
-    async def close_open_steps(self) -> "Applied | None":
-        """Take the steps held open that no batch gave events for ``step_wait`` seconds (the
-        bounded wait: a cluster's next events may come in the next batch, not for ever), as a
-        batch: committed, and its outputs enqueued (``Applied.published``); None when none is due."""
-        async with self._lock:
-            await self._start_locked()
-            now = time.monotonic()
-            due = sorted(cluster for cluster, session in self.sessions.items()
-                         if session.open_items and now >= self._due(session))
-            if not due:
-                return None
-            outcome, outbox, acks = await self._close(due)
-            published = asyncio.get_running_loop().create_task(self.outputs.published(outbox, acks, outcome))
-        return Applied(outcome, published)
-
-    def _due(self, session: ClusterSession) -> float:
-        """When a session's step held open is closed (monotonic seconds): ``step_wait`` after a
-        batch last gave it events, and never later than ``step_window`` + ``step_wait`` after
-        it opened (events that keep coming at one event time must not hold it for ever)."""
-        return min(session.open_touched + self.step_wait,
-                   session.open_since + self.stepping.rules.step_window + self.step_wait)
-
-    def _close_later(self) -> None:
-        """Start the task that closes steps held open when they are due, unless it runs."""
-        if self.step_wait > 0 and (self._closer is None or self._closer.done()):
-            self._closer = asyncio.get_running_loop().create_task(self._close_when_due())
-
-    async def _close_when_due(self) -> None:
-        """Until no session holds a step open: sleep until the first is due, close what is due.
-        A failure (the store down) is logged and tried again a moment later; the sessions it
-        touched are then recovered from the store, their steps still open."""
-        while True:
-            due = [self._due(s) for s in self.sessions.values() if s.open_items]
-            if not due:
-                return
-            wait = min(due) - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-                continue
-            try:
-                applied = await self.close_open_steps()
-                if applied is not None:
-                    await asyncio.shield(applied.published)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - tried again: the steps stay open meanwhile
-                log.warning("worker.open_steps_unclosed", error=str(exc))
-                await asyncio.sleep(max(self.step_wait, 0.5))
 
     async def flush_explanations(self) -> int:
         """Write the explanations a batch left due (it came within ``explain_interval`` of the

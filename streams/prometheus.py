@@ -89,6 +89,15 @@ class WorkerMetrics:
             self.tenant_pending.labels(*labels).set(t["pending"])
             self.tenant_accumulated.labels(*labels).set(t["accumulated"])
 
+    def count_published(self, topics: list[str], received: float, published) -> None:
+        """A batch's messages (their ``topics``) published (the future ``published`` done):
+        counted per topic, and the time since it was received (``time.perf_counter``) observed."""
+        if published.cancelled() or published.exception() is not None:
+            return
+        for topic in set(topics):  # a labelled child per topic, not per message
+            self.events.labels(topic).inc(topics.count(topic))
+        self.latency.observe(time.perf_counter() - received)
+
     def watch_gc(self) -> Callable[[], None]:
         """Observe every collector pass in ``gc_pause``; returns what stops observing.
         A full pass stops the worker for as long as it walks the long-lived objects, so its

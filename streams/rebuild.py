@@ -5,7 +5,7 @@ what no record holds merged in event-time order (docs/architecture.md, "Redis du
 from __future__ import annotations
 
 from collections import deque
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Mapping
 
 import structlog
 
@@ -17,6 +17,22 @@ from fairstream.wire.topics import Topics
 log = structlog.get_logger("fairstream.worker")
 
 BATCH = 500  # messages per commit of what no journal record holds
+
+
+async def owed_by_journal(input_log: InputLog, stored: Mapping[str, int], journal_from: dict[str, int],
+                          assigned: set[str], owed: dict[str, int]) -> None:
+    """Add to ``owed`` (per position, how far to read again) what the journal holds past the
+    store's offsets (``stored``) on the positions this worker consumes (``assigned``): batches
+    a store that lost writes no longer has, which Kafka's committed offsets may not cover either
+    (Faust commits them every few seconds, the journal is written with every batch). A worker
+    killed with kill -9 and restarted on a Redis that forgot would otherwise read them as new
+    batches, at a new clock, and decide again under new ids what it had published (a task
+    placed twice). Reads the journal from the store's offsets in it (``journal_from``): at a
+    normal start the last few records, which the store already covers."""
+    async for _, runs, _, _ in unique_records(input_log.journal(journal_from)):
+        for position, _first, last in runs:
+            if position in assigned and stored.get(position, 0) <= last:
+                owed[position] = max(owed.get(position, 0), last + 1)
 
 
 async def read_again(input_log: InputLog, ranges: dict[str, tuple[int, int]], journal_from: dict[str, int],

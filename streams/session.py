@@ -42,7 +42,7 @@ class ClusterSession:
     explain_due: bool = False
     # The step held open (``stepper.run_steps``' ``open_items``: a batch ended inside its step
     # window), when a batch last gave it events and when it opened (monotonic seconds): closed
-    # by an event beyond its window, or on a timer (``Processor.close_open_steps``).
+    # by an event beyond its window, or on a timer (``open_steps.OpenSteps``).
     open_items: list = field(default_factory=list)
     open_touched: float = 0.0
     open_since: float = 0.0

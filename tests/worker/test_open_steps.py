@@ -31,8 +31,7 @@ async def handed_over(p, wire: Wire, plan, cuts: list[int]):
     messages = [wire.msg(kind, body) for kind, body in plan]
     for start, end in zip([0] + cuts, cuts + [len(messages)]):
         await p.handle(messages[start:end])
-    await until(lambda: not any(s.open_items for s in p.sessions.values()))
-    await until(lambda: p._closer is None or p._closer.done())
+    await until(lambda: p.open_steps.idle)
 
 
 def decided(store: MemoryStore, wire: Wire):
@@ -84,8 +83,8 @@ def test_a_step_held_open_when_the_worker_stops_is_in_the_store_and_a_restarted_
         await second.start()
         assert len(second.sessions["c1"].open_items) == 7  # (loaded at start, not waiting for input)
         await second.handle(messages[8:])
-        await until(lambda: not second.sessions["c1"].open_items and (second._closer is None or second._closer.done()))
-        first._closer.cancel()
+        await until(lambda: second.open_steps.idle)
+        first.open_steps.cancel()
 
     run(scenario())
     assert decided(store, wire) == one_batch_each_event_time_window()
@@ -106,12 +105,12 @@ def test_a_step_the_timer_closed_is_closed_at_the_same_point_when_the_store_is_r
         await p.handle(batches[1])
         await until(lambda: not p.sessions["c1"].open_items)  # the wait ran out: closed on its own
         await p.handle(batches[2])
-        await until(lambda: not p.sessions["c1"].open_items and (p._closer is None or p._closer.done()))
+        await until(lambda: p.open_steps.idle)
         rebuilt = processor(older, wire, step_window=WINDOW, step_wait=WAIT, input_log=kafka.input_log())
         rebuilt.consuming_from(dict(p.applied))
         await rebuilt.start()
         await rebuilt.session("c1")
-        await until(lambda: not rebuilt.sessions["c1"].open_items and (rebuilt._closer is None or rebuilt._closer.done()))
+        await until(lambda: rebuilt.open_steps.idle)
         return older
 
     older = run(scenario())
