@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 import numpy as np
 
 from fairstream.core.forecast import expected_starts
-from fairstream.core.model import EPSILON, ROOT, TaskState
+from fairstream.core.model import EPSILON, ROOT, DecisionKind, ReasonCode, TaskState
 from fairstream.core.placement import Cycle, dominant_share_order
 from fairstream.core.preemption import share_ratios
 from fairstream.core.tenants import spec_to_json
@@ -326,15 +326,30 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         # The room on ``other``'s reserved node is kept for it (if a task of it of that shape may
         # start), but not from ``task`` if it backfills there (another shape, expected to end
         # before the reserved task can start: ``reservation=backfill``).
+        # Nor from an overdue tenant when the reservation yields (its holder at or above its fair
+        # share): preemption's stage gives it the room there (``preemption._make_room``).
         if (reserved_for is not None and reserved_for.tenant == other and mask[reserved_for.node] and holder_may_start
-                and not (task.shape != reserved_for.shape and cycle.nodes.ends_in_time(task))):
+                and not (task.shape != reserved_for.shape and cycle.nodes.ends_in_time(task))
+                and not (reservation_yields and task.tenant in overdue)):
             out = np.zeros_like(mask) if out is None else out
             out[reserved_for.node] = True  # the room there is kept for it
         return out if out is not None and out.any() else None
 
+    what_if: dict[float, list] = {}  # per time, the decisions of a pass then on this state
+
+    def reclaims_at(tenant: str, due: float) -> bool:
+        """Whether the pass at ``due`` takes room back for ``tenant`` if nothing changes till
+        then (what-if: the policy's pass on this state at that time, the running tasks given
+        as the engine gives them to a pass with an overdue tenant; nothing changes)."""
+        if due not in what_if:
+            what_if[due] = spec.decide(replace(snap, time=due, running_tasks=engine.running_tasks()), params)
+        return any(d.kind is DecisionKind.PLACE and d.code is ReasonCode.RECLAIMED and d.tenant == tenant
+                   for d in what_if[due])
+
     def _preemption_due(tenant: str, due: float) -> str:
         """What its preemption timeout, running out at ``due``, does for ``tenant``: takes room
-        back from tenants above their fair share (none now: it says so); under a policy that
+        back from tenants above their fair share (none now: it says so; none on a node it may
+        use, as the pass then would find if nothing changes: says so too); under a policy that
         picks victims by a key of its own (``Ordering.victims``: LTRF's long-term usage), only
         from those with a higher key than it (unless it is below its min_share), named as they
         are now."""
@@ -344,7 +359,10 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
             return (f": its preemption timeout runs out at {due:g}, but room is taken back only from tenants above "
                     f"their fair share, and none is now")
         if spec.ordering.victims is None or cycle.below_min_share(tenant):
-            return f": preemption takes room back for it at {due:g}"
+            if reclaims_at(tenant, due):
+                return f": preemption takes room back for it at {due:g}"
+            return (f": its preemption timeout runs out at {due:g}, but as things stand no node it may use can be "
+                    f"freed enough for it from tenants above their fair share (each keeps its own fair share)")
         victim_label, make_key = spec.ordering.victims
         victim_key = make_key(snap)
         own = victim_key(tenant, acc.allocation)

@@ -239,22 +239,23 @@ def test_a_task_of_the_reserved_shape_is_behind_a_starved_tenant_the_reservation
     assert held.reason is WaitReason.RESERVATION and held.waits_for == "u0"
 
 
-def test_a_starved_tenant_is_told_the_room_of_a_reservation_that_yields_to_it_may_go_either_way():
+def test_a_reservation_yielding_to_a_starved_tenant_tells_the_holder_it_may_lose_the_room_and_the_tenant_it_is_first():
     # Found by the behind-a-tenant oracle, shrunk. One node of 2 mem; ltrf (fixed 2-s quantum),
     # preemption after 5 s. u0's two 2-mem tasks arrive at t = 7 and n0 is reserved for them;
     # u2 (max_share 0.5) waits with 1-mem tasks, starved since 12: overdue at 17. u0 holds the
     # reservation at or above its fair share, so it does not hold against u2, and what the pass
     # gives u0 may be taken back for u2 (here it is: "reclaimed"). u2 was told the room "goes
     # first to u0"; whether it does depends on u0 staying at or above its fair share without it.
+    # Room freed that fits u2's 1-mem task does not fit u0's 2-mem one, and the reservation does
+    # not hold it from u2, past its timeout: u2 is first in line for it (a later trial told it
+    # "goes first to u0" once "may be taken back" weighed u0's long-term usage, as ltrf does).
     params = {"preemption": "on", "preemption_timeout": "5", "preemption_threshold": "1", "reservation": "on",
               "quantum": "2", "quantum_mode": "fixed", "resource": "dominant"}
     explanation = explained(RESERVATION_YIELDS_TO_THE_TENANT_TOLD, "ltrf", params, at=17)
     (held,) = explanation.pending["u0"]
     assert held.reason is WaitReason.RESERVATION and held.waits_for == "u2" and "u2 may take it first" in held.message
     (entry,) = explanation.pending["u2"]
-    assert entry.reason is WaitReason.BEHIND_TENANTS and entry.waits_for == "u0"
-    assert ("freed room may go first to u0" in entry.message
-            and "u0 is at or above its fair share: what the pass gives it may be taken back for u2" in entry.message)
+    assert entry.reason is WaitReason.NO_ROOM and entry.waits_for is None and "u2 is first in line" in entry.message
 
 
 def test_a_task_that_would_backfill_the_reserved_node_is_not_behind_its_holder():
