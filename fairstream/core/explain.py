@@ -43,6 +43,7 @@ Reasons (``WaitReason``), the first that holds:
 
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 import math
@@ -270,15 +271,24 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
     # taken back (withdrawn) for an overdue tenant whatever their order.
     # A reservation of a tenant at or above its fair share does not hold against them either
     # (``preemption._make_room``): the reserved node is in their reach.
+    @functools.cache
+    def ratios_now() -> np.ndarray:
+        """Per tenant row, its share over its fair share now (made once, when first asked)."""
+        return share_ratios(acc.allocation, acc.capacity, engine.fair_shares(), acc.config.resource)
+
+    @functools.cache
+    def victim_key_now():
+        """The policy's own victim key on this state (``Ordering.victims``; made once)."""
+        return spec.ordering.victims[1](snap)
+
     overdue: list[str] = []
     at_fair_share: set[str] = set()
     if engine.preemption is not None:
         overdue = [t for t in room_limited if t in engine.starved_since
                    and snap.time - engine.starved_since[t] >= engine.preemption.timeout - EPSILON]
         if overdue:
-            ratios = share_ratios(acc.allocation, acc.capacity, engine.fair_shares(), acc.config.resource)
+            ratios = ratios_now()
             at_fair_share = {t for t in snap.pending if ratios[snap.rows[t]] >= 1.0 - EPSILON}
-    victim_keys = {}  # (under a policy with victims of its own order) the overdue tenants' keys
 
     def may_be_victim(victim: str, starved: str, demand: np.ndarray) -> bool:
         """Whether what the pass gives ``victim`` (a task of ``demand``) may be taken back for
@@ -290,13 +300,11 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
             return False
         if spec.ordering.victims is None or cycle.below_min_share(starved):
             return True
-        make_key = spec.ordering.victims[1]
-        if starved not in victim_keys:
-            victim_keys[starved] = make_key(snap)(starved, acc.allocation)
         row = snap.rows[victim]
         charged = snap.accumulated.copy()
         charged[row] = charged[row] + snap.quantum[row] * demand
-        return make_key(replace(snap, accumulated=charged))(victim, acc.allocation) > victim_keys[starved]
+        charged_key = spec.ordering.victims[1](replace(snap, accumulated=charged))
+        return charged_key(victim, acc.allocation) > victim_key_now()(starved, acc.allocation)
 
     reservation_yields = reserved_for is not None and reserved_for.tenant in at_fair_share
     # Whether the reservation's holder has a task of the reserved shape its job limits let start:
@@ -353,7 +361,7 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         picks victims by a key of its own (``Ordering.victims``: LTRF's long-term usage), only
         from those with a higher key than it (unless it is below its min_share), named as they
         are now."""
-        ratios = share_ratios(acc.allocation, acc.capacity, engine.fair_shares(), acc.config.resource)
+        ratios = ratios_now()
         above = [t for t in sorted(snap.rows) if t != tenant and ratios[snap.rows[t]] > 1.0 + EPSILON]
         if not above:
             return (f": its preemption timeout runs out at {due:g}, but room is taken back only from tenants above "
@@ -363,8 +371,7 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
                 return f": preemption takes room back for it at {due:g}"
             return (f": its preemption timeout runs out at {due:g}, but as things stand no node it may use can be "
                     f"freed enough for it from tenants above their fair share (each keeps its own fair share)")
-        victim_label, make_key = spec.ordering.victims
-        victim_key = make_key(snap)
+        victim_label, victim_key = spec.ordering.victims[0], victim_key_now()
         own = victim_key(tenant, acc.allocation)
         used_more = [t for t in above if victim_key(t, acc.allocation) > own]
         used_less = [t for t in above if t not in used_more]
