@@ -245,6 +245,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def _rates(text: str) -> list[float]:
+    """An argparse type: events per second, comma-separated (``1000,2500,5000``)."""
+    try:
+        rates = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of rates: {text!r}") from None
+    if not rates or any(not rate > 0 for rate in rates):
+        raise argparse.ArgumentTypeError(f"rates must be above 0: {text!r}")
+    return rates
+
+
 def _replay_events(args) -> int:
     """``simulate --events FILE``: replay a worker's recorded input (one JSON step per line:
     ``{"time", "events"}``) through a fresh engine; writes the decisions it takes."""
@@ -789,12 +800,14 @@ def cmd_bench(args) -> int:
                                           finalizer=not args.kube_no_finalizer)))
         return 0
     if args.target == "stream":
-        from fairstream.lab.bench_stream import bench_stream
+        from fairstream.lab.bench_stream import bench_stream, saturation_curve
 
-        print(json.dumps(bench_stream(rate=args.rate, duration=args.duration, nodes=args.stream_nodes,
-                                      tenants=args.stream_tenants, retention=args.retention,
-                                      batch_window=args.batch_window, per_message=args.events_per_message,
-                                      send_interval=args.send_interval)))
+        rates = [args.rate] if args.rates is None else args.rates
+        runs = [bench_stream(rate=rate, duration=args.duration, nodes=args.stream_nodes,
+                             tenants=args.stream_tenants, retention=args.retention,
+                             batch_window=args.batch_window, per_message=args.events_per_message,
+                             send_interval=args.send_interval, worker_args=args.worker_args) for rate in rates]
+        print(json.dumps(runs[0] if args.rates is None else saturation_curve(runs)))
         return 0
     if args.target == "e2e":
         from fairstream.lab.bench import bench_e2e
@@ -1185,11 +1198,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--day-nodes", type=int, default=50, help="day: nodes of <12 cpu, 24 GB>")
     bench.add_argument("--hours", type=float, default=None, help="day: only the jobs of the first HOURS hours (default: all)")
     bench.add_argument("--rate", type=float, default=5000, help="stream: input events per second")
+    bench.add_argument("--rates", type=_rates, default=None,
+                       help="stream: one run per rate, e.g. 1000,2500,5000,10000 (the saturation curve)")
     bench.add_argument("--duration", type=float, default=60, help="stream: seconds of load (600 for the memory check)")
     bench.add_argument("--stream-nodes", type=int, default=200)
     bench.add_argument("--stream-tenants", type=int, default=100)
     bench.add_argument("--retention", type=float, default=worker_defaults.finished_retention, help="stream: the worker's --finished-retention")
     bench.add_argument("--batch-window", type=float, default=worker_defaults.batch_window, help="stream: the worker's --batch-window")
+    bench.add_argument("--worker-args", default="",
+                       help="stream: more options for the worker, e.g. \"--step-window 0.01 --fetch-min-bytes 1\"")
     bench.add_argument("--send-interval", type=float, default=0.005,
                        help="stream: seconds between the load generator's sends (what is due goes as one record batch per topic)")
     bench.add_argument("--events-per-message", type=int, default=1,

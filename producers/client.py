@@ -60,8 +60,9 @@ class Publisher:
         self.delivery_timeout_s = delivery_timeout_s
         self.unacknowledged = 0  # sends under way
         self.gave_up = False
-        self.producer = AIOKafkaProducer(bootstrap_servers=broker, enable_idempotence=True,
-                                         **kafka_security(kafka_options))
+        self._make = lambda: AIOKafkaProducer(bootstrap_servers=broker, enable_idempotence=True,
+                                              **kafka_security(kafka_options))
+        self.producer = self._make()
 
     async def __aenter__(self) -> "Publisher":
         try:
@@ -77,24 +78,27 @@ class Publisher:
         else:
             await self.producer.stop()  # (everything sent was acknowledged: nothing waits)
 
-    async def _close_now(self) -> None:
-        """Close without flushing: a producer stopping normally waits until the broker has every
-        message it holds, however long the broker is away. Its sending task is cancelled (again
-        while it waits for a request the broker does not answer) and its connections closed."""
-        sender = getattr(self.producer, "_sender", None)
+    async def _close_now(self, producer=None) -> None:
+        """Close ``producer`` (by default this publisher's) without flushing: a producer stopping
+        normally waits until the broker has every message it holds, however long the broker is
+        away. Its sending task is cancelled (again while it waits for a request the broker does
+        not answer) and its connections closed."""
+        producer = producer or self.producer
+        sender = getattr(producer, "_sender", None)
         task = getattr(sender, "sender_task", None)
         for _ in range(3):
             if task is None or task.done():
                 break
             task.cancel()
             await asyncio.wait([task], timeout=1.0)
-        await self.producer.client.close()
-        await self.producer.stop()
+        await producer.client.close()
+        await producer.stop()
 
     async def send_raw(self, topic: str, key: str, value: bytes) -> None:
         """Send one message and wait until the broker has it (``Undelivered`` after the delivery
         timeout)."""
-        from aiokafka.errors import KafkaTimeoutError, LeaderNotAvailableError, NotLeaderForPartitionError
+        from aiokafka.errors import (KafkaTimeoutError, LeaderNotAvailableError, NotLeaderForPartitionError,
+                                     OutOfOrderSequenceNumber)
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.delivery_timeout_s
@@ -103,8 +107,9 @@ class Publisher:
             while True:
                 try:
                     remaining = max(0.0, deadline - loop.time())
+                    producer = self.producer
                     # (send() waits for room in the producer's buffer; its future, for the broker.)
-                    sent = await asyncio.wait_for(self.producer.send(topic, value=value, key=key.encode()), remaining)
+                    sent = await asyncio.wait_for(producer.send(topic, value=value, key=key.encode()), remaining)
                     await asyncio.wait_for(asyncio.shield(sent), max(0.0, deadline - loop.time()))
                     return
                 except (LeaderNotAvailableError, NotLeaderForPartitionError):
@@ -113,10 +118,32 @@ class Publisher:
                     if loop.time() + 0.5 > deadline:
                         raise self._undelivered(topic, key, "no leader for its partition") from None
                     await asyncio.sleep(0.5)
+                except OutOfOrderSequenceNumber:
+                    # The broker refused the batch (so did not write it) as out of sequence for
+                    # this producer id, as a broker that restarted under load may; aiokafka's
+                    # producer then refuses everything (aio-libs/aiokafka#1017). A new producer
+                    # (a new id) sends it again, as Kafka's Java client bumps its epoch.
+                    if loop.time() + 0.5 > deadline:
+                        raise self._undelivered(topic, key, "out of sequence for the broker") from None
+                    await self._renew(producer)
                 except (asyncio.TimeoutError, KafkaTimeoutError):
                     raise self._undelivered(topic, key, "no acknowledgement from the broker") from None
         finally:
             self.unacknowledged -= 1
+
+    async def _renew(self, failed) -> None:
+        """Replace the producer ``failed`` (unless a concurrent send did already) with a new one,
+        closing the old without waiting for what it holds: each of its sends refused so is sent
+        again by its caller."""
+        if self.producer is not failed:
+            return
+        fresh = self._make()
+        await fresh.start()
+        if self.producer is not failed:  # (renewed by another send meanwhile)
+            await fresh.stop()
+            return
+        self.producer = fresh
+        await self._close_now(failed)
 
     def _undelivered(self, topic: str, key: str, why: str) -> Undelivered:
         self.gave_up = True

@@ -96,9 +96,13 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
             except Exception as exc:  # noqa: BLE001 - the view waits for the next tick
                 log.warning("worker.explain_unwritten", error=str(exc))
 
+    # One feed for the three agents: what one fetch brought of each topic goes as one batch (one
+    # pass, one commit, one journal record), not one batch per topic (docs/benchmarks.md).
+    batches = GroupCommit(processor, "", config.batch_size, config.batch_window, None,
+                          lambda message: _backlog(app, message))
     for attribute, kind in KINDS:
         topic = app.topic(getattr(config.topics, attribute), value_serializer="raw", key_serializer="raw")
-        app.agent(topic, name=f"fairstream.{kind}")(_agent(processor, kind, config))
+        app.agent(topic, name=f"fairstream.{kind}")(_agent(batches, kind))
 
     @app.on_partitions_revoked.connect
     async def on_revoked(app, revoked, **kwargs) -> None:  # noqa: ARG001 - Faust's signal signature
@@ -243,16 +247,14 @@ def _backlog(app: faust.App, message) -> int:
     return 0 if highwater is None else highwater - message.offset - 1
 
 
-def _agent(processor: Processor, kind: str, config: WorkerConfig):
+def _agent(batches: "GroupCommit", kind: str):
     async def agent(stream):
         # Acks are ours: an event is acknowledged to Faust (its offset may be committed) only
         # once its batch is durable and its outputs published.
         stream.enable_acks = False
-        batches = GroupCommit(processor, kind, config.batch_size, config.batch_window, stream.ack,
-                              lambda message: _backlog(stream.app, message))
         try:
             async for event in stream.events():
-                await batches.add(event)
+                await batches.add(event, kind, stream.ack)
         finally:
             await batches.close()
 
@@ -261,15 +263,17 @@ def _agent(processor: Processor, kind: str, config: WorkerConfig):
 
 
 class GroupCommit:
-    """An agent's events to the processor in batches, group-commit style.
+    """The agents' events to the processor in batches, group-commit style.
 
-    A batch goes as soon as the previous one of this agent has been applied (committed; its
-    publishing goes on meanwhile), with what arrived in the meantime, up to ``max_size``
+    A batch goes as soon as the previous one has been applied (committed; its publishing goes
+    on meanwhile), with what arrived in the meantime, up to ``max_size``
     messages: when input is sparse a message is applied on arrival, under load batches grow
     and their fixed cost (one engine pass, one Redis transaction) is shared. While Kafka holds
     more input for the agent (``backlog``), the batch waits up to ``window`` seconds for it
     (``_gather``). Faust's ``take_events`` instead waits its whole window on every cycle,
-    which the decision latency then always pays (docs/benchmarks.md).
+    which the decision latency then always pays (docs/benchmarks.md). One feed serves every
+    agent (``add`` takes the event's kind and its stream's ``ack``): a fetch that brought
+    submissions and completions makes one batch, whose fixed cost they share.
 
     Events are acknowledged to Faust in arrival order once their batch is published. A batch
     whose application fails (the store is down) is tried again with backoff, and input is
@@ -292,8 +296,10 @@ class GroupCommit:
         self.last_ack: asyncio.Task | None = None
         self.arrival: asyncio.Future | None = None  # what _gather waits on
 
-    async def add(self, event) -> None:
-        self.buffer.append(event)
+    async def add(self, event, kind: str | None = None, ack=None) -> None:
+        """Buffer ``event`` (of input ``kind``, acknowledged to Faust with ``ack`` once its batch
+        is published; by default the feed's own)."""
+        self.buffer.append((event, kind or self.kind, ack or self.ack))
         _resolve(self.arrival)
         if self.runner is None:
             self.runner = asyncio.get_running_loop().create_task(self._run())
@@ -314,8 +320,8 @@ class GroupCommit:
                 await self._gather()
                 events, self.buffer = self.buffer[:self.max_size], self.buffer[self.max_size:]
                 self.room.set()
-                batch = [Incoming(self.kind, _raw(e.value), e.message.topic, e.message.partition, e.message.offset,
-                                  e.message.timestamp or 0.0, _key(e.message.key)) for e in events]
+                batch = [Incoming(kind, _raw(e.value), e.message.topic, e.message.partition, e.message.offset,
+                                  e.message.timestamp or 0.0, _key(e.message.key)) for e, kind, _ in events]
                 applied = await self._apply(batch)
                 self.last_ack = asyncio.get_running_loop().create_task(
                     self._acknowledge(events, applied.published, self.last_ack))
@@ -335,7 +341,7 @@ class GroupCommit:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.window
-        while len(self.buffer) < self.max_size and self.backlog(self.buffer[-1].message) > 0:
+        while len(self.buffer) < self.max_size and self.backlog(self.buffer[-1][0].message) > 0:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
@@ -383,8 +389,8 @@ class GroupCommit:
         if previous is not None:  # in arrival order
             await previous
         await asyncio.shield(published)
-        for event in events:
-            await self.ack(event)
+        for event, _, ack in events:
+            await ack(event)
 
 
 MAX_FAULTS = 3  # unexpected failures of a batch, then of one of its messages alone (GroupCommit._apply)

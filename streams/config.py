@@ -44,10 +44,14 @@ class WorkerConfig:
     snapshot_ratio: float = 2.0  # see fairstream.streams.snapshots.due
     background_snapshots: bool = True  # encoded in a forked child (Processor)
     max_bytes: int = 64 * 1024
-    step_window: float = 0.1  # seconds of event time gathered into one scheduling step
+    # Seconds of event time gathered into one scheduling step. A step is taken once an event
+    # past its window comes, so where event time keeps pace with the clock its first events
+    # wait about this long: the latency it costs (docs/benchmarks.md, issue 60).
+    step_window: float = 0.005
     # seconds a step whose window a batch's end cut stays open for the next batch's events
-    # (after the last came; at most step_window + step_wait after the first): 0, none
-    step_wait: float = 0.02
+    # (after the last came; at most step_window + step_wait after the first): 0, none. About
+    # the consumer's fetch cadence (fetch_max_wait), so the next fetch usually closes it.
+    step_wait: float = 0.01
     finished_retention: float = 3600.0  # seconds of event time finished task ids are remembered
     log_retention: float = math.inf  # seconds of event time of input log kept in the store
     max_engines: int = 1000  # cluster engines kept in memory; the least recently used go first

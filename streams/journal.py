@@ -23,7 +23,7 @@ point if the step it holds open starts there (else the store already had it clos
 one partition, one order.
 
 The processor publishes a batch's record after its commit and before its decisions, and waits
-for the broker's acknowledgement in between (``Processor._enqueue``): a published decision's
+for the broker's acknowledgement in between (``Outputs.enqueue_in_order``): a published decision's
 batch is always in the journal. The record is in the batch's outbox too, so a worker that dies
 after its commit publishes it again at start, before the decisions; a record may thus be in the
 journal twice, and the first copy counts (``unique_records``).

@@ -70,8 +70,12 @@ class OpenSteps:
             due = self.due_now()
             if not due:
                 return None
-            outcome, outbox, acks = await processor._close(due)
-            published = asyncio.get_running_loop().create_task(processor.outputs.published(outbox, acks, outcome))
+            stages = processor.metrics.stages
+            outcome, outbox, acks = await stages.run(processor._close(due))
+            published = processor.outputs.published_task(outbox, acks, outcome)
+        if outcome.held_since is not None:  # the latency of the input the closed steps held
+            since = outcome.held_since
+            published.add_done_callback(lambda done: processor.metrics.count_published([], since, done))
         return Applied(outcome, published)
 
     async def close_now(self, closing: dict[str, str], journaled: tuple[str, int]) -> None:

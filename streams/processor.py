@@ -148,6 +148,7 @@ class Processor:
                                     self.open_steps.close_now)
             self.metrics.read_again.inc(read)
         self.owed.clear()
+        await self.outputs.enqueued()  # (what it still sends is in the outbox: sent again below, after it)
         pending = await self.store.outbox()
         entries = republishing_order(pending)
         await acknowledged_all(await self.outputs.enqueue(entries))
@@ -180,9 +181,9 @@ class Processor:
         """``reject`` ``message`` and publish it while the lock is held (a rebuild)."""
         await self._settle(*await self._rejected(message, reason, journaled))
 
-    async def _settle(self, outcome: BatchOutcome, outbox: list[tuple[str, dict]], acks: list) -> None:
+    async def _settle(self, outcome: BatchOutcome, outbox: list[tuple[str, dict]], acks: asyncio.Task) -> None:
         """Wait for the broker to have a batch's outputs and clear them from the outbox."""
-        await acknowledged_all(acks)
+        await acknowledged_all(await acks)
         await self.store.clear_outbox([outbox])
 
     async def forget(self) -> None:
@@ -203,32 +204,33 @@ class Processor:
         """Apply and commit ``messages`` and enqueue their outputs; returns once they are durable,
         with a future that resolves when the broker has the outputs (``Applied.published``).
 
-        Batches that arrive while another is being applied (the other agents') wait together
-        and are applied as one: one engine pass and one Redis transaction for all of them,
-        which is most of a batch's fixed cost. The broker's acknowledgements are awaited
-        outside the lock, so the next batch is applied meanwhile: its outputs are enqueued
-        after these, which keeps the order on every partition."""
-        received = time.perf_counter()  # the metric's clock; the engine never reads one
+        Batches that arrive while another is being applied wait together and are applied as
+        one (one engine pass, one Redis transaction). The journal's round trip and the broker's
+        acknowledgements are outside the lock (``Outputs.enqueue_in_order``)."""
+        received = time.monotonic()  # the metric's clock; the engine never reads one
         loop = asyncio.get_running_loop()
         ticket = _Ticket(messages, loop.create_future())
         self._waiting.append(ticket)
+        stages = self.metrics.stages
         async with self._lock:
+            stages.waited("lock", int((time.monotonic() - received) * 1e9))
             if not ticket.done.done():  # else an earlier holder of the lock applied it
                 tickets, self._waiting = self._waiting, []
                 try:
                     await self._start_locked()
-                    outcome, outbox, acks = await self._handle([m for t in tickets for m in t.messages])
+                    outcome, outbox, acks = await stages.run(self._handle([m for t in tickets for m in t.messages]))
                 except BaseException as exc:
                     for other in tickets:
                         if other is not ticket:
                             other.done.set_exception(exc)
                     raise
-                published = loop.create_task(self.outputs.published(outbox, acks, outcome))
+                published = self.outputs.published_task(outbox, acks, outcome)
                 for other in tickets:
                     other.done.set_result(Applied(outcome, published))
         applied = ticket.done.result()
         topics = [m.topic for m in messages]
-        applied.published.add_done_callback(lambda done: self.metrics.count_published(topics, received, done))
+        since = received if applied.outcome.held_since is None else min(received, applied.outcome.held_since)
+        applied.published.add_done_callback(lambda done: self.metrics.count_published(topics, since, done))
         return applied
 
     async def reject(self, message: Incoming, reason: str) -> "Applied":
@@ -237,8 +239,8 @@ class Processor:
         skipped from now on, and the dead letter is published like any other output."""
         async with self._lock:
             await self._start_locked()
-            outcome, outbox, acks = await self._rejected(message, reason)
-            published = asyncio.get_running_loop().create_task(self.outputs.published(outbox, acks, outcome))
+            outcome, outbox, acks = await self.metrics.stages.run(self._rejected(message, reason))
+            published = self.outputs.published_task(outbox, acks, outcome)
         return Applied(outcome, published)
 
     async def _rejected(self, message: Incoming, reason: str, journaled: tuple[str, int] | None = None,
@@ -258,7 +260,7 @@ class Processor:
         commit.outbox.append((self.topics.deadletter, letter.to_json()))
         await self.store.commit(commit)
         self.applied.update(commit.offsets)
-        return BatchOutcome(dead_letters=1, reasons=[reason]), commit.outbox, await self.outputs.enqueue(commit.outbox)
+        return BatchOutcome(dead_letters=1, reasons=[reason]), commit.outbox, await self.outputs.enqueue_in_order(commit.outbox)
 
     def _clock_of(self, cluster: str) -> float | None:
         """The cluster's clock if its engine is held (a tenant tree sent without a time is read at it)."""
@@ -270,7 +272,10 @@ class Processor:
         """The pipeline, with the lock held: decode, step, persist, publish; returns the outcome,
         the outbox and the acknowledgements to wait for. ``journaled``: the batch is applied
         again from the journal (a rebuild), which is read up to this position and offset."""
-        decoded = decode_batch(messages, self.applied, self.max_bytes)
+        stages = self.metrics.stages
+        with stages.stage("decode"):
+            decoded = decode_batch(messages, self.applied, self.max_bytes)
+        stages.count_batch(sum(map(len, decoded.by_cluster.values())) + len(decoded.dead))
         outcome = BatchOutcome(skipped=decoded.skipped)
         commit = BatchCommit(offsets=decoded.offsets)
         if decoded.applying and self.input_log is not None:
@@ -296,7 +301,8 @@ class Processor:
             fork_after_commit = await self.stepping.step(self.sessions_held, by_cluster, commit, outcome, dead,
                                                          closing=closing)
             self.stepping.dead_letters(dead, commit, outcome, self._clock_of)
-            await self.store.commit(commit)
+            with self.metrics.stages.stage("persist"):
+                await self.store.commit(commit)
         except BaseException as exc:
             # The engines have applied a batch that is not durable, or failed part-way through
             # it (a fault some input triggered): forget them, so that the redelivered messages
@@ -318,11 +324,12 @@ class Processor:
         # Only now: a snapshot must hold nothing the store does not (a failed commit's steps
         # are applied again after a redelivery).
         for session, steps, at in fork_after_commit:
-            session.snapshotting = Snapshotting(steps, at, snapshots.snapshot_in_child(session.engine))
+            with self.metrics.stages.stage("snapshot"):
+                session.snapshotting = Snapshotting(steps, at, snapshots.snapshot_in_child(session.engine))
         self.sessions_held.evict_idle(keep=by_cluster)
         if commit.open_steps:
             self.open_steps.watch()
-        return outcome, commit.outbox, await self.outputs.enqueue(commit.outbox)
+        return outcome, commit.outbox, await self.outputs.enqueue_in_order(commit.outbox)
 
     async def flush_explanations(self) -> int:
         """Write the explanations a batch left due (it came within ``explain_interval`` of the

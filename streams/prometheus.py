@@ -13,6 +13,8 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
+from fairstream.streams.stages import StageMeter
+
 
 class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -23,12 +25,15 @@ class WorkerMetrics:
                                     registry=self.registry)
         self.latency = Histogram(
             "fairstream_decision_latency_seconds",
-            "From a batch's arrival at the worker to its decisions being published",
+            "From a batch's arrival at the worker (or, for a step held open, the arrival of the batch that "
+            "opened it) to its decisions being published",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
             registry=self.registry,
         )
         self.lag = _Lag()
         self.registry.register(self.lag)
+        self.stages = StageMeter()  # where batches' time goes, per stage (streams/stages.py)
+        self.registry.register(self.stages)
         self.steps = Counter("fairstream_engine_steps_total", "Engine steps (scheduling passes)", registry=self.registry)
         self.internal_errors = Counter(
             "fairstream_internal_errors_total",
@@ -91,12 +96,14 @@ class WorkerMetrics:
 
     def count_published(self, topics: list[str], received: float, published) -> None:
         """A batch's messages (their ``topics``) published (the future ``published`` done):
-        counted per topic, and the time since it was received (``time.perf_counter``) observed."""
+        counted per topic, and the time since the earliest input its decisions answer was
+        received (``time.monotonic``: the batch's arrival, or when a step it took was first
+        held open) observed."""
         if published.cancelled() or published.exception() is not None:
             return
         for topic in set(topics):  # a labelled child per topic, not per message
             self.events.labels(topic).inc(topics.count(topic))
-        self.latency.observe(time.perf_counter() - received)
+        self.latency.observe(time.monotonic() - received)
 
     def watch_gc(self) -> Callable[[], None]:
         """Observe every collector pass in ``gc_pause``; returns what stops observing.

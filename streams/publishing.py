@@ -36,6 +36,36 @@ class Outputs:
         # a rebuild starts reading, committed with the next batch.
         self.journaled: dict[str, int] = {}
         self.retry_delays = (0.1, 5.0)  # sending a batch's outputs again: first wait, longest
+        self._enqueuing: asyncio.Task | None = None  # the last batch's outputs being enqueued
+
+    async def enqueue_in_order(self, outbox: list[OutboxEntry]) -> asyncio.Task:
+        """Enqueue a committed batch's ``outbox`` (``enqueue``: its journal record sent and
+        acknowledged, then its decisions handed to the producer) after the previous batch's, in
+        a task that resolves to the acknowledgements to wait for. Called with the processor's
+        lock held, it returns once the previous batch's outputs are enqueued: a batch's journal
+        round trip overlaps the next batch's pass and commit, outputs go in the order of the
+        commits, and at most one batch's are being enqueued outside the lock (a broker that
+        does not acknowledge holds the next batch's lock)."""
+        previous = self._enqueuing
+        self._enqueuing = enqueuing = asyncio.get_running_loop().create_task(self._enqueue_after(previous, outbox))
+        if previous is not None:
+            await asyncio.wait([previous])
+        return enqueuing
+
+    async def _enqueue_after(self, previous: asyncio.Task | None, outbox: list[OutboxEntry]) -> list:
+        if previous is not None:
+            await asyncio.wait([previous])  # (its failure is its batch's: ``published`` enqueues it again)
+        return await self.metrics.stages.run(self.enqueue(outbox))
+
+    def published_task(self, outbox: list[OutboxEntry], acks: "list | asyncio.Future | None",
+                       outcome) -> asyncio.Task:
+        """``published`` as a task, its CPU time counted to its stage (``streams/stages.py``)."""
+        return asyncio.get_running_loop().create_task(self.metrics.stages.run(self.published(outbox, acks, outcome)))
+
+    async def enqueued(self) -> None:
+        """Wait until the last batch's outputs are enqueued (or failed to be)."""
+        if self._enqueuing is not None:
+            await asyncio.wait([self._enqueuing])
 
     async def enqueue(self, outbox: list[OutboxEntry]) -> list:
         """Enqueue every message in order, the journal's records first, once the broker has
@@ -43,15 +73,19 @@ class Outputs:
         acknowledgements to wait for."""
         journal = self.topics.journal
         records = [message for topic, message in outbox if topic == journal]
+        stages = self.metrics.stages
         if records:
-            await waiting_for(lambda: self._journal(records), "worker.journal_unpublished", delays=self.retry_delays)
+            with stages.stage("journal"):
+                await waiting_for(lambda: self._journal(records), "worker.journal_unpublished",
+                                  delays=self.retry_delays)
         acks = []
-        for topic, message in outbox:
-            if topic == journal:
-                continue
-            ack = await self.publish(topic, message.get("cluster") or _cluster_of(message), message)
-            if ack is not None:
-                acks.append(ack)
+        with stages.stage("publish"):
+            for topic, message in outbox:
+                if topic == journal:
+                    continue
+                ack = await self.publish(topic, message.get("cluster") or _cluster_of(message), message)
+                if ack is not None:
+                    acks.append(ack)
         return acks
 
     async def _journal(self, records: list[dict]) -> None:
@@ -66,15 +100,23 @@ class Outputs:
                 position = f"{self.topics.journal}:{partition}"
                 self.journaled[position] = max(self.journaled.get(position, 0), offset + 1)
 
-    async def published(self, outbox: list[OutboxEntry], acks: list | None, outcome) -> None:
+    async def published(self, outbox: list[OutboxEntry], acks: "list | asyncio.Future | None", outcome) -> None:
         """Wait for the broker to have a batch's outputs, then clear them from the outbox; if
         either fails, enqueue the outputs again (decisions are idempotent by id) and retry.
         Then count them (``outcome``: the batch's ``BatchOutcome``)."""
-        delays, acknowledged = backoff(*self.retry_delays), False
+        delays = backoff(*self.retry_delays)
+        with self.metrics.stages.stage("settle"):
+            await self._settle(outbox, acks, delays)
+        self._count(outbox, outcome)
+
+    async def _settle(self, outbox: list[OutboxEntry], acks: list | None, delays) -> None:
+        acknowledged = False
         while True:
             try:
                 if acks is None:
                     acks = await self.enqueue(outbox)
+                elif isinstance(acks, asyncio.Future):  # being enqueued (``Outputs.enqueue_in_order``)
+                    acks = await acks
                 await acknowledged_all(acks)
                 acknowledged = True
                 await self.clear_outbox([outbox])
@@ -86,7 +128,6 @@ class Outputs:
                 await asyncio.sleep(delay)
                 if not acknowledged:
                     acks = None
-        self._count(outbox, outcome)
 
     def _count(self, outbox: list[OutboxEntry], outcome) -> None:
         kinds: Counter = Counter()

@@ -40,6 +40,9 @@ class BatchOutcome:
     steps: int = 0
     reasons: list[str] = field(default_factory=list)
     config_accepted: int = 0  # tenants.config events applied
+    # When the earliest step this batch took that an earlier batch held open was first held
+    # (time.monotonic): its decisions answer input that came before this batch.
+    held_since: float | None = None
 
 
 @dataclass
@@ -84,8 +87,12 @@ class Stepping:
                             for _, message, index in new_items)
                 continue
             engine = session.engine
-            items = session.open_items + new_items if session.open_items else new_items
-            run = run_steps(engine, items, session.produced, self.rules, hold_open=self.step_wait > 0 and not closing)
+            held_before, opened = session.open_items, session.open_since
+            items = held_before + new_items if held_before else new_items
+            stages = self.metrics.stages
+            with stages.stage("step"):
+                run = run_steps(engine, items, session.produced, self.rules,
+                                hold_open=self.step_wait > 0 and not closing)
             session.produced = run.produced
             if run.open_items:
                 commit.open_steps[cluster] = held_step(run.open_items)
@@ -95,6 +102,8 @@ class Stepping:
                     session.open_since = session.open_touched  # (a step newly opened)
             elif session.open_items:
                 commit.open_steps[cluster] = None
+            if held_before and not (run.open_items and held_from(run.open_items) == held_from(held_before)):
+                outcome.held_since = opened if outcome.held_since is None else min(outcome.held_since, opened)
             session.open_items = run.open_items
             dead.extend(dead_letter(message, index, reason) for message, index, reason in run.rejected)
             commit.steps[cluster] = run.steps
@@ -110,26 +119,37 @@ class Stepping:
             if recent:
                 commit.recent.setdefault(cluster, []).extend(recent)
             commit.outbox.extend((self.topics.decisions, decision_message(cluster, d)) for d in run.decisions)
-            commit.views[cluster] = views(engine, run.touched, touched_nodes(run.steps), session.written_quanta)
-            commit.views[cluster]["clock"] = {"time": dumps_text(engine.time), "produced": dumps_text(session.produced)}
+            with stages.stage("views"):
+                commit.views[cluster] = views(engine, run.touched, touched_nodes(run.steps), session.written_quanta)
+                commit.views[cluster]["clock"] = {"time": dumps_text(engine.time),
+                                                  "produced": dumps_text(session.produced)}
             session.explain_due = True
-            self.explain(cluster, session, commit)
+            with stages.stage("explain"):
+                self.explain(cluster, session, commit)
             session.steps_taken += len(run.steps)
             session.events_since_snapshot += events_in(run.steps)
-            rules = self.snapshot_rules
-            snapshots.land_snapshot(cluster, session, commit, rules)
-            if session.snapshotting is None and snapshots.due(session, rules):
-                first = session.steps_at_snapshot == 0  # a new cluster's: small, and wanted in this commit
-                steps_now, time_now = session.steps_taken, engine.time or 0.0
-                session.steps_at_snapshot = steps_now
-                session.events_since_snapshot = 0
-                session.time_at_snapshot = time_now
-                if self.background_snapshots and not first:
-                    fork_after_commit.append((session, steps_now, time_now))
-                else:
-                    snapshots.add_snapshot(cluster, session, steps_now, time_now, snapshots.encoded(engine), commit,
-                                           rules)
+            with stages.stage("snapshot"):
+                self._snapshot(cluster, session, commit, fork_after_commit)
         return fork_after_commit
+
+    def _snapshot(self, cluster: str, session: ClusterSession, commit: BatchCommit,
+                  fork_after_commit: list[tuple[ClusterSession, int, float]]) -> None:
+        """Into ``commit``: a background snapshot that finished, or one due now (encoded here,
+        or into ``fork_after_commit`` to encode in a child once the commit is written)."""
+        engine = session.engine
+        rules = self.snapshot_rules
+        snapshots.land_snapshot(cluster, session, commit, rules)
+        if session.snapshotting is None and snapshots.due(session, rules):
+            first = session.steps_at_snapshot == 0  # a new cluster's: small, and wanted in this commit
+            steps_now, time_now = session.steps_taken, engine.time or 0.0
+            session.steps_at_snapshot = steps_now
+            session.events_since_snapshot = 0
+            session.time_at_snapshot = time_now
+            if self.background_snapshots and not first:
+                fork_after_commit.append((session, steps_now, time_now))
+            else:
+                snapshots.add_snapshot(cluster, session, steps_now, time_now, snapshots.encoded(engine), commit,
+                                       rules)
 
     def dead_letters(self, dead: list[DeadLetter], commit: BatchCommit, outcome: BatchOutcome,
                      clock=lambda cluster: None) -> None:

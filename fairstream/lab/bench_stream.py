@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -67,14 +68,162 @@ def _share_pct(before: list[int] | None, after: list[int] | None, columns: tuple
     return round(100 * spent / total, 1) if total > 0 else None
 
 
-def _process_cpu_s(pid: int) -> float | None:
-    """CPU seconds (user + system) process ``pid`` has used, or None if unreadable."""
+def _process_cpu_s(pid: int | str) -> float | None:
+    """CPU seconds (user + system) process ``pid`` (or ``"pid/task/tid"``, a thread) has used,
+    or None if unreadable."""
     try:
         # Fields after the command name (which may hold spaces); utime and stime are 14th and 15th.
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _thread_cpu_s(pid: int) -> tuple[float, float] | None:
+    """CPU seconds of process ``pid``'s main thread and of its other threads (Faust's consumer
+    thread fetches there), or None if unreadable."""
+    main = other = 0.0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        cpu = _process_cpu_s(f"{pid}/task/{tid}")
+        if cpu is None:
+            continue
+        if tid == str(pid):
+            main = cpu
+        else:
+            other += cpu
+    return main, other
+
+
+def _service_pids() -> dict[str, list[int]]:
+    """Pids of the machine's Kafka broker and Redis server (by command line), to show what
+    they took of the cores the worker shares with them."""
+    found: dict[str, list[int]] = {"kafka": [], "redis": []}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            command = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"kafka.Kafka" in command:
+            found["kafka"].append(int(entry))
+        elif command.startswith(b"redis-server") or b"/redis-server" in command.split(b"\0", 1)[0]:
+            found["redis"].append(int(entry))
+    return found
+
+
+def python_loop_ms() -> float:
+    """The machine's speed as the bench saw it: the fastest of three runs of a fixed pure-Python
+    loop, in milliseconds (this VM's speed varies run to run; set figures beside it)."""
+    def loop() -> int:
+        total = 0
+        for i in range(1_000_000):
+            total += i * i % 7
+        return total
+
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        loop()
+        best = min(best, time.perf_counter() - started)
+    return round(best * 1000, 1)
+
+
+async def _scrape(port: int) -> dict[str, float]:
+    """The worker's Prometheus counters of where batches' time goes (``streams/stages.py``):
+    ``{"cpu:<stage>": s, "wall:<stage>": s, "events": n, "batches": n}``."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        await writer.drain()
+        body = (await reader.read()).decode(errors="replace")
+    finally:
+        writer.close()
+    values: dict[str, float] = {}
+    names = {"fairstream_stage_cpu_seconds_total": "cpu", "fairstream_stage_wall_seconds_total": "wall"}
+    for line in body.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        name, _, value = line.rpartition(" ")
+        metric, _, labels = name.partition("{")
+        if metric in names and 'stage="' in labels:
+            stage = labels.split('stage="')[1].split('"')[0]
+            values[f"{names[metric]}:{stage}"] = float(value)
+        elif metric == "fairstream_input_events_applied_total":
+            values["events"] = float(value)
+        elif metric == "fairstream_batches_applied_total":
+            values["batches"] = float(value)
+    return values
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _CpuSplit:
+    """The worker's, the services' and the load generator's CPU time, and the worker's stage
+    counters, read at the start and the end of the load."""
+
+    def __init__(self, worker_pid: int, metrics_port: int) -> None:
+        self.worker_pid, self.metrics_port = worker_pid, metrics_port
+        self.services = _service_pids()
+        self.start: dict | None = None
+
+    async def read(self) -> dict:
+        return {"at": time.monotonic(), "machine": _cpu_times(), "worker": _process_cpu_s(self.worker_pid),
+                "threads": _thread_cpu_s(self.worker_pid), "self": time.process_time(),
+                "services": {name: sum(_process_cpu_s(p) or 0.0 for p in pids) for name, pids in self.services.items()},
+                "stages": await _scrape(self.metrics_port)}
+
+    async def begin(self) -> None:
+        self.start = await self.read()
+
+    async def end(self) -> dict:
+        """Per input event applied in between: main-thread CPU microseconds per stage, the rest
+        of the worker's main thread and its other threads; the worker's CPU share; each
+        process's share of the machine; and per batch, each stage's wall milliseconds."""
+        a, b = self.start, await self.read()
+        assert a is not None
+        events = b["stages"].get("events", 0) - a["stages"].get("events", 0)
+        batches = b["stages"].get("batches", 0) - a["stages"].get("batches", 0)
+        span = b["at"] - a["at"]
+        if events <= 0 or span <= 0:
+            return {}
+
+        def delta(key: str) -> float:
+            return b["stages"].get(key, 0.0) - a["stages"].get(key, 0.0)
+
+        stages = sorted({k.split(":", 1)[1] for k in b["stages"] if ":" in k})
+        cpu_us = {s: round(1e6 * delta(f"cpu:{s}") / events, 1) for s in stages if delta(f"cpu:{s}") > 0}
+        out: dict = {"events": int(events), "batches": int(batches), "events_per_batch": round(events / max(batches, 1), 1),
+                     "stage_cpu_us_per_event": cpu_us}
+        if a["threads"] and b["threads"]:
+            main = b["threads"][0] - a["threads"][0]
+            out["main_thread_rest_us_per_event"] = round(1e6 * main / events - sum(cpu_us.values()), 1)
+            out["other_threads_us_per_event"] = round(1e6 * (b["threads"][1] - a["threads"][1]) / events, 1)
+        if a["worker"] is not None and b["worker"] is not None:
+            out["worker_us_per_event"] = round(1e6 * (b["worker"] - a["worker"]) / events, 1)
+            out["worker_cpu_pct"] = round(100 * (b["worker"] - a["worker"]) / span, 1)
+        out["stage_wall_ms_per_batch"] = {s: round(1e3 * delta(f"wall:{s}") / max(batches, 1), 2) for s in stages
+                                          if delta(f"wall:{s}") > 0}
+        # Of the machine's cores (100 = one core): who used them.
+        machine = {"worker": out.get("worker_cpu_pct"),
+                   "load_generator": round(100 * (b["self"] - a["self"]) / span, 1)}
+        for name in a["services"]:
+            machine[name] = round(100 * (b["services"][name] - a["services"][name]) / span, 1)
+        idle = _share_pct(a["machine"], b["machine"], _IDLE)
+        if idle is not None:
+            machine["idle"] = round(idle * (os.cpu_count() or 1), 1)
+        out["cpu_pct_of_a_core"] = machine
+        return out
 
 
 def _logged_at(log_path: Path, event: str, since_s: float) -> list[float]:
@@ -188,7 +337,7 @@ async def _clean_up(broker: str, redis_url: str, app_id: str) -> None:
 
 async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int, tenants: int, hold: float,
                policy: str, log_path: Path, retention: float, batch_window: float, per_message: int,
-               send_interval: float) -> dict:
+               send_interval: float, worker_args: str) -> dict:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     app_id = f"bench{uuid.uuid4().hex[:8]}"
@@ -196,11 +345,13 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
     # The broker stamps each record when it appends it (LogAppendTime), so the latency is from
     # a submission's append to its decision's, whatever delays either producer had before.
     await ensure_topics(broker, topics.names, config={"message.timestamp.type": "LogAppendTime"})
+    metrics_port = _free_port()
     with open(log_path, "w") as log:
         worker = subprocess.Popen(
             [sys.executable, "-m", "fairstream.cli", "worker", "--policy", policy, "--app-id", app_id,
-             "--topic-prefix", app_id, "--broker", broker, "--redis", redis, "--metrics-port", "0",
-             "--max-lateness", "1e9", "--finished-retention", str(retention), "--batch-window", str(batch_window)], stdout=log, stderr=subprocess.STDOUT)
+             "--topic-prefix", app_id, "--broker", broker, "--redis", redis, "--metrics-port", str(metrics_port),
+             "--max-lateness", "1e9", "--finished-retention", str(retention), "--batch-window", str(batch_window),
+             *shlex.split(worker_args)], stdout=log, stderr=subprocess.STDOUT)
     memory: list[tuple[float, float]] = []
     submitted_at: dict[str, int] = {}
     decided_at: dict[str, int] = {}
@@ -227,6 +378,8 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
 
             producer = pub.producer
             sender = _BatchSender(producer, per_message)
+            split = _CpuSplit(worker.pid, metrics_port)
+            await split.begin()
             interval = 2.0 / rate  # one submission and one completion per interval
             begin = time.monotonic()
             cpu_before = _cpu_times()
@@ -308,6 +461,7 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
             for records in (await consumer.getmany(timeout_ms=1000)).values():
                 for r in records:
                     decided_at.setdefault(_task_of(r.value), r.timestamp)
+        where_time_goes = await split.end()
     finally:
         await consumer.stop()
         worker.terminate()
@@ -328,7 +482,7 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
         "setup": {"rate_target": rate, "duration_s": duration, "nodes": nodes, "tenants": tenants,
                   "hold_s": hold, "policy": policy, "finished_retention_s": retention,
                   "batch_window_s": batch_window, "events_per_message_max": per_message,
-                  "send_interval_s": send_interval},
+                  "send_interval_s": send_interval, "worker_args": worker_args},
         "input_events": sent_total,
         "input_messages": messages_total,
         "events_per_message_mean": round(sent_total / max(messages_total, 1), 2),
@@ -342,6 +496,11 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
         # When the worker stored a background snapshot, in seconds from the first submission
         # (the same origin as p99_ms_by_second's index).
         "snapshots_stored_s": _logged_at(log_path, "worker.snapshot_stored", first / 1000),
+        # Where the worker's time went while the load ran (streams/stages.py): main-thread CPU
+        # per input event in each stage of applying batches, the rest of the main thread
+        # (Faust's delivery, aiokafka's producer, the event loop), its other threads (the
+        # consumer's fetches), who used the machine's cores, and each stage's wall time a batch.
+        "where_time_goes": where_time_goes,
         "p50_ms": float(np.percentile(latencies, 50)) if latencies else None,
         "p99_ms": float(np.percentile(latencies, 99)) if latencies else None,
         "worker_rss_mb": memory,
@@ -361,7 +520,7 @@ async def _run(broker: str, redis: str, rate: float, duration: float, nodes: int
 def bench_stream(rate: float = 5000, duration: float = 60, nodes: int = 200, tenants: int = 100, hold: float = 2.0,
                  policy: str = "ltrf", broker: str | None = None, redis: str | None = None,
                  retention: float = WorkerConfig.finished_retention, batch_window: float = WorkerConfig.batch_window, per_message: int = 1,
-                 send_interval: float = 0.005) -> dict:
+                 send_interval: float = 0.005, worker_args: str = "") -> dict:
     if per_message < 1:
         raise ModelError(f"--events-per-message must be at least 1, not {per_message}")
     broker = broker or os.environ.get("FAIRSTREAM_BROKER", "127.0.0.1:9092")
@@ -369,5 +528,22 @@ def bench_stream(rate: float = 5000, duration: float = 60, nodes: int = 200, ten
     if not (_port_open(int(broker.rsplit(":", 1)[1])) and _port_open(int(redis.rsplit(":", 1)[1].split("/")[0]))):
         raise ModelError("bench stream needs Kafka and Redis: run scripts/services.sh start")
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"fairstream-bench-worker-{os.getpid()}.log"
-    return asyncio.run(_run(broker, redis, rate, duration, nodes, tenants, hold, policy, log_path, retention, batch_window, per_message,
-                            send_interval))
+    speed = python_loop_ms()
+    result = asyncio.run(_run(broker, redis, rate, duration, nodes, tenants, hold, policy, log_path, retention,
+                              batch_window, per_message, send_interval, worker_args))
+    result["python_loop_ms"] = speed  # the machine's speed just before (lower is faster)
+    return result
+
+
+def saturation_curve(runs: list[dict]) -> dict:
+    """Runs at several rates as one document: each run whole (``runs``) and, per offered rate,
+    what the worker kept, its latency and its CPU share (``curve``): where it saturates."""
+    curve = []
+    for run in runs:
+        where = run.get("where_time_goes") or {}
+        curve.append({"rate_target": run["setup"]["rate_target"], "offered_events_per_s": run["offered_events_per_s"],
+                      "events_per_s": run["events_per_s"], "undecided": run["undecided"], "p50_ms": run["p50_ms"],
+                      "p99_ms": run["p99_ms"], "worker_cpu_pct": where.get("worker_cpu_pct"),
+                      "worker_us_per_event": where.get("worker_us_per_event"), "cpu_steal_pct": run["cpu_steal_pct"]})
+    return {"benchmark": "stream-curve", "python_loop_ms": [run.get("python_loop_ms") for run in runs],
+            "curve": curve, "runs": runs}

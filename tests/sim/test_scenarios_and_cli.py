@@ -726,3 +726,47 @@ def test_a_replayed_log_explains_itself_at_the_time_asked(tmp_path, capsys):
         assert json.loads((out / "explain" / "tenants.json").read_text())
         listed = [entry["id"] for entry in pending["entries"]]
         assert listed == waiting, pending
+
+
+def test_the_stream_bench_reads_where_the_workers_time_goes_from_its_metrics():
+    # What the worker serves at /metrics (streams/stages.py), read back per stage as the bench does.
+    import asyncio
+
+    from prometheus_client import generate_latest
+
+    from fairstream.lab.bench_stream import _scrape
+    from fairstream.streams.prometheus import WorkerMetrics
+
+    metrics = WorkerMetrics()
+    metrics.stages.cpu_ns["step"] = 2_500_000_000
+    metrics.stages.wall_ns["persist"] = 1_000_000_000
+    metrics.stages.count_batch(40)
+
+    async def scenario():
+        async def serve(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.0 200 OK\r\n\r\n" + generate_latest(metrics.registry))
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        async with server:
+            return await _scrape(server.sockets[0].getsockname()[1])
+
+    read = asyncio.run(scenario())
+    assert read["cpu:step"] == 2.5 and read["wall:persist"] == 1.0
+    assert read["events"] == 40 and read["batches"] == 1
+
+
+def test_the_stream_bench_curve_puts_each_rates_kept_events_and_latency_side_by_side():
+    from fairstream.lab.bench_stream import saturation_curve
+
+    def run(rate, kept, p99):
+        return {"setup": {"rate_target": rate}, "offered_events_per_s": rate * 0.97, "events_per_s": kept,
+                "undecided": 0, "p50_ms": 20.0, "p99_ms": p99, "cpu_steal_pct": 0.0, "python_loop_ms": 50.0,
+                "where_time_goes": {"worker_cpu_pct": rate / 100, "worker_us_per_event": 160.0}}
+
+    curve = saturation_curve([run(1000, 966, 33.0), run(10000, 9629, 171.0)])
+    assert [(c["rate_target"], c["events_per_s"], c["p99_ms"], c["worker_cpu_pct"]) for c in curve["curve"]] == [
+        (1000, 966, 33.0, 10.0), (10000, 9629, 171.0, 100.0)]
+    assert curve["python_loop_ms"] == [50.0, 50.0] and len(curve["runs"]) == 2

@@ -135,3 +135,28 @@ def test_recent_events_are_shown_newest_first_by_event_time_not_by_when_they_wer
                 {"kind": "config_accepted", "time": 6}, {"kind": "preempt", "time": 7}]
     shown = events_document("c1", {"time": 7}, recorded)["events"]
     assert shown == [recorded[3], recorded[1], recorded[2], recorded[0]]
+
+
+@pytest.mark.parametrize("closed_by", ["the next batch", "the timer"])
+def test_the_decision_latency_metric_counts_the_time_a_step_was_held_open(closed_by):
+    # A task held in an open step is decided when the step is closed: its latency runs from the
+    # arrival of the batch that held it, not of the batch (or timer) that closed it.
+    import asyncio
+
+    wire = Wire()
+    messages = [wire.msg("heartbeat", heartbeat(cpu=4, mem=8)), wire.msg("submitted", task("t0", time=1, cpu=1, mem=1))]
+    beyond = wire.msg("submitted", task("t1", time=5, cpu=1, mem=1))
+
+    async def scenario():
+        p = processor(MemoryStore(), wire, step_window=WINDOW, step_wait=0.3 if closed_by == "the timer" else 10.0)
+        await p.handle(messages)  # t0 is held open
+        assert not wire.decisions()
+        await asyncio.sleep(0.3)
+        if closed_by == "the next batch":
+            await p.handle([beyond])
+        await until(lambda: [d["task"] for d in wire.decisions()][:1] == ["t0"])
+        await until(lambda: p.metrics.latency._sum.get() >= 0.3, timeout=2.0)
+        return p.metrics
+
+    metrics = run(scenario())
+    assert max(b.get() for b in metrics.latency._buckets[6:]) >= 1  # an observation above 0.25 s

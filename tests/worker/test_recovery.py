@@ -582,8 +582,11 @@ def test_a_batch_is_in_the_journal_before_any_of_its_decisions_is_published():
     acknowledge = asyncio.Event()
     published_before_ack = []
 
+    journaling = []
+
     async def publish(topic, key, message):
         if topic == Topics().journal:
+            journaling.append(message)
             await acknowledge.wait()
         elif not acknowledge.is_set():
             published_before_ack.append(message)
@@ -593,7 +596,7 @@ def test_a_batch_is_in_the_journal_before_any_of_its_decisions_is_published():
         p = Processor(MemoryStore(), WorkerConfig(policy="drf").make_engine, publish, Topics(),
                       input_log=kafka.input_log())
         handled = asyncio.create_task(p.handle([*kafka.messages["nodes.heartbeats:0"], *kafka.messages["tasks.submitted:0"]]))
-        await until(lambda: p._lock.locked() and not handled.done())
+        await until(lambda: journaling and not handled.done())
         for _ in range(20):  # event-loop turns: the batch is committed and waits for the record
             await asyncio.sleep(0)
         acknowledge.set()
