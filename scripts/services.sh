@@ -171,7 +171,9 @@ EOF
   nohup java "${java_opts[@]}" kafka.Kafka "$kafka_dir/server.properties" >"$kafka_dir/stdout.log" 2>&1 &
   echo $! >"$kafka_dir/kafka.pid"
   echo "$KAFKA_PORT" >"$kafka_dir/kafka.pid.port"
-  for _ in $(seq 1 600); do
+  # Up to 180 s: on a busy 2-core machine the JVM once took over 60 s to come back (the
+  # kafka-restart drill, with tests and a benchmark beside it).
+  for _ in $(seq 1 1800); do
     if port_open "$KAFKA_PORT" && port_open "$SASL_PORT" && port_open "$SSL_PORT" && port_open "$SASL_SSL_PORT"; then
       log "kafka up on $KAFKA_PORT (SASL/PLAIN on $SASL_PORT, mutual TLS on $SSL_PORT, SASL over TLS on $SASL_SSL_PORT)"; return
     fi

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import structlog
@@ -113,8 +114,8 @@ def land_snapshot(cluster: str, session, commit: BatchCommit, rules: SnapshotRul
 
 
 def snapshot_in_child(engine: Engine) -> asyncio.Future:
-    """Encode ``engine`` in a forked child that writes it to a pipe; the event loop reads it as
-    it comes (``_collected``) and reaps the child.
+    """Encode ``engine`` in a forked child that writes it to a pipe; the worker's one snapshot
+    reading thread reads it (``os.read`` releases the interpreter lock) and reaps the child.
 
     The child sees the memory as it was at the fork, copy-on-write, whatever the worker does
     meanwhile; it runs only the encoder and leaves with ``os._exit`` (no finalizers, no
@@ -132,67 +133,58 @@ def snapshot_in_child(engine: Engine) -> asyncio.Future:
         finally:
             os._exit(status)
     os.close(write_end)
-    future = _collected(pid, read_end)
+    future = asyncio.get_running_loop().run_in_executor(_reader(), _collect_snapshot, pid, read_end)
     future.add_done_callback(lambda done: done.cancelled() or done.exception())  # read in land_snapshot
     return future
 
 
-def _collected(pid: int, read_end: int) -> asyncio.Future:
-    """The bytes the child ``pid`` writes to ``read_end`` until it closes it, read on the event
-    loop without blocking as they arrive, once the child has exited with status 0.
+_READER: list[ThreadPoolExecutor] = []
 
-    Not in a thread of the default executor, as before issue 60: glibc gives a thread that
-    allocates an arena of its own, and each snapshot read by another thread of the pool left the
-    worker 7-9 MB larger until every thread had one (at 5,000 events/s, 115 MB at one minute
-    and 142 MB from the sixth, in steps a snapshot apart)."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future = loop.create_future()
-    data = bytearray()
-    os.set_blocking(read_end, False)
 
-    def readable() -> None:
-        try:
-            while chunk := os.read(read_end, 1 << 16):
-                data.extend(chunk)
-        except BlockingIOError:
-            return  # (more to come)
-        except OSError as exc:
-            closed(exc)
-            return
-        closed(None)  # the child closed its end: done writing
+def _reader() -> ThreadPoolExecutor:
+    """The one thread that reads snapshots. Not the default executor's pool: glibc gives each
+    thread that allocates an arena of its own, and each snapshot read by another thread of the
+    pool left the worker 5-9 MB larger until all of them had one (issue 60: at 5,000 events/s,
+    115 MB at one minute and 142 MB from the sixth, in steps a snapshot apart). Reading on the
+    event loop instead grew the main arena without end (172 MB at ten minutes)."""
+    if not _READER:
+        _READER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="fairstream-snapshot"))
+    return _READER[0]
 
-    reading = [True]
 
-    def closed(error: BaseException | None) -> None:
-        if not reading[0]:
-            return
-        reading[0] = False
-        loop.remove_reader(read_end)
+def _collect_snapshot(pid: int, read_end: int) -> bytes:
+    chunks = []
+    try:
+        while chunk := os.read(read_end, 1 << 20):
+            chunks.append(chunk)
+    finally:
         os.close(read_end)
-        reap(error)
+        _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:  # negative: killed by that signal (the kernel's OOM killer, say)
+        raise RuntimeError(f"the snapshot process exited with code {code}")
+    blob = b"".join(chunks)
+    del chunks
+    _trim()
+    return blob
 
-    def reap(error: BaseException | None) -> None:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done == 0:  # (closing comes just before exiting)
-            loop.call_later(0.005, reap, error)
-            return
-        code = os.waitstatus_to_exitcode(status)
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        elif code != 0:  # negative: killed by that signal (the kernel's OOM killer, say)
-            future.set_exception(RuntimeError(f"the snapshot process exited with code {code}"))
-        else:
-            future.set_result(bytes(data))
 
-    def abandoned(done: asyncio.Future) -> None:
-        if done.cancelled():  # (the child's next write fails: it exits, and is reaped)
-            closed(None)
+def _trim() -> None:
+    """Give the allocator's free memory back to the system (glibc's ``malloc_trim``, where there
+    is one): the chunks a snapshot's reading freed would otherwise stay in the worker's RSS."""
+    global _MALLOC_TRIM
+    if _MALLOC_TRIM is None:
+        try:
+            import ctypes
 
-    loop.add_reader(read_end, readable)
-    future.add_done_callback(abandoned)
-    return future
+            _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _MALLOC_TRIM = False
+    if _MALLOC_TRIM:
+        _MALLOC_TRIM(0)
+
+
+_MALLOC_TRIM = None
 
 
 def encoded(engine: Engine) -> bytes:

@@ -236,22 +236,35 @@ def test_a_task_with_any_of_several_label_values_is_read_back_allowing_the_same_
     assert [(d.task, d.node) for d in result.decisions if d.kind is DecisionKind.PLACE] == [("waits", "p100")]
 
 
-def test_a_snapshot_encoded_in_a_child_is_read_on_the_event_loop_without_a_thread():
-    # Read in a thread of the default executor, each snapshot left the worker 7-9 MB larger (a
-    # glibc arena per thread that allocated) until every thread of the pool had one (issue 60).
+def test_every_snapshot_encoded_in_a_child_is_read_by_one_and_the_same_thread():
+    # Read by whichever thread of the default executor was free, each snapshot left the worker
+    # 5-9 MB larger (a glibc arena per thread that allocated) until every thread of the pool had
+    # one (issue 60).
     import asyncio
     import threading
 
-    from fairstream.streams.snapshots import snapshot_in_child
+    from fairstream.streams import snapshots
 
     e = engine(tree("A"), "drf")
     e.step(0.0, [node("n1", 0.0, mem=4)] + [submit(f"t{k}", "A", 0.0) for k in range(3)])
+    readers = []
+    collect = snapshots._collect_snapshot
+
+    def recorded(pid, read_end):
+        readers.append(threading.get_ident())
+        return collect(pid, read_end)
 
     async def scenario():
-        before = threading.active_count()
-        blob = await snapshot_in_child(e)
-        return blob, threading.active_count() - before
+        snapshots._collect_snapshot = recorded
+        try:
+            blobs = []
+            for _ in range(4):  # one after another, as the worker takes them
+                blobs.append(await snapshots.snapshot_in_child(e))
+            blobs += await asyncio.gather(*(snapshots.snapshot_in_child(e) for _ in range(3)))
+            return blobs
+        finally:
+            snapshots._collect_snapshot = collect
 
-    blob, new_threads = asyncio.run(scenario())
-    assert new_threads == 0
-    assert encode_engine(decode_engine(blob)) == encode_engine(e)
+    blobs = asyncio.run(scenario())
+    assert len(readers) == 7 and len(set(readers)) == 1
+    assert all(encode_engine(decode_engine(blob)) == encode_engine(e) for blob in blobs)
