@@ -47,6 +47,8 @@ class Outputs:
         commits, and at most one batch's are being enqueued outside the lock (a broker that
         does not acknowledge holds the next batch's lock)."""
         previous = self._enqueuing
+        if previous is not None and previous.done():
+            previous = None  # (nothing to wait for; maybe of a loop that is gone, as in tests)
         self._enqueuing = enqueuing = asyncio.get_running_loop().create_task(self._enqueue_after(previous, outbox))
         if previous is not None:
             await asyncio.wait([previous])
@@ -64,7 +66,7 @@ class Outputs:
 
     async def enqueued(self) -> None:
         """Wait until the last batch's outputs are enqueued (or failed to be)."""
-        if self._enqueuing is not None:
+        if self._enqueuing is not None and not self._enqueuing.done():
             await asyncio.wait([self._enqueuing])
 
     async def enqueue(self, outbox: list[OutboxEntry]) -> list:
