@@ -8,7 +8,7 @@ import os
 
 import structlog
 
-from fairstream.collector import tune_gc
+from fairstream.collector import fix_mmap_threshold, tune_gc
 from fairstream.policies.base import parse_param_pairs
 from fairstream.streams.app import WorkerConfig, create_app
 from fairstream.wire.topics import Topics
@@ -135,6 +135,7 @@ def run_worker(args) -> int:
     logging.disable(logging.INFO)
     processor.metrics.watch_gc()
     tune_gc()
+    fix_mmap_threshold()  # (the worker's RSS flat over hours: collector.py)
     worker.execute_from_commandline()
     return 0
 

@@ -13,9 +13,11 @@ import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cache
 
 import structlog
 
+from fairstream.collector import release_free_memory
 from fairstream.core.engine import Engine
 from fairstream.state.engine_snapshot import encode_engine
 from fairstream.state.store import BatchCommit, Trim
@@ -138,18 +140,14 @@ def snapshot_in_child(engine: Engine) -> asyncio.Future:
     return future
 
 
-_READER: list[ThreadPoolExecutor] = []
-
-
+@cache
 def _reader() -> ThreadPoolExecutor:
     """The one thread that reads snapshots. Not the default executor's pool: glibc gives each
     thread that allocates an arena of its own, and each snapshot read by another thread of the
     pool left the worker 5-9 MB larger until all of them had one (issue 60: at 5,000 events/s,
     115 MB at one minute and 142 MB from the sixth, in steps a snapshot apart). Reading on the
     event loop instead grew the main arena without end (172 MB at ten minutes)."""
-    if not _READER:
-        _READER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="fairstream-snapshot"))
-    return _READER[0]
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="fairstream-snapshot")
 
 
 def _collect_snapshot(pid: int, read_end: int) -> bytes:
@@ -165,26 +163,8 @@ def _collect_snapshot(pid: int, read_end: int) -> bytes:
         raise RuntimeError(f"the snapshot process exited with code {code}")
     blob = b"".join(chunks)
     del chunks
-    _trim()
+    release_free_memory()
     return blob
-
-
-def _trim() -> None:
-    """Give the allocator's free memory back to the system (glibc's ``malloc_trim``, where there
-    is one): the chunks a snapshot's reading freed would otherwise stay in the worker's RSS."""
-    global _MALLOC_TRIM
-    if _MALLOC_TRIM is None:
-        try:
-            import ctypes
-
-            _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _MALLOC_TRIM = False
-    if _MALLOC_TRIM:
-        _MALLOC_TRIM(0)
-
-
-_MALLOC_TRIM = None
 
 
 def encoded(engine: Engine) -> bytes:

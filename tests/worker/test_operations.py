@@ -114,6 +114,44 @@ def test_the_worker_freezes_its_start_up_objects_and_makes_full_collections_rare
         gc.set_threshold(*before)
 
 
+_LARGE_BLOCK_AFTER_A_LARGER_ONE_FREED = r"""
+import ctypes, sys
+from fairstream.collector import fix_mmap_threshold
+class Info(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+if sys.argv[1] == "held":
+    assert fix_mmap_threshold()
+freed = bytearray(8 << 20)
+del freed
+kept = bytearray(6 << 20)
+print("own pages" if libc.mallinfo2().hblkhd >= 6 << 20 else "heap")
+"""
+
+
+@pytest.mark.parametrize("threshold, where", [
+    pytest.param("held", "own pages", id="with the worker's threshold a large block always gets pages of its own"),
+    pytest.param("default", "heap",
+                 id="with glibc's default a large block after a larger one freed comes from the heap"),
+])
+def test_the_worker_keeps_large_blocks_out_of_its_heap(threshold, where):
+    # Issue 60: the worker's large blocks (a snapshot read and sent to Redis) left holes in the
+    # heap once glibc raised its mmap threshold; RSS rose 14 % over ten minutes, 9 % held.
+    import ctypes
+    import subprocess
+    import sys
+
+    try:
+        ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        pytest.skip("not glibc 2.33 or later")
+    out = subprocess.run([sys.executable, "-c", _LARGE_BLOCK_AFTER_A_LARGER_ONE_FREED, threshold],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == where
+
+
 @pytest.mark.parametrize("url, shown", [
     pytest.param("redis://:s3cret@cache:6379/0", "redis://:***@cache:6379/0", id="a password alone is masked"),
     pytest.param("rediss://app:s3cret@cache:6380/1", "rediss://app:***@cache:6380/1", id="user and password: the password is masked"),
