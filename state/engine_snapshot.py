@@ -48,7 +48,8 @@ import msgpack
 import numpy as np
 
 from fairstream.core.accounting import Accounting, AccountingConfig, QuantumTree, RecentTasks, TenantLedger, _Running
-from fairstream.core.preemption import PreemptionRule, Starvation
+from fairstream.core.preemption import PreemptionRule
+from fairstream.core.starvation import Starvation
 from fairstream.core.engine import Engine
 from fairstream.core.flex import FlexModel, Tree
 from fairstream.core.model import (
@@ -69,7 +70,8 @@ from fairstream.core.jobs import Jobs, JobUsage
 from fairstream.core.nodes import Nodes
 from fairstream.core.candidates import Changes
 from fairstream.core.reservation import Reservations
-from fairstream.core.snapshot import PendingQueue, Reservation, SnapshotBuilder, TaskList
+from fairstream.core.snapshot import PendingQueue, Reservation, TaskList
+from fairstream.core.snapshot_builder import SnapshotBuilder
 from fairstream.core.verdicts import Verdicts
 from fairstream.core.workload import Workload
 from fairstream.core.tenants import TenantTree
@@ -81,7 +83,7 @@ VERSION = 14  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption stat
 # node reservation (``Engine.reservation``); 10: tasks' run-time estimates (``Task.estimate``, backfill);
 # 11: constraints' max_per_node (``Constraints.max_per_node``; such a task's shape is its job's);
 # 12: the engine's jobs and starvation watch as parts of their own (``Engine.jobs``: ``core.jobs.Jobs``;
-# ``Engine.starvation``: ``core.preemption.Starvation``); 13: the node registry as a part of its own
+# ``Engine.starvation``: ``core.starvation.Starvation``); 13: the node registry as a part of its own
 # (``Engine.registry``: ``core.nodes.Nodes``); 14: the engine as a facade over parts: its tasks, requests,
 # queues and shapes (``Engine.workload``: ``core.workload.Workload``), unschedulable verdicts
 # (``core.verdicts.Verdicts``), a tenant-local pass's changes (``core.candidates.Changes``) and the
@@ -101,7 +103,7 @@ def _rebuild_demand(obj: Task) -> None:
 
 
 def _rebuild_engine(obj: Engine) -> None:
-    obj._snapshots = SnapshotBuilder()
+    obj._snapshots = SnapshotBuilder(obj.spec.traits.node_allocation)
 
 
 def _rebuild_workload(obj: Workload) -> None:

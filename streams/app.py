@@ -21,7 +21,8 @@ from fairstream.streams.config import WorkerConfig
 from fairstream.wire.events import MAX_REASON
 from fairstream.state.store import StaleLog
 from fairstream.streams.incoming import UnreadableBatch
-from fairstream.streams.processor import Applied, Incoming, Processor
+from fairstream.streams.processor import Incoming, Processor
+from fairstream.streams.stepping import Applied
 from fairstream.wire.retry import backoff, waiting_for
 from fairstream.streams import unreadable
 from fairstream.streams.transport import kafka_transport

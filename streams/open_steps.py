@@ -9,18 +9,40 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import Awaitable, Callable, Protocol
 
 import structlog
 
 from fairstream.state.engine_snapshot import SnapshotError
 from fairstream.streams.journal import held_from
+from fairstream.streams.prometheus import WorkerMetrics
+from fairstream.streams.publishing import Outputs
 from fairstream.streams.session import ClusterSession
-
-if TYPE_CHECKING:
-    from fairstream.streams.processor import Applied, Processor
+from fairstream.streams.stepping import Applied, BatchOutcome
 
 log = structlog.get_logger("fairstream.worker")
+
+Enqueued = tuple[BatchOutcome, list[tuple[str, dict]], list]  # a batch committed: outcome, outbox, acknowledgements
+
+
+class StepsHolder(Protocol):
+    """What closing held steps uses of the worker's processor (``Processor`` is one): its
+    sessions, its lock and the steps of its pipeline that run under it."""
+
+    _lock: asyncio.Lock
+    metrics: WorkerMetrics
+    outputs: Outputs
+
+    @property
+    def sessions(self) -> dict[str, ClusterSession]: ...
+
+    async def session(self, cluster: str) -> ClusterSession: ...
+
+    async def _start_locked(self) -> None: ...
+
+    async def _close(self, clusters: list[str], journaled: tuple[str, int] | None = None) -> Enqueued: ...
+
+    async def _settle(self, outcome: BatchOutcome, outbox: list[tuple[str, dict]], acks: asyncio.Task) -> None: ...
 
 
 class OpenSteps:
@@ -29,7 +51,7 @@ class OpenSteps:
     opened (events that keep coming at one event time must not hold it for ever). ``step_wait``
     0: no step is held open."""
 
-    def __init__(self, processor: "Processor", step_wait: float, step_window: float) -> None:
+    def __init__(self, processor: StepsHolder, step_wait: float, step_window: float) -> None:
         self.processor = processor
         self.step_wait, self.step_window = step_wait, step_window
         self._closer: asyncio.Task | None = None
@@ -59,11 +81,9 @@ class OpenSteps:
         if self._closer is not None:
             self._closer.cancel()
 
-    async def close_due(self) -> "Applied | None":
+    async def close_due(self) -> Applied | None:
         """Take the steps held open that are due, as a batch (``Processor._close``): committed,
         and its outputs enqueued (``Applied.published``); None when none is due."""
-        from fairstream.streams.processor import Applied
-
         processor = self.processor
         async with processor._lock:
             await processor._start_locked()

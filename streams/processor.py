@@ -41,7 +41,7 @@ from fairstream.streams.rebuild import owed_by_journal, read_again
 from fairstream.streams.session import ClusterSession, Sessions
 from fairstream.streams.snapshots import SnapshotRules, Snapshotting
 from fairstream.streams.stepper import StepRules
-from fairstream.streams.stepping import BatchOutcome, Stepping
+from fairstream.streams.stepping import Applied, BatchOutcome, Stepping
 from fairstream.wire.events import DeadLetter
 from fairstream.wire.topics import Topics
 from fairstream.wire.visibility import DEFAULT_MAX_ENTRIES
@@ -351,15 +351,6 @@ class Processor:
                 self.sessions.pop(exc.cluster, None)
                 return 0
             return len(due)
-
-
-@dataclass(frozen=True)
-class Applied:
-    """A batch applied and committed (``outcome``); ``published`` resolves once the broker has
-    its outputs and they are cleared from the outbox (or fails with what went wrong)."""
-
-    outcome: BatchOutcome
-    published: asyncio.Future
 
 
 @dataclass

@@ -5,6 +5,7 @@ written by the processor."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -43,6 +44,15 @@ class BatchOutcome:
     # When the earliest step this batch took that an earlier batch held open was first held
     # (time.monotonic): its decisions answer input that came before this batch.
     held_since: float | None = None
+
+
+@dataclass(frozen=True)
+class Applied:
+    """A batch applied and committed (``outcome``); ``published`` resolves once the broker has
+    its outputs and they are cleared from the outbox (or fails with what went wrong)."""
+
+    outcome: BatchOutcome
+    published: asyncio.Future
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Mapping, NamedTuple, Protocol
 
 import numpy as np
 
@@ -25,17 +25,38 @@ from fairstream.core.model import (
     ModelError,
     NodeHeartbeat,
     NodeLost,
+    ResourceSpace,
     TaskCompleted,
     TaskSubmitted,
     TenantSpec,
     TenantsChanged,
     request_task_id,
+    split_task_id,
 )
+from fairstream.core.accounting import Accounting
 from fairstream.core.tenants import TenantTree, spec_changes
+from fairstream.core.workload import Workload
 
-if TYPE_CHECKING:
-    from fairstream.core.engine import Engine
-    from fairstream.policies.base import PolicySpec
+
+class EngineState(Protocol):
+    """What admission reads of an engine (``Engine`` is one): its resources, tenant tree,
+    tasks, requests and finished ids (``workload``), the tenants' ledgers (``accounting``),
+    its nodes' rows, and its policy's name and whether that policy walks the tree."""
+
+    resources: ResourceSpace
+    tree: TenantTree
+    workload: Workload
+    accounting: Accounting
+    auto_tenants: bool
+
+    @property
+    def policy(self) -> str: ...
+
+    @property
+    def hierarchical(self) -> bool: ...
+
+    @property
+    def node_row(self) -> Mapping[str, int]: ...
 
 
 class EventRejected(ModelError):
@@ -76,7 +97,7 @@ NOTHING_EARLIER = Earlier()
 class Admission:
     """``Engine.admission()``: events checked one at a time, without changing the engine."""
 
-    def __init__(self, engine: "Engine") -> None:
+    def __init__(self, engine: EngineState) -> None:
         self.engine = engine
         self.earlier = Earlier()
 
@@ -91,7 +112,7 @@ class Admission:
         return None
 
 
-def admit(engine: "Engine", event: Event, earlier: "Earlier | None" = None):
+def admit(engine: EngineState, event: Event, earlier: "Earlier | None" = None):
     """Raise ``ModelError`` if ``event`` cannot be applied to this state with ``earlier``'s
     events applied too; returns what the check parsed (a submission's demand vector and
     constraints, a heartbeat's capacity vector)."""
@@ -104,7 +125,7 @@ def admit(engine: "Engine", event: Event, earlier: "Earlier | None" = None):
         else:
             if not isinstance(event.count, int) or isinstance(event.count, bool) or not 1 <= event.count <= MAX_COUNT:
                 raise EventRejected(f"count: must be an integer from 1 to {MAX_COUNT}, got {event.count!r}")
-            if task in engine.requests or task in earlier.requests:
+            if task in engine.workload.requests or task in earlier.requests:
                 raise EventRejected(f"task {task!r}: duplicate submission (a request of that id is pending)")
             taken = taken_id(engine, task, event.count, earlier)
             if taken is not None:
@@ -146,7 +167,7 @@ def admit(engine: "Engine", event: Event, earlier: "Earlier | None" = None):
     raise EventRejected(f"unknown event type {type(event).__name__}")
 
 
-def new_tree(engine: "Engine", event: TenantsChanged) -> TenantTree:
+def new_tree(engine: EngineState, event: TenantsChanged) -> TenantTree:
     """The tree ``event`` asks for, checked against this state; ``EventRejected`` (the old
     tree stays) if it is no tree, moves a tenant to another parent, or leaves a tenant with
     running or pending tasks out (without ``auto_tenants``) or makes it a queue. With
@@ -186,7 +207,7 @@ def new_tree(engine: "Engine", event: TenantsChanged) -> TenantTree:
         elif not tree.is_leaf(ledger.name):
             raise EventRejected(f"tenants[{ledger.name}]: has running or pending tasks, so it cannot become a "
                                 "queue with children")
-    problem = orderings_problem(engine.spec, tree)
+    problem = orderings_problem(engine.policy, engine.hierarchical, tree)
     if problem is not None:
         raise EventRejected(problem)
     return tree
@@ -197,14 +218,15 @@ def _settings(fields: dict) -> str:
     return ", ".join(f"{name} {value!r}" if isinstance(value, str) else f"{name} {value}" for name, value in fields.items())
 
 
-def orderings_problem(spec: "PolicySpec", tree: TenantTree) -> str | None:
-    """Why this policy cannot honour the tree's queue orderings, or None: a queue's ordering
-    of its children needs a policy that walks the tree (``Traits.hierarchical``)."""
+def orderings_problem(policy: str, hierarchical: bool, tree: TenantTree) -> str | None:
+    """Why policy ``policy`` cannot honour the tree's queue orderings, or None: a queue's
+    ordering of its children needs a policy that walks the tree (``hierarchical``: its
+    ``Traits.hierarchical``)."""
     queues = list(tree.queue_orderings)
-    if not queues or spec.traits.hierarchical:
+    if not queues or hierarchical:
         return None
     return (f"tenants[{queues[0]}].ordering: orders a queue's children, which only a hierarchical policy "
-            f"(hltrf) does; {spec.name} shares the cluster among leaves by their effective weights "
+            f"(hltrf) does; {policy} shares the cluster among leaves by their effective weights "
             "(set ordering on leaves, for their jobs)")
 
 
@@ -218,7 +240,7 @@ class ParsedDemand(NamedTuple):
     values: tuple[float, ...]
 
 
-def parsed_demand(engine: "Engine", event: TaskSubmitted) -> ParsedDemand:
+def parsed_demand(engine: EngineState, event: TaskSubmitted) -> ParsedDemand:
     """``event``'s demand and constraints checked and parsed (``ModelError`` if they cannot
     be). A job's tasks usually arrive one after another with one demand, so the last parse is
     kept (``Workload.last_demand``, a cache: never in a snapshot) and a demand equal to it is
@@ -244,17 +266,17 @@ def parsed_demand(engine: "Engine", event: TaskSubmitted) -> ParsedDemand:
     return parsed
 
 
-def known(engine: "Engine", task: str, earlier: Earlier) -> bool:
+def known(engine: EngineState, task: str, earlier: Earlier) -> bool:
     """``task`` is pending, running, recently finished, or pending in a request."""
-    return (task in engine.tasks or task in engine.finished_ids or earlier.submitted_task(task)
+    return (task in engine.workload.tasks or task in engine.workload.finished_ids or earlier.submitted_task(task)
             or task in earlier.completed or engine.workload.in_request(task) is not None)
 
 
-def taken_id(engine: "Engine", request: str, count: int, earlier: Earlier) -> str | None:
+def taken_id(engine: EngineState, request: str, count: int, earlier: Earlier) -> str | None:
     """A task id of request ``request`` of ``count`` tasks that is already known, or None.
     Walks the request's ids or the known ids, whichever are fewer: a request of a million
     tasks costs no more than the tasks the engine holds."""
-    held = (engine.tasks, engine.finished_ids, earlier.submitted, earlier.completed)
+    held = (engine.workload.tasks, engine.workload.finished_ids, earlier.submitted, earlier.completed)
     if count <= sum(len(ids) for ids in held):
         # ``known`` of each id, but for the requests: the caller refused a pending request of
         # this id, and only a request of this id could hold ``<request>-<k>`` (the index has no
@@ -271,12 +293,3 @@ def taken_id(engine: "Engine", request: str, count: int, earlier: Earlier) -> st
             if found is not None and found[0] == request and found[1] < count:
                 return task
     return None  # pending requests' ids: another request of this id is refused above
-
-
-def split_task_id(task: str) -> tuple[str, int] | None:
-    """``("j1-m", 3)`` for ``"j1-m-3"``: the request and index a task id would have (the
-    index written as ``request_task_id`` writes it), or None."""
-    base, dash, number = task.rpartition("-")
-    if not dash or not number.isdigit() or (number[0] == "0" and len(number) > 1) or not number.isascii():
-        return None
-    return base, int(number)

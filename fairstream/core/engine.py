@@ -18,7 +18,7 @@ it is random.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -29,9 +29,12 @@ from fairstream.core.fairness import fair_shares
 from fairstream.core.jobs import Jobs
 from fairstream.core.model import CompletionStatus, Decision, DecisionKind, Event, ModelError, ResourceSpace, TenantsChanged
 from fairstream.core.nodes import Nodes
-from fairstream.core.preemption import PreemptionRule, RunningTask, Starvation
+from fairstream.core.placement import Cycle
+from fairstream.core.preemption import PreemptionRule, RunningTask
 from fairstream.core.reservation import Reservations
-from fairstream.core.snapshot import EMPTY_MAPPING, Snapshot, SnapshotBuilder
+from fairstream.core.snapshot import EMPTY_MAPPING, Snapshot
+from fairstream.core.snapshot_builder import SnapshotBuilder
+from fairstream.core.starvation import Starvation
 from fairstream.core.tenants import TenantTree
 from fairstream.core.transitions import PolicyViolation, StepResult, apply_decisions, apply_events
 from fairstream.core.verdicts import Verdicts
@@ -54,7 +57,7 @@ class Engine:
     ``core/accounting.py``), ``jobs`` (``core/jobs.py``), ``verdicts`` (unschedulable tasks:
     ``core/verdicts.py``), ``changes`` (a tenant-local pass's candidates:
     ``core/candidates.py``), ``reservations`` (``core/reservation.py``), ``starvation``
-    (``core/preemption.py``) and the snapshot builder (``core/snapshot.py``); admission checks
+    (``core/starvation.py``) and the snapshot builder (``core/snapshot_builder.py``); admission checks
     events against them (``core/admission.py``). The engine applies events and decisions to
     its parts in order and runs the passes."""
 
@@ -88,11 +91,11 @@ class Engine:
         self.changes = Changes()
         self.reservations = Reservations()
         self.shares_stale = False
-        self._snapshots = SnapshotBuilder()  # (not stored in snapshots: made again on reading)
+        self._snapshots = SnapshotBuilder(policy.traits.node_allocation)  # (not stored in snapshots: made again on reading)
         for leaf in tree.leaves:
             self.accounting.add_tenant(leaf, tree.path(leaf))
         self.refresh_shares()
-        problem = orderings_problem(self.spec, tree)
+        problem = orderings_problem(self.policy, self.hierarchical, tree)
         if problem is not None:
             raise ModelError(problem)
 
@@ -101,6 +104,11 @@ class Engine:
     @property
     def policy(self) -> str:
         return self.spec.name
+
+    @property
+    def hierarchical(self) -> bool:
+        """The policy walks the tenant tree (``Traits.hierarchical``): it honours queue orderings."""
+        return self.spec.traits.hierarchical
 
     tasks = property(lambda self: self.workload.tasks, doc="Pending and running tasks by id (``workload``).")
     requests = property(lambda self: self.workload.requests, doc="Requests with tasks still pending, by id.")
@@ -199,7 +207,8 @@ class Engine:
                                                      self.policy))
         result.decisions.extend(self.schedule())
         if self.starvation is not None:
-            self.starvation.track(self)
+            self.starvation.track(self.time, self.accounting, self.fair_shares(), self.pending, self.verdicts,
+                                  self.workload.shape_demands, self._held_by_limits() if self.tree.has_limits else None)
         return result
 
     def schedule(self) -> list[Decision]:
@@ -252,6 +261,19 @@ class Engine:
         if not any(requests):
             return decisions, again
         return _grouped(decisions, requests), again
+
+    def _held_by_limits(self) -> Callable[[str], bool]:
+        """Whether a tenant's own max_share, max_resources or max_running holds back every
+        task it waits with now (then it is not starved): the pass's checks (``Cycle``), on a
+        snapshot taken at the first ask."""
+        cycle: list[Cycle] = []
+
+        def held(tenant: str) -> bool:
+            if not cycle:
+                cycle.append(Cycle(self.snapshot(), self.policy))
+            return not any(cycle[0].within_caps(tenant, task) for task in cycle[0].shape_heads(tenant, every_shape=True))
+
+        return held
 
     def refresh_shares(self) -> None:
         """The tenants' shares of the live nodes' capacity, computed again."""

@@ -240,6 +240,15 @@ def request_task_id(request: str, index: int) -> str:
     return f"{request}-{index}"
 
 
+def split_task_id(task: str) -> tuple[str, int] | None:
+    """``("j1-m", 3)`` for ``"j1-m-3"``: the request and index a task id would have (the
+    index written as ``request_task_id`` writes it), or None."""
+    base, dash, number = task.rpartition("-")
+    if not dash or not number.isdigit() or (number[0] == "0" and len(number) > 1) or not number.isascii():
+        return None
+    return base, int(number)
+
+
 @dataclass(eq=False, slots=True)
 class Task:
     """A unit of work, or a *request*: ``count`` identical pending tasks (YARN's

@@ -20,9 +20,8 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from fairstream.core import native
-from fairstream.core.admission import split_task_id
 from fairstream.core.fairness import BELOW_MIN_SHARE, FairKey, dominant_share, fair_key, resource_share, resource_shares
-from fairstream.core.model import EPSILON, Decision, DecisionKind, ReasonCode, Task, TaskState, event_time
+from fairstream.core.model import EPSILON, Decision, DecisionKind, ReasonCode, Task, TaskState, event_time, split_task_id
 from fairstream.core.fit import NodeFit, alignment_scores
 from fairstream.core.limits import QueueLimits
 from fairstream.core.queues import QueueWalk, ordering_resource

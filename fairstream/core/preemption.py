@@ -43,7 +43,8 @@ what waits, so moving a task from one to the other in a pass does not move the f
 - each victim is a ``PREEMPT`` decision, followed by the placement it made room for
   (``RECLAIMED``), so a consumer applying decisions in order never over-commits a node.
 
-The engine tracks since when each tenant is starved (its ``Starvation`` part), hands the
+The engine tracks since when each tenant is starved (its ``Starvation`` part,
+``core/starvation.py``), hands the
 running tasks to the snapshot only when someone is starved past the timeout, and applies a
 ``PREEMPT`` like a lost node's requeue: the task is pending again with the same id and starts
 over when placed.
@@ -84,70 +85,6 @@ class RunningTask:
     start: float
     seq: int
     placed: bool = False  # placed in this very pass, not started: withdrawn rather than preempted
-
-
-#: The shortest wait between two preemption checks for a tenant starved past its timeout
-#: (``Starvation.wake_at``), in seconds of event time, when preemption_timeout is shorter.
-RECHECK_MIN = 1.0
-
-
-class Starvation:
-    """The engine's part that watches its tenants for starvation under ``rule``: who is starved
-    since when (``since``; what a pass's ``reclaim`` reads), and whether preemption could still
-    serve one of them (``victims_exist``: some tenant is above its fair share by at least the
-    smallest task a starved tenant waits with). Updated after every pass (``track``)."""
-
-    __slots__ = ("rule", "since", "victims_exist")
-
-    def __init__(self, rule: PreemptionRule) -> None:
-        self.rule = rule
-        self.since: dict[str, float] = {}
-        self.victims_exist = False
-
-    def track(self, engine) -> None:
-        """After a pass of ``engine``: a tenant with pending work some live node could hold
-        within its limits, below the rule's threshold x its fair share, is starved since now
-        unless it already was; any other tenant is not."""
-        from fairstream.core.placement import Cycle  # (the pass: only for a tree with limits)
-
-        acc, rule = engine.accounting, self.rule
-        fair = engine.fair_shares()
-        ratios = share_ratios(acc.allocation, acc.capacity, fair, acc.config.resource)
-        starved = {}
-        cycle = None
-        for tenant, queue in engine.pending.items():
-            if not queue.count or ratios[acc.row[tenant]] >= rule.threshold - EPSILON:
-                continue
-            if not any(engine.verdicts.verdict(shape) is None for shape in queue.groups):
-                continue  # no node could ever hold any of it
-            if engine.tree.has_limits:  # held by its own max_share, max_resources or max_running: not starved
-                cycle = cycle or Cycle(engine.snapshot(), engine.policy)
-                if not any(cycle.within_caps(tenant, task) for task in cycle.shape_heads(tenant, every_shape=True)):
-                    continue
-            starved[tenant] = self.since.get(tenant, engine.time)
-        self.since = starved
-        # Could preemption still serve one of them? Only if some tenant is above its fair share
-        # by at least the smallest task a starved tenant waits with (in the policy's measure).
-        self.victims_exist = False
-        if starved:
-            shares = resource_shares(acc.allocation, acc.capacity, acc.config.resource)
-            surplus = float((shares - fair).max()) if len(fair) else 0.0
-            demands = engine.workload.shape_demands[[shape for t in starved for shape in engine.pending[t].groups]]
-            smallest = float(resource_shares(demands, acc.capacity, acc.config.resource).min())
-            self.victims_exist = surplus >= smallest - EPSILON
-
-    def wake_at(self, now: float) -> float | None:
-        """The next event time after ``now`` at which a pass could preempt though no event
-        arrives, or None: a starved tenant's timeout runs out; or, for a tenant starved past it
-        that preemption could not lift to its fair share while some tenant stays above its own,
-        the next check, ``preemption_timeout`` later (at least ``RECHECK_MIN`` seconds): the
-        policy's order of victims moves with time (LTRF's long-term usage), so a victim that was
-        not ahead of it may be now."""
-        due = [since + self.rule.timeout for since in self.since.values()]
-        later = [t for t in due if t > now]
-        if len(later) < len(due) and self.victims_exist:
-            later.append(now + max(self.rule.timeout, RECHECK_MIN))
-        return min(later) if later else None
 
 
 def snapshot_fair_shares(snap) -> np.ndarray:

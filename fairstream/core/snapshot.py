@@ -9,21 +9,16 @@ what the pass costs).
 
 from __future__ import annotations
 
-import math
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
 from fairstream.core.accounting import AccountingConfig
 from fairstream.core.jobs import JobUsage
 from fairstream.core.model import ResourceSpace, Task, TaskState
-from fairstream.core.preemption import starved_past_timeout
 from fairstream.core.tenants import TenantTree
-
-if TYPE_CHECKING:
-    from fairstream.core.engine import Engine
 
 
 class TaskList:
@@ -335,101 +330,6 @@ class Snapshot:
         return [t for t in self.tenants if t in self.pending]
 
 
-class SnapshotBuilder:
-    """The engine's part that makes each pass's ``Snapshot`` from the engine's parts. It keeps
-    the tenant names, rows and arrivals between passes (made again only when a tenant joins or
-    first arrives); what only some policies read is made on first read (``Later``) from the
-    state as it is when read, so the engine ``expire``s a snapshot before it changes that state."""
-
-    def __init__(self) -> None:
-        self._tenants: tuple | None = None  # ((tenants, first arrivals), names, rows, arrival array)
-
-    def build(self, engine: Engine, **pass_fields) -> Snapshot:
-        """The snapshot of ``engine`` now; ``pass_fields``: what the engine knows of this pass
-        only (``candidates``, ``grown_rows``, ...).
-
-        The object ``Snapshot(...)`` makes of these fields (a test holds them field for
-        field), made without the frozen dataclass's ``__init__``, which sets its 35 fields one
-        call each, and without its generic steps: the fields in one dict display, the arrays
-        made here locked as they are made, the fields made on first read handed over as the
-        functions that make them, not ``Later``s to look for (a pass of ``drf`` made its
-        snapshot in about 10 µs, most of it those steps)."""
-        acc = engine.accounting
-        now = engine.time if engine.time is not None else 0.0
-        registry = engine.registry
-        node_capacity = registry.capacity
-        free = node_capacity - registry.used
-        if registry.lost:
-            free[~registry.alive] = -1.0
-        n = len(acc.ledgers)
-        if self._tenants is None or self._tenants[0] != (n, acc.arrivals):
-            self._tenants = ((n, acc.arrivals), [ledger.name for ledger in acc.ledgers], dict(acc.row),
-                             np.array([math.inf if l.first_arrival is None else l.first_arrival for l in acc.ledgers]))
-            self._tenants[3].flags.writeable = False
-        _, names, rows, arrival = self._tenants
-        node_ids, node_labels = registry.view()
-        workload, starvation, tree = engine.workload, engine.starvation, engine.tree
-        starved_since, running_tasks = EMPTY_MAPPING, None
-        if starvation is not None and starvation.since:
-            starved_since = MappingProxyType(dict(starvation.since))
-            if starved_past_timeout(starvation.since, now, engine.preemption):
-                running_tasks = engine.running_tasks()
-        node_row = registry.row
-        capacity, fractions, allocation, share = (acc.capacity.copy(), acc.fractions.copy(), acc.allocation.copy(),
-                                                  acc.share.copy())
-        pending_demand = engine.waiting_demand() if engine.preemption is not None else None  # the fair share's
-        for array in (free, capacity, fractions, allocation, share, node_capacity):
-            array.setflags(write=False)  # (``node_capacity``: a fresh view; the storage stays writable)
-        if pending_demand is not None:
-            pending_demand.setflags(write=False)
-        for name in ("grown_rows", "grown_demands"):
-            if pass_fields.get(name) is not None:
-                pass_fields[name].setflags(write=False)
-        values = {
-            **_BUILT_DEFAULTS,
-            "time": now,
-            "resources": engine.resources,
-            "node_ids": node_ids,
-            "node_labels": node_labels,
-            "free": free,
-            "capacity": capacity,
-            "tree": tree,
-            "tenants": names,
-            "rows": rows,
-            "share_fraction": fractions,
-            "allocation": allocation,
-            "share": share,
-            "arrival": arrival,
-            "pending": workload.waiting(),
-            "accounting": acc.config,
-            "node_capacity": node_capacity,
-            "node_allocation": (NodeAllocation(lambda row: workload.running_on(node_row).get(row, {}).values())
-                                if engine.spec.traits.node_allocation else None),
-            "job_rows": JobRows(lambda: workload.job_rows(node_row)),
-            "starved_since": starved_since,
-            "running_tasks": running_tasks,
-            "running_jobs": engine.jobs.running if tree.has_limits else EMPTY_MAPPING,
-            "job_usage": engine.jobs.usage if tree.orders_jobs else EMPTY_MAPPING,
-            "pending_demand": pending_demand,
-            "reservation": engine.reservation,
-            "reserving": engine.reserving,
-            "backfill_until": engine.backfill_until(),
-            **pass_fields,
-            # What most policies never read, made on first read (``Snapshot.__getattr__``).
-            "_later": {
-                "accumulated": lambda: acc.accumulated_rows(None, now),
-                "pseudo_accumulated": lambda: acc.pseudo_rows(None, now),
-                "quantum": lambda: acc.quanta_by_row().copy(),
-                "waiting_since": lambda: np.array([math.nan if l.waiting_since is None else l.waiting_since
-                                                   for l in acc.ledgers]),
-                "running": lambda: np.array([ledger.running for ledger in acc.ledgers], dtype=float),
-            },
-        }
-        snapshot = object.__new__(Snapshot)
-        snapshot.__dict__.update(values)
-        return snapshot
-
-
 _ARRAYS = ("free", "capacity", "share_fraction", "allocation", "share", "accumulated", "pseudo_accumulated",
            "quantum", "arrival", "waiting_since", "running", "node_capacity", "grown_rows", "grown_demands", "pending_demand")
 # A dataclass keeps each field's default as a class attribute too; the instance's value of a
@@ -438,9 +338,3 @@ _ARRAYS = ("free", "capacity", "share_fraction", "allocation", "share", "accumul
 for _name in _ARRAYS:
     if _name in Snapshot.__dict__:
         delattr(Snapshot, _name)
-# The builder's defaults, as ``__init__`` gives them (a factory's value is a shared read-only
-# mapping), less those of the fields it gives as made on first read (``running`` has one): they must
-# not be in the snapshot's dict.
-_BUILT_DEFAULTS = {f.name: f.default if f.default is not MISSING else f.default_factory()
-                   for f in fields(Snapshot) if (f.default is not MISSING or f.default_factory is not MISSING)
-                   and f.name not in ("accumulated", "pseudo_accumulated", "quantum", "waiting_since", "running")}

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, cast
+from typing import Iterable, Protocol, cast
 
-from fairstream.core.admission import EventRejected, ParsedDemand, admit
-from fairstream.core.jobs import orders_jobs
+import numpy as np
+
+from fairstream.core.admission import EngineState, EventRejected, ParsedDemand, admit
+from fairstream.core.candidates import Changes
+from fairstream.core.jobs import Jobs, orders_jobs
 from fairstream.core.model import (
     EPSILON,
     Decision,
@@ -34,11 +37,27 @@ from fairstream.core.model import (
     TenantsChanged,
     subtract_each_floored,
 )
+from fairstream.core.nodes import Nodes
+from fairstream.core.reservation import Reservations
+from fairstream.core.verdicts import Verdicts
 
-if TYPE_CHECKING:
-    import numpy as np
 
-    from fairstream.core.engine import Engine
+class EngineParts(EngineState, Protocol):
+    """What applying events and decisions reads and changes (``Engine`` is one): what admission
+    reads, and the parts the functions here change (nodes, jobs, verdicts, a pass's candidates,
+    reservations) and the shares, made again when stale."""
+
+    registry: Nodes
+    jobs: Jobs
+    verdicts: Verdicts
+    changes: Changes
+    reservations: Reservations
+    shares_stale: bool
+
+    @property
+    def used(self) -> np.ndarray: ...
+
+    def refresh_shares(self) -> None: ...
 
 
 @dataclass
@@ -48,7 +67,7 @@ class StepResult:
     finished: list[Task] = field(default_factory=list)
 
 
-def apply_events(engine: Engine, events: Iterable[Event], result: StepResult) -> None:
+def apply_events(engine: EngineParts, events: Iterable[Event], result: StepResult) -> None:
     """Apply the events of a step in order; one that admission rejects goes to
     ``result.rejected`` with the reason (nothing changed). Runs are applied together, with the
     same state, to the bit, as one event at a time:
@@ -107,7 +126,7 @@ def apply_events(engine: Engine, events: Iterable[Event], result: StepResult) ->
         _finish_running(engine, ending, result)
 
 
-def _queue_more(engine: Engine, arrived: list[Task]) -> None:
+def _queue_more(engine: EngineParts, arrived: list[Task]) -> None:
     """The tasks of a run of submissions after its first (``apply_events``; stored already)
     join their queue, the tasks to judge and their tenant's ledger, in order."""
     more = arrived[1:]
@@ -118,7 +137,7 @@ def _queue_more(engine: Engine, arrived: list[Task]) -> None:
                                 first.demand_values)
 
 
-def _apply_event(engine: Engine, event: Event, result: StepResult) -> None:
+def _apply_event(engine: EngineParts, event: Event, result: StepResult) -> None:
     """Apply one event of a step but the completion of a running task (``ModelError`` if
     admission rejects it: nothing changed); a completion's task goes to ``result.finished``, a
     lost node's requeues to its decisions."""
@@ -136,7 +155,7 @@ def _apply_event(engine: Engine, event: Event, result: StepResult) -> None:
         raise EventRejected(f"unknown event type {type(event).__name__}")
 
 
-def _configure(engine: Engine, event: TenantsChanged) -> None:
+def _configure(engine: EngineParts, event: TenantsChanged) -> None:
     """Apply a new tenant tree: accumulated usage, quanta and running tasks are kept; new
     leaves get accounting of their own; every share is computed again."""
     old = engine.tree
@@ -149,7 +168,7 @@ def _configure(engine: Engine, event: TenantsChanged) -> None:
     engine.changes.touched.update(engine.workload.pending)  # every tenant's key may have moved: all are candidates
 
 
-def _submit(engine: Engine, event: TaskSubmitted, parsed: ParsedDemand) -> Task:
+def _submit(engine: EngineParts, event: TaskSubmitted, parsed: ParsedDemand) -> Task:
     """Apply a submission that admission passed (``parsed``: its demand and constraints)."""
     if engine.tree.ensure_leaf(event.tenant):
         engine.accounting.add_tenant(event.tenant, engine.tree.path(event.tenant))
@@ -163,7 +182,7 @@ def _submit(engine: Engine, event: TaskSubmitted, parsed: ParsedDemand) -> Task:
     return task
 
 
-def _complete_not_running(engine: Engine, event: TaskCompleted, result: StepResult) -> None:
+def _complete_not_running(engine: EngineParts, event: TaskCompleted, result: StepResult) -> None:
     """A completion of a task that is not running (``apply_events`` finishes running ones):
     admitted, it is of a task killed or failed before it ran, on its own or in a request."""
     admit(engine, event)
@@ -185,7 +204,7 @@ def _complete_not_running(engine: Engine, event: TaskCompleted, result: StepResu
     result.finished.append(task)
 
 
-def _finish_running(engine: Engine, ending: list[tuple[Task, float]], result: StepResult) -> None:
+def _finish_running(engine: EngineParts, ending: list[tuple[Task, float]], result: StepResult) -> None:
     """Running tasks that ended, each at its time (out of the task table already), all on one
     node and of one tenant: their node's room, the indexes of what runs where, their jobs and
     the tenant's ledger, task by task in their order (the float operations of one at a time).
@@ -211,7 +230,7 @@ def _finish_running(engine: Engine, ending: list[tuple[Task, float]], result: St
                                 [(task.running_entry, time) for task, time in ending], engine.tree)
 
 
-def _heartbeat(engine: Engine, event: NodeHeartbeat) -> None:
+def _heartbeat(engine: EngineParts, event: NodeHeartbeat) -> None:
     capacity = admit(engine, event)
     weights = None if event.weights is None else {engine.resources.index(name): float(value)
                                                     for name, value in event.weights.items()}
@@ -227,7 +246,7 @@ def _heartbeat(engine: Engine, event: NodeHeartbeat) -> None:
         engine.shares_stale = True
 
 
-def _lose(engine: Engine, event: NodeLost) -> list[Decision]:
+def _lose(engine: EngineParts, event: NodeLost) -> list[Decision]:
     admit(engine, event)
     row = engine.registry.row[event.node]
     if not engine.registry.lose(row):
@@ -247,12 +266,12 @@ def _lose(engine: Engine, event: NodeLost) -> list[Decision]:
     return decisions
 
 
-def _running_changed(engine: Engine, row: int, task: Task, started: bool) -> None:
+def _running_changed(engine: EngineParts, row: int, task: Task, started: bool) -> None:
     engine.reservations.node_changed(row)
     engine.workload.running_changed(row, task, started)
 
 
-def _back_to_pending(engine: Engine, task: Task, row: int, time: float) -> None:
+def _back_to_pending(engine: EngineParts, task: Task, row: int, time: float) -> None:
     """A running task stops (its node lost, or preempted) and waits again, same id."""
     engine.used[row] -= task.demand
     _running_changed(engine, row, task, started=False)
@@ -264,7 +283,7 @@ def _back_to_pending(engine: Engine, task: Task, row: int, time: float) -> None:
     engine.changes.fresh.add(task.shape)
 
 
-def preempt(engine: Engine, decision: Decision) -> None:
+def preempt(engine: EngineParts, decision: Decision) -> None:
     """Apply one ``PREEMPT``: the task stops and is pending again; its room is free at once."""
     task = engine.workload.tasks.get(decision.task)
     if task is None or task.state is not TaskState.RUNNING or task.node != decision.node:
@@ -274,7 +293,7 @@ def preempt(engine: Engine, decision: Decision) -> None:
     engine.changes.grown.add(row)
 
 
-def apply_decisions(engine: Engine, decisions: list[Decision]) -> list[str | None]:
+def apply_decisions(engine: EngineParts, decisions: list[Decision]) -> list[str | None]:
     """Apply a pass's decisions in order, each checked against the engine's own view (a policy
     bug raises ``PolicyViolation``): a ``PREEMPT`` stops its task, a placement starts its own.
     Returns, per decision, the id of the request it took a task of (or None)."""
@@ -291,7 +310,7 @@ def apply_decisions(engine: Engine, decisions: list[Decision]) -> list[str | Non
     return requests
 
 
-def _start_run(engine: Engine, decisions: list[Decision], first: int, requests: list[str | None]) -> int:
+def _start_run(engine: EngineParts, decisions: list[Decision], first: int, requests: list[str | None]) -> int:
     """Start the placement ``decisions[first]`` and the placements right after it that take the
     next tasks of the same request to the same node, as far as each would be accepted alone
     (the one that would not is the next call's, which raises): one pass over the run's shared
@@ -347,7 +366,7 @@ def _start_run(engine: Engine, decisions: list[Decision], first: int, requests: 
     return first + len(started)
 
 
-def _run_after(engine: Engine, decisions: list[Decision], first: int, task: Task, request: Task, row: int,
+def _run_after(engine: EngineParts, decisions: list[Decision], first: int, task: Task, request: Task, row: int,
                used: list[float], capacity: list[float], following: list[str]) -> list[float]:
     """The placements after ``decisions[first]`` (``task`` of ``request`` on node ``row``, whose
     used room is then ``used``) that start with it: each the request's next task on the same
@@ -370,7 +389,7 @@ def _run_after(engine: Engine, decisions: list[Decision], first: int, task: Task
     return used
 
 
-def _listed_run(engine: Engine, decision: Decision, task: Task, request: Task | None, row: int,
+def _listed_run(engine: EngineParts, decision: Decision, task: Task, request: Task | None, row: int,
                 used: list[float], capacity: list[float], following: list[str]) -> list[float]:
     """A placement of ``decision.count`` tasks in one decision (``decision.tasks``; its first,
     ``task``, taken): they must be the next tasks of ``request``, within the job's
@@ -401,7 +420,7 @@ def _listed_run(engine: Engine, decision: Decision, task: Task, request: Task | 
     return after
 
 
-def _placement_problem(engine: Engine, task: Task, node: Node, row: int) -> str | None:
+def _placement_problem(engine: EngineParts, task: Task, node: Node, row: int) -> str | None:
     """What is wrong with placing ``task`` on ``node`` (row ``row``), as a policy's bug would
     be told, or None: the node is lost, its constraints refuse it, or its job runs its
     ``max_per_node`` there already (over-committing it: ``_added_within``)."""
@@ -415,7 +434,7 @@ def _placement_problem(engine: Engine, task: Task, node: Node, row: int) -> str 
     return None
 
 
-def _running_of_job(engine: Engine, task: Task, row: int) -> int:
+def _running_of_job(engine: EngineParts, task: Task, row: int) -> int:
     """How many tasks of ``task``'s job run on node row ``row`` (what ``max_per_node`` bounds)."""
     return engine.workload.job_rows(engine.registry.row).get((task.tenant, task.job), {}).get(row, 0)
 

@@ -18,8 +18,7 @@ from typing import Any, Mapping, Sequence, cast
 
 import numpy as np
 
-from fairstream.core.admission import split_task_id
-from fairstream.core.model import Constraints, Task, TaskState, TaskSubmitted
+from fairstream.core.model import Constraints, Task, TaskState, TaskSubmitted, split_task_id
 from fairstream.core.snapshot import PendingQueue
 
 

@@ -57,7 +57,7 @@ def workload(seed: int, cpu_share: float, mix: str, tenants: int = 8, nodes: int
     from fairstream.core.model import ResourceSpace, TenantSpec
     from fairstream.sim.scenario import Scenario, TaskSpec
     from fairstream.core.tenants import TenantTree
-    from fairstream.sim.traces import uniform_nodes
+    from fairstream.sim.scenario import uniform_nodes
 
     rng = np.random.default_rng(seed)
     cpu_heavy = int(round(cpu_share * tenants))

@@ -32,6 +32,12 @@ class NodeSpec:
     weights: dict[str, float] = field(default_factory=dict)  # resource weights (LTRF formula 9)
 
 
+def uniform_nodes(count: int, capacity: dict[str, float], prefix: str = "n") -> list[NodeSpec]:
+    """``count`` nodes of ``capacity`` named ``prefix`` and a number of one width (``n00``-``n11``)."""
+    width = len(str(max(count - 1, 0)))
+    return [NodeSpec(f"{prefix}{k:0{width}d}", dict(capacity)) for k in range(count)]
+
+
 @dataclass
 class TaskSpec:
     """A task of the workload as the simulator releases it (``duration`` stays with the

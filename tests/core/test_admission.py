@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from builders import engine, node, submit, tree
-from fairstream.core.admission import Admission, split_task_id
+from fairstream.core.admission import Admission
+from fairstream.core.model import split_task_id
 from fairstream.core.model import NodeHeartbeat, NodeLost, TaskCompleted, TenantsChanged, TenantSpec
 from fairstream.state.engine_snapshot import encode_engine
 

@@ -1,4 +1,4 @@
-"""The engine's starvation watch (``Starvation`` in ``fairstream/core/preemption.py``): who is
+"""The engine's starvation watch (``Starvation`` in ``fairstream/core/starvation.py``): who is
 starved since when under the preemption rule, and when a pass could next preempt though no
 event arrives (``wake_at``)."""
 
@@ -8,7 +8,8 @@ import pytest
 
 from builders import engine, node, submit, tree
 from fairstream.core.model import TaskCompleted
-from fairstream.core.preemption import RECHECK_MIN, PreemptionRule, Starvation
+from fairstream.core.preemption import PreemptionRule
+from fairstream.core.starvation import RECHECK_MIN, Starvation
 
 
 def crowded(timeout: float = 60.0):

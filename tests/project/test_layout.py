@@ -175,3 +175,87 @@ def test_simulate_without_the_lab_extra(tmp_path, extra, code, said):
     done = without_lab("from fairstream.cli import main; sys.exit(main(sys.argv[1:]))", "simulate", "--scenario",
                        "examples/two-tenants.json", "--policy", "drf", "--out", str(tmp_path / "out"), "--progress", *extra)
     assert (done.returncode, done.stderr) == (code, said)
+
+
+def import_graph(folders: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the modules of the same packages it imports, any import at all: at the top, in
+    a function, under ``if TYPE_CHECKING:``. ``folders``: package name -> its folder. ``from p
+    import x`` is an import of module ``p.x`` where there is one, else of ``p``."""
+    modules = {}
+    for package, folder in folders.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = [part for part in path.relative_to(folder).with_suffix("").parts if part != "__init__"]
+            name = ".".join([package, *parts])
+            if not any(name.startswith(other + ".") for other in folders if other != package
+                       and other.startswith(package + ".")):  # (a subpackage kept in a folder of its own)
+                modules[name] = path
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                targets = [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm): each
+    is a set of modules that import one another in a circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in on_stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                other = stack.pop()
+                on_stack.discard(other)
+                component.append(other)
+                if other == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_module_of_the_package_imports_itself_through_others():
+    # Issue 61: the core was one circle of 14 modules (admission, transitions, snapshot and
+    # others took the whole engine, typed under TYPE_CHECKING; preemption imported the pass
+    # inside a function). Each part now takes the values it reads (a Protocol names them).
+    folders = {PACKAGE_OF_FOLDER[folder]: ROOT / folder for folder in PACKAGE_OF_FOLDER}
+    folders["fairstream"] = ROOT / "fairstream"
+    assert import_cycles(import_graph(folders)) == []
+
+
+def test_the_cycle_rule_catches_a_circle_through_a_function_or_type_checking(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("from pkg.b import B\n")
+    (tmp_path / "pkg" / "b.py").write_text("def f():\n    from pkg import c\n")
+    (tmp_path / "pkg" / "c.py").write_text("if TYPE_CHECKING:\n    from pkg.a import A\n")
+    (tmp_path / "pkg" / "d.py").write_text("import pkg.a\n")
+    assert import_cycles(import_graph({"pkg": tmp_path / "pkg"})) == [["pkg.a", "pkg.b", "pkg.c"]]

@@ -6,7 +6,7 @@ cluster). Each returns a ``Scenario``."""
 from __future__ import annotations
 
 from fairstream.core.model import ModelError
-from fairstream.sim.scenario import NodeSpec, Scenario
+from fairstream.sim.scenario import Scenario
 
 FORMATS = ("swim", "google", "philly", "table")
 
@@ -31,8 +31,3 @@ def load_trace(path: str, fmt: str, **options) -> Scenario:
             raise ModelError("--format table needs --mapping FILE (or a shipped one: alibaba-2017, google-2011, philly)")
         return load_table(path, **options)
     raise ModelError(f"--format {fmt}: unknown trace format (known: {', '.join(FORMATS)})")
-
-
-def uniform_nodes(count: int, capacity: dict[str, float], prefix: str = "n") -> list[NodeSpec]:
-    width = len(str(max(count - 1, 0)))
-    return [NodeSpec(f"{prefix}{k:0{width}d}", dict(capacity)) for k in range(count)]

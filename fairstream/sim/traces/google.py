@@ -37,7 +37,7 @@ import numpy as np
 from fairstream.core.model import ModelError, ResourceSpace, TenantSpec
 from fairstream.sim.scenario import Scenario, TaskSpec
 from fairstream.core.tenants import TenantTree
-from fairstream.sim.traces import uniform_nodes
+from fairstream.sim.scenario import uniform_nodes
 
 SUBMIT, SCHEDULE = 0, 1
 TERMINAL = {2, 3, 4, 5, 6}

@@ -35,7 +35,7 @@ import numpy as np
 from fairstream.core.model import ResourceSpace, TenantSpec
 from fairstream.sim.scenario import Scenario, TaskSpec
 from fairstream.core.tenants import TenantTree
-from fairstream.sim.traces import uniform_nodes
+from fairstream.sim.scenario import uniform_nodes
 
 QUEUES = ("Facebook", "Purdue", "Spark", "TPC-H")
 

@@ -28,7 +28,7 @@ from typing import Iterator
 from fairstream.core.model import ModelError, ResourceSpace, TenantSpec
 from fairstream.sim.scenario import Scenario, TaskSpec
 from fairstream.core.tenants import TenantTree
-from fairstream.sim.traces import uniform_nodes
+from fairstream.sim.scenario import uniform_nodes
 
 MB = 1024 * 1024
 

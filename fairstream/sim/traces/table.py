@@ -37,7 +37,7 @@ import numpy as np
 from fairstream.core.model import ModelError, ResourceSpace, TenantSpec
 from fairstream.core.tenants import TenantTree
 from fairstream.sim.scenario import NodeSpec, Scenario, TaskSpec
-from fairstream.sim.traces import uniform_nodes
+from fairstream.sim.scenario import uniform_nodes
 
 MAPPINGS = Path(__file__).resolve().parent / "mappings"
 #: Tasks of a file not in submit order gathered per pass over it (about 0.5 KB each).
