@@ -17,7 +17,6 @@ from pathlib import Path
 from fairstream.collector import tuned_gc
 from fairstream.core.model import ModelError
 
-
 ALLOW_PARTIAL = ("table: a gzipped file cut short runs with the rows before the cut (without it, the command "
                  "refuses it, exit 2, so a script notices)")
 
@@ -260,8 +259,8 @@ def _replay_events(args) -> int:
     """``simulate --events FILE``: replay a worker's recorded input (one JSON step per line:
     ``{"time", "events"}``) through a fresh engine; writes the decisions it takes."""
     from fairstream.policies.base import parse_param_pairs
-    from fairstream.streams.app import WorkerConfig
     from fairstream.sim.scenario import load_tenant_tree
+    from fairstream.streams.app import WorkerConfig
 
     # The engine the worker builds from the same options (equivalence depends on it), or the
     # checkpoint the retained log starts from.
@@ -306,7 +305,7 @@ def _replay_events_into(args, engine, handle, out: Path) -> int:
 
     def recorded_steps():
         nonlocal line, explanation
-        for line, text in enumerate(handle, 1):
+        for line, text in enumerate(handle, 1):  # noqa: B007 (the line number is read after the loop, by the error message)
             if text.strip():
                 try:
                     step = json.loads(text)
@@ -456,9 +455,10 @@ def _from_store(args, read):
 def _worker_engine(args):
     """The cluster's engine as the worker holds it (its last snapshot in Redis and the log after
     it, replayed), or None and why not (no Redis, no such cluster, no snapshot yet)."""
+    from redis.exceptions import RedisError
+
     from fairstream.state.engine_snapshot import SnapshotError, decode_engine
     from fairstream.wire.log import replay
-    from redis.exceptions import RedisError
 
     try:
         record = _from_store(args, lambda store: store.load(args.cluster))

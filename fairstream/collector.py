@@ -58,7 +58,7 @@ def _libc() -> Any:
     """glibc's functions, or None where the C library is not glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt, libc.malloc_trim  # (both, or neither is used)
+        _ = libc.mallopt, libc.malloc_trim  # (both, or neither is used)
         return libc
     except (OSError, AttributeError):
         return None

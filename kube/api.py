@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import enum
 import time as wall
-from datetime import datetime, timezone
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
 
 import httpx2
 import msgspec
@@ -51,7 +52,7 @@ class EvictResult(enum.Enum):
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def client_config(kubeconfig: str | None) -> KubeConfig:

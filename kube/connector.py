@@ -314,7 +314,7 @@ class Connector:
                         if reply.status != 200:
                             continue  # (no such cluster yet: nothing decided)
                         document = await reply.json()
-                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
                     log.warning("kubernetes.worker_api_unreachable", url=url, error=f"{type(exc).__name__}: {exc}")
                     continue
                 self._take(self.mirror.pending_reasons(document.get("entries") or []))
@@ -332,8 +332,8 @@ class Connector:
                 if view is None or (view.node is not None and note.condition):
                     continue  # (gone, or bound meanwhile: no longer waiting)
                 try:
-                    await self._retrying("explain", lambda: self.api.explain(note.pod, note.reason, note.message,
-                                                                             note.warning, note.condition))
+                    await self._retrying("explain", lambda: self.api.explain(note.pod, note.reason, note.message,  # noqa: B023 (called before the loop moves on)
+                                                                             note.warning, note.condition))  # noqa: B023 (called before the loop moves on)
                 except Exception as exc:
                     log.warning("kubernetes.explain_failed", pod=str(note.pod), error=f"{type(exc).__name__}: {exc}")
                 await asyncio.sleep(gap)

@@ -34,10 +34,10 @@ The rules (docs/kubernetes.md):
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from fairstream.kube.translate import (
     DEFAULT_SCHEDULER,

@@ -23,9 +23,10 @@ wire messages of ``fairstream/wire/events.py`` or a reason it cannot; no client,
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Mapping
+from typing import Any
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # Kueue's: a pod's LocalQueue
 JOB_LABEL = "fairstream.dev/job"

@@ -6,7 +6,22 @@
 from __future__ import annotations
 
 from fairstream.core.model import ModelError
-from fairstream.policies import cdrf, drf, drfh, fair, fifo, flex, hltrf, ltrf, perf, pmdrf, qknobler, static, tetris, tsf
+from fairstream.policies import (
+    cdrf,
+    drf,
+    drfh,
+    fair,
+    fifo,
+    flex,
+    hltrf,
+    ltrf,
+    perf,
+    pmdrf,
+    qknobler,
+    static,
+    tetris,
+    tsf,
+)
 from fairstream.policies.base import PolicySpec
 
 REGISTRY: dict[str, PolicySpec] = {

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -14,7 +15,6 @@ from fairstream.core.placement import Cycle
 from fairstream.core.preemption import PreemptionRule, snapshot_fair_shares
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies.base import Param, parse_choice, parse_fraction, parse_name, parse_non_negative, parse_positive
-
 
 RESOURCE_PARAM = Param(
     "resource", "auto", parse_name,

@@ -13,8 +13,9 @@ of ``placement.serve_in_order`` with a ``placement.Service``: its key, its reaso
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from fairstream.core.accounting import AccountingConfig
 from fairstream.core.model import Decision, ModelError, ResourceSpace

@@ -11,7 +11,8 @@ declaring narrower constraints than it needs (no strategy-proofness).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

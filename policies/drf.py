@@ -6,7 +6,8 @@ next task; tasks go to real nodes (next fit), not to one pooled super-machine.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from fairstream.core.model import Decision
 from fairstream.core.placement import Cycle, FlatKey, Service, dominant_share_order, serve_in_order

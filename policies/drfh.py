@@ -10,7 +10,8 @@ under the name the TSF paper uses, for side-by-side runs.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from fairstream.core.model import Decision
 from fairstream.core.placement import dominant_share_order

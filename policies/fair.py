@@ -8,14 +8,22 @@ share in the tree. This is MLRF in the LTRF paper's terms (section 4, Table 1a).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from fairstream.core.fairness import fair_key, resource_share
 from fairstream.core.model import Decision
 from fairstream.core.placement import Cycle, FlatKey, Service, TenantOrder, leaf_arrival, serve_in_order
-from fairstream.core.snapshot import Snapshot
 from fairstream.core.preemption import reclaim
-from fairstream.policies._common import PREEMPTION_PARAMS, RESERVATION_PARAM, RESOURCE_PARAM, preemption_rule, resource_accounting, resource_label
+from fairstream.core.snapshot import Snapshot
+from fairstream.policies._common import (
+    PREEMPTION_PARAMS,
+    RESERVATION_PARAM,
+    RESOURCE_PARAM,
+    preemption_rule,
+    resource_accounting,
+    resource_label,
+)
 from fairstream.policies.base import Needs, Ordering, PolicySpec, Traits
 
 

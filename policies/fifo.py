@@ -5,7 +5,8 @@ The memoryless baseline of the LTRF and FLEX papers: no notion of tenants at all
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from fairstream.core.model import Decision, ReasonCode
 from fairstream.core.placement import Cycle, Service, TenantOrder, serve_in_order

@@ -14,7 +14,8 @@ most F) or ``min_makespan_reduction=E`` (minimise F with E at least that), both 
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from fairstream.core.flex import DEFAULT_MODEL, FlexModel, complementary_degree, load_model
 from fairstream.core.model import Decision, ModelError

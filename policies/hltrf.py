@@ -23,19 +23,27 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from fairstream.core.fairness import BELOW_MIN_SHARE, fair_key, normalised_usage, resource_share
 from fairstream.core.model import ROOT, Decision, ReasonCode
 from fairstream.core.placement import Cycle, TenantOrder
+from fairstream.core.preemption import reclaim
 from fairstream.core.queues import ordering_resource
 from fairstream.core.snapshot import Snapshot
-from fairstream.core.preemption import reclaim
-from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, RESERVATION_PARAM, LongTermUsage, long_term_accounting, preemption_rule
-from fairstream.policies.ltrf import usage_pass
+from fairstream.policies._common import (
+    LONG_TERM_PARAMS,
+    PREEMPTION_PARAMS,
+    RESERVATION_PARAM,
+    LongTermUsage,
+    long_term_accounting,
+    preemption_rule,
+)
 from fairstream.policies.base import Needs, Ordering, Param, PolicySpec, Traits, parse_non_negative
+from fairstream.policies.ltrf import usage_pass
 
 
 class _TreeWalk:

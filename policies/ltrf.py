@@ -12,14 +12,22 @@ accumulated usage as a dominant share of the accumulated vector (long-term DRF).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from fairstream.core.fairness import fair_key
 from fairstream.core.model import Decision, Task
 from fairstream.core.placement import Cycle, FlatKey, ReasonFn, Service, TenantOrder, leaf_arrival, serve_in_order
-from fairstream.core.snapshot import Snapshot
 from fairstream.core.preemption import reclaim
-from fairstream.policies._common import LONG_TERM_PARAMS, PREEMPTION_PARAMS, RESERVATION_PARAM, LongTermUsage, long_term_accounting, preemption_rule
+from fairstream.core.snapshot import Snapshot
+from fairstream.policies._common import (
+    LONG_TERM_PARAMS,
+    PREEMPTION_PARAMS,
+    RESERVATION_PARAM,
+    LongTermUsage,
+    long_term_accounting,
+    preemption_rule,
+)
 from fairstream.policies.base import Needs, Ordering, PolicySpec, Traits
 
 

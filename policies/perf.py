@@ -4,7 +4,8 @@ tasks, fairness ignored. It is ``tetris`` with ``f = 0``."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from fairstream.core.model import Decision
 from fairstream.core.snapshot import Snapshot

@@ -12,7 +12,8 @@ that can use many machines takes its DRF share on each of them.
 from __future__ import annotations
 
 import heapq
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
         here = {t: running[t].copy() if t in running else np.zeros(len(capacity)) for t in tenants}
 
         def key(tenant: str):
-            share = dominant_share(here[tenant], capacity) / snapshot.share_fraction[snapshot.rows[tenant]]
+            share = dominant_share(here[tenant], capacity) / snapshot.share_fraction[snapshot.rows[tenant]]  # noqa: B023 (called before the loop moves on)
             return fair_key(share, leaf_arrival(snapshot, tenant), tenant, cycle.below_min_share(tenant))
 
         heap = [(key(t), t) for t in tenants]

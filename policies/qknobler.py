@@ -32,8 +32,9 @@ so in its reason: nothing is hidden, and the pass still places what fits.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -155,7 +156,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
         task = cycle.next_task(tenant)
         if task is None:
             continue
-        cycle.try_place(tenant, task, lambda: f"qknobler: fairness stage (s/w {tenant_key.share:.4g} < rho/phi {limit:.4g})",
+        cycle.try_place(tenant, task, lambda: f"qknobler: fairness stage (s/w {tenant_key.share:.4g} < rho/phi {limit:.4g})",  # noqa: B023 (called before the loop moves on)
                         order_code(tenant_key))
         heapq.heappush(heap, (key(cycle, tenant), tenant))
 
@@ -181,7 +182,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
             if task is None:
                 continue
             if cycle.try_place(tenant, task, lambda: f"qknobler: efficiency stage ({status} integer program: "
-                                                     f"{int(planned[tenant])} tasks of {tenant})", ReasonCode.PACKING):
+                                                     f"{int(planned[tenant])} tasks of {tenant})", ReasonCode.PACKING):  # noqa: B023 (called before the loop moves on)
                 quotas[tenant] -= 1
             if quotas[tenant] > 0:
                 heapq.heappush(heap, (key(cycle, tenant), tenant))

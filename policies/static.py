@@ -8,7 +8,8 @@ max = min = share; the nodes themselves are not split.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from fairstream.core.fairness import dominant_share, fair_key
 from fairstream.core.model import EPSILON, Decision, ReasonCode, Task

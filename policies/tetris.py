@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

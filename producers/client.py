@@ -20,13 +20,13 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fairstream.core.model import ModelError
 from fairstream.wire.events import DEFAULT_MAX_BYTES
 from fairstream.wire.kafka import kafka_security
 from fairstream.wire.topics import Topics
-
 
 DELIVERY_TIMEOUT_S = 120.0  # a send's default deadline (FAIRSTREAM_KAFKA_DELIVERY_TIMEOUT overrides it)
 
@@ -64,7 +64,7 @@ class Publisher:
                                               **kafka_security(kafka_options))
         self.producer = self._make()
 
-    async def __aenter__(self) -> "Publisher":
+    async def __aenter__(self) -> Publisher:
         try:
             await self.producer.start()
         except BaseException:
@@ -97,8 +97,12 @@ class Publisher:
     async def send_raw(self, topic: str, key: str, value: bytes) -> None:
         """Send one message and wait until the broker has it (``Undelivered`` after the delivery
         timeout)."""
-        from aiokafka.errors import (KafkaTimeoutError, LeaderNotAvailableError, NotLeaderForPartitionError,
-                                     OutOfOrderSequenceNumber)
+        from aiokafka.errors import (
+            KafkaTimeoutError,
+            LeaderNotAvailableError,
+            NotLeaderForPartitionError,
+            OutOfOrderSequenceNumber,
+        )
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.delivery_timeout_s
@@ -126,7 +130,7 @@ class Publisher:
                     if loop.time() + 0.5 > deadline:
                         raise self._undelivered(topic, key, "out of sequence for the broker") from None
                     await self._renew(producer)
-                except (asyncio.TimeoutError, KafkaTimeoutError):
+                except (TimeoutError, KafkaTimeoutError):
                     raise self._undelivered(topic, key, "no acknowledgement from the broker") from None
         finally:
             self.unacknowledged -= 1

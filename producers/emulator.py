@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 import structlog
 
 from fairstream.producers.client import Publisher
-from fairstream.wire.kafka import ensure_topics, kafka_security
 from fairstream.sim.scenario import Scenario, TaskSpec, spec_of_task
 from fairstream.sim.simulator import ReleaseGates
+from fairstream.wire.kafka import ensure_topics, kafka_security
 from fairstream.wire.topics import Topics
 
 log = structlog.get_logger("fairstream.emulator")

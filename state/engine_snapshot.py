@@ -41,40 +41,41 @@ from __future__ import annotations
 import itertools
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
 import numpy as np
 
 from fairstream.core.accounting import Accounting, AccountingConfig, QuantumTree, RecentTasks, TenantLedger, _Running
-from fairstream.core.preemption import PreemptionRule
-from fairstream.core.starvation import Starvation
+from fairstream.core.candidates import Changes
 from fairstream.core.engine import Engine
 from fairstream.core.flex import FlexModel, Tree
+from fairstream.core.jobs import Jobs, JobUsage
 from fairstream.core.model import (
     CompletionStatus,
     Constraints,
     DecisionKind,
-    ReasonCode,
     ModelError,
     Node,
+    ReasonCode,
     ResourceSpace,
     Task,
     TaskState,
     TenantSpec,
 )
-from fairstream.policies import REGISTRY
-from fairstream.policies.base import PolicySpec
-from fairstream.core.jobs import Jobs, JobUsage
 from fairstream.core.nodes import Nodes
-from fairstream.core.candidates import Changes
+from fairstream.core.preemption import PreemptionRule
 from fairstream.core.reservation import Reservations
 from fairstream.core.snapshot import PendingQueue, Reservation, TaskList
 from fairstream.core.snapshot_builder import SnapshotBuilder
+from fairstream.core.starvation import Starvation
+from fairstream.core.tenants import TenantTree
 from fairstream.core.verdicts import Verdicts
 from fairstream.core.workload import Workload
-from fairstream.core.tenants import TenantTree
+from fairstream.policies import REGISTRY
+from fairstream.policies.base import PolicySpec
 
 MAGIC = b"FSENGINE"
 VERSION = 14  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;

@@ -33,7 +33,6 @@ from redis.exceptions import ResponseError
 
 from fairstream.wire.jsoncodec import dumps, loads
 
-
 OutboxEntry = tuple[str, dict]  # (topic, message)
 
 
@@ -226,7 +225,7 @@ class MemoryStore:
     async def history(self, cluster: str) -> list[Any]:
         return [loads(v) for v in self._history.get(cluster, [])]
 
-    def view_reader(self) -> "MemoryViewReader":
+    def view_reader(self) -> MemoryViewReader:
         return MemoryViewReader(self)
 
     async def full_log(self, cluster: str) -> RetainedLog:

@@ -20,15 +20,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from importlib import resources as package_files
-from typing import Any, Callable
+from typing import Any
 
 from aiohttp import web
 
 from fairstream.state.store import ViewReader
-from fairstream.wire.visibility import (DEFAULT_PAGE_SIZE, DocumentError, cluster_summary, clusters_document,
-                                        events_document, history_document, pending_by_tenant, pending_document,
-                                        queues_document, tenants_document)
+from fairstream.wire.visibility import (
+    DEFAULT_PAGE_SIZE,
+    DocumentError,
+    cluster_summary,
+    clusters_document,
+    events_document,
+    history_document,
+    pending_by_tenant,
+    pending_document,
+    queues_document,
+    tenants_document,
+)
+
 
 class NotFound(DocumentError):
     """An unknown cluster, tenant or task (404)."""
@@ -115,7 +126,7 @@ def with_initial_data(page: bytes, visibility: Visibility, cluster: str | None) 
     ``<`` escaped, so no value can end the element); unchanged if the store cannot be read."""
     try:
         data = json.dumps(visibility.page_data(cluster)).replace("<", "\\u003c")
-    except Exception:  # noqa: BLE001 - Redis down: the page loads and its fetches say why
+    except Exception:
         return page
     return page.replace(INITIAL, b'<script id="initial" type="application/json">' + data.encode() + b"</script>")
 
@@ -186,7 +197,7 @@ async def _document(read: Callable[..., dict], *args) -> web.Response:
         return _error(404, str(exc))
     except DocumentError as exc:
         return _error(400, str(exc))
-    except Exception as exc:  # noqa: BLE001 - Redis down or unreachable: say so, keep serving
+    except Exception as exc:
         return _error(503, f"the state store cannot be read: {exc}")
 
 

@@ -16,16 +16,16 @@ import faust
 import structlog
 from faust.exceptions import ConsumerNotStarted
 
-from fairstream.wire.jsoncodec import dumps, loads
-from fairstream.streams.config import WorkerConfig
-from fairstream.wire.events import MAX_REASON
 from fairstream.state.store import StaleLog
+from fairstream.streams import unreadable
+from fairstream.streams.config import WorkerConfig
 from fairstream.streams.incoming import UnreadableBatch
 from fairstream.streams.processor import Incoming, Processor
 from fairstream.streams.stepping import Applied
-from fairstream.wire.retry import backoff, waiting_for
-from fairstream.streams import unreadable
 from fairstream.streams.transport import kafka_transport
+from fairstream.wire.events import MAX_REASON
+from fairstream.wire.jsoncodec import dumps, loads
+from fairstream.wire.retry import backoff, waiting_for
 
 log = structlog.get_logger("fairstream.worker")
 
@@ -94,7 +94,7 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
             # last state too; a store that is down is tried again at the next tick.
             try:
                 await processor.flush_explanations()
-            except Exception as exc:  # noqa: BLE001 - the view waits for the next tick
+            except Exception as exc:
                 log.warning("worker.explain_unwritten", error=str(exc))
 
     # One feed for the three agents: what one fetch brought of each topic goes as one batch (one
@@ -106,11 +106,11 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         app.agent(topic, name=f"fairstream.{kind}")(_agent(batches, kind))
 
     @app.on_partitions_revoked.connect
-    async def on_revoked(app, revoked, **kwargs) -> None:  # noqa: ARG001 - Faust's signal signature
+    async def on_revoked(app, revoked, **kwargs) -> None:
         await processor.forget()
 
     @app.on_partitions_assigned.connect
-    async def on_assigned(app, assigned, **kwargs) -> None:  # noqa: ARG001 - Faust's signal signature
+    async def on_assigned(app, assigned, **kwargs) -> None:
         # What this worker now consumes: the line an operator (or a test) waits for.
         inputs = set(config.topics.inputs)
         log.info("worker.partitions_assigned",
@@ -248,7 +248,7 @@ def _backlog(app: faust.App, message) -> int:
     return 0 if highwater is None else highwater - message.offset - 1
 
 
-def _agent(batches: "GroupCommit", kind: str):
+def _agent(batches: GroupCommit, kind: str):
     async def agent(stream):
         # Acks are ours: an event is acknowledged to Faust (its offset may be committed) only
         # once its batch is durable and its outputs published.

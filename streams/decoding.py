@@ -4,8 +4,8 @@ cluster, with a dead letter for each that cannot be applied. Pure: no store, bro
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from fairstream.core.model import Event
 from fairstream.streams.incoming import Incoming, UnreadableBatch

@@ -3,8 +3,9 @@ input as the worker reads it again after Redis lost writes (``InputLog``, ``stre
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import AsyncIterator, Protocol
+from typing import Protocol
 
 
 class UnreadableBatch(bytes):
@@ -14,7 +15,7 @@ class UnreadableBatch(bytes):
 
     reason: str
 
-    def __new__(cls, reason: str) -> "UnreadableBatch":
+    def __new__(cls, reason: str) -> UnreadableBatch:
         made = super().__new__(cls, b"")
         made.reason = reason
         return made

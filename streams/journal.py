@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import uuid
 from collections import deque
-from typing import TYPE_CHECKING, AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fairstream.streams.incoming import Incoming
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 JOURNAL_KEY = "journal"
 
 
-def journal_record(batch: str, messages: Iterable["Incoming"], rejected: str | None = None,
+def journal_record(batch: str, messages: Iterable[Incoming], rejected: str | None = None,
                    closing: dict[str, str] | None = None) -> dict:
     """The record of batch ``batch`` (its id) applying ``messages`` in this order (or closing
     the steps ``closing``'s clusters hold open)."""
@@ -61,7 +62,7 @@ def journal_record(batch: str, messages: Iterable["Incoming"], rejected: str | N
     return record
 
 
-def journal_commit(commit, topic: str, acknowledged: dict[str, int], applying: Iterable["Incoming"],
+def journal_commit(commit, topic: str, acknowledged: dict[str, int], applying: Iterable[Incoming],
                    journaled: tuple[str, int] | None, rejected: str | None = None,
                    closing: dict[str, str] | None = None) -> None:
     """The journal's part of ``commit`` (a ``BatchCommit``): a new batch's record, first in the

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import structlog
 
@@ -126,7 +127,7 @@ class OpenSteps:
                     await asyncio.shield(applied.published)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - tried again: the steps stay open meanwhile
+            except Exception as exc:
                 log.warning("worker.open_steps_unclosed", error=str(exc))
                 await asyncio.sleep(max(self.step_wait, 0.5))
 

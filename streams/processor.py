@@ -24,8 +24,8 @@ import asyncio
 import math
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import structlog
 
@@ -200,7 +200,7 @@ class Processor:
         await asyncio.shield(applied.published)
         return applied.outcome
 
-    async def apply(self, messages: list[Incoming]) -> "Applied":
+    async def apply(self, messages: list[Incoming]) -> Applied:
         """Apply and commit ``messages`` and enqueue their outputs; returns once they are durable,
         with a future that resolves when the broker has the outputs (``Applied.published``).
 
@@ -233,7 +233,7 @@ class Processor:
         applied.published.add_done_callback(lambda done: self.metrics.count_published(topics, since, done))
         return applied
 
-    async def reject(self, message: Incoming, reason: str) -> "Applied":
+    async def reject(self, message: Incoming, reason: str) -> Applied:
         """Dead-letter ``message`` without applying it (applying it kept failing with an
         unexpected error: ``reason``): its offset and the dead letter are committed, so it is
         skipped from now on, and the dead letter is published like any other output."""

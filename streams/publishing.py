@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -59,7 +59,7 @@ class Outputs:
             await asyncio.wait([previous])  # (its failure is its batch's: ``published`` enqueues it again)
         return await self.metrics.stages.run(self.enqueue(outbox))
 
-    def published_task(self, outbox: list[OutboxEntry], acks: "list | asyncio.Future | None",
+    def published_task(self, outbox: list[OutboxEntry], acks: list | asyncio.Future | None,
                        outcome) -> asyncio.Task:
         """``published`` as a task, its CPU time counted to its stage (``streams/stages.py``)."""
         return asyncio.get_running_loop().create_task(self.metrics.stages.run(self.published(outbox, acks, outcome)))
@@ -102,7 +102,7 @@ class Outputs:
                 position = f"{self.topics.journal}:{partition}"
                 self.journaled[position] = max(self.journaled.get(position, 0), offset + 1)
 
-    async def published(self, outbox: list[OutboxEntry], acks: "list | asyncio.Future | None", outcome) -> None:
+    async def published(self, outbox: list[OutboxEntry], acks: list | asyncio.Future | None, outcome) -> None:
         """Wait for the broker to have a batch's outputs, then clear them from the outbox; if
         either fails, enqueue the outputs again (decisions are idempotent by id) and retry.
         Then count them (``outcome``: the batch's ``BatchOutcome``)."""

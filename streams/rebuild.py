@@ -5,7 +5,7 @@ what no record holds merged in event-time order (docs/architecture.md, "Redis du
 from __future__ import annotations
 
 from collections import deque
-from typing import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import structlog
 

@@ -10,10 +10,10 @@ import structlog
 
 from fairstream.collector import fix_mmap_threshold, tune_gc
 from fairstream.policies.base import parse_param_pairs
+from fairstream.sim.scenario import load_tenant_tree
+from fairstream.state.store import RedisStore, redis_client
 from fairstream.streams.app import WorkerConfig, create_app
 from fairstream.wire.topics import Topics
-from fairstream.state.store import RedisStore, redis_client
-from fairstream.sim.scenario import load_tenant_tree
 
 
 def redact(url: str) -> str:

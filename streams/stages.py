@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any, Awaitable, Generator, TypeVar
+from collections.abc import Awaitable, Generator
+from typing import Any, TypeVar
 
 from prometheus_client.core import CounterMetricFamily
 
@@ -48,7 +49,7 @@ class StageMeter:
         """Await ``coroutine``, its turns' CPU time counted to the stage each is in."""
         return await _Metered(coroutine, self)
 
-    def stage(self, name: str) -> "_Stage":
+    def stage(self, name: str) -> _Stage:
         """``with meter.stage(name):`` the enclosed code is stage ``name``: its wall time, and the
         CPU time of the metered coroutine's turns within it (outside a metered coroutine, only
         its wall time: its CPU time cannot be told from other tasks' if it awaits)."""
@@ -145,5 +146,5 @@ class _Metered:
             except GeneratorExit:
                 inner.close()
                 raise
-            except BaseException as exc:  # noqa: BLE001 - handed to the coroutine, as a Task would
+            except BaseException as exc:
                 sent, thrown = None, exc

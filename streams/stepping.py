@@ -18,8 +18,8 @@ from fairstream.state.engine_snapshot import SnapshotError
 from fairstream.state.store import BatchCommit
 from fairstream.streams import snapshots
 from fairstream.streams.decoding import dead_letter, held_step
-from fairstream.streams.journal import held_from
 from fairstream.streams.incoming import Incoming
+from fairstream.streams.journal import held_from
 from fairstream.streams.session import ClusterSession, Sessions
 from fairstream.streams.snapshots import SnapshotRules
 from fairstream.streams.stepper import StepRules, run_steps
@@ -213,7 +213,7 @@ def recent_config_rejected(letter: DeadLetter, clock=lambda cluster: None) -> tu
     ``time: null``)."""
     try:
         body = loads(letter.raw)
-    except Exception:  # noqa: BLE001 - not JSON: no cluster to show it under
+    except Exception:
         return None
     cluster = body.get("cluster") if isinstance(body, dict) else None
     if not isinstance(cluster, str):

@@ -59,7 +59,7 @@ class _Decompressed:
     def validate_crc(self) -> bool:
         return self._crc_valid
 
-    def __iter__(self) -> "_Decompressed":
+    def __iter__(self) -> _Decompressed:
         return self
 
     def __next__(self):
@@ -106,7 +106,7 @@ class ReadableRecords:
         crc_valid = batch.validate_crc()
         try:
             return _Decompressed(batch, list(batch), crc_valid)
-        except Exception as exc:  # noqa: BLE001 - whatever the codec raises, the batch is one dead letter
+        except Exception as exc:
             # (As one record at its last offset, an ``UnreadableBatch``.)
             return _Decompressed(batch, [unreadable_record(self.topic, self.partition, batch, exc)], crc_valid)
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from fairstream.core import native
 from fairstream.core.engine import Engine
 from fairstream.core.model import NodeHeartbeat, ResourceSpace, TaskCompleted, TaskSubmitted, TenantSpec
-from fairstream.sim.scenario import parse_scenario
 from fairstream.core.tenants import TenantTree
 from fairstream.policies import get as get_policy
+from fairstream.sim.scenario import parse_scenario
 
 
 @contextmanager

@@ -541,7 +541,7 @@ class Accounting:
             self._pseudo = None
 
     def on_start(self, row: int, demand: np.ndarray, values: tuple[float, ...], now: float,
-                 weighted: np.ndarray | None = None, count: int = 1) -> list["_Running"]:
+                 weighted: np.ndarray | None = None, count: int = 1) -> list[_Running]:
         """``count`` tasks of ``demand`` (``values``: the same as plain floats) start (a run of
         one request's tasks on one node: one call, the same state to the bit as one call each);
         returns their running entries, to hand back on finish or requeue. ``weighted``: the
@@ -564,7 +564,7 @@ class Accounting:
         self._changed(row)
         return entries
 
-    def on_finish(self, row: int, finished: list[tuple["_Running", float]], tree: TenantTree) -> None:
+    def on_finish(self, row: int, finished: list[tuple[_Running, float]], tree: TenantTree) -> None:
         """Tasks of tenant ``row`` finished: each one's running entry and end time, in order
         (several in one call: the same state, to the bit, as one call each)."""
         ledger = self.ledgers[row]
@@ -579,7 +579,7 @@ class Accounting:
         # A leaf's quantum moves only with its own finished tasks (section 5.2.1, bottom-up).
         self._changed(row, quantum=True)
 
-    def on_requeue(self, row: int, entry: "_Running", now: float) -> None:
+    def on_requeue(self, row: int, entry: _Running, now: float) -> None:
         """A running task goes back to pending (its node was lost)."""
         ledger = self.ledgers[row]
         demand = entry.demand
@@ -593,7 +593,7 @@ class Accounting:
         ledger.pending += 1
         self.pending_demand[row] += demand
 
-    def _release_weighted(self, row: int, entry: "_Running") -> None:
+    def _release_weighted(self, row: int, entry: _Running) -> None:
         if self.weighted_allocation is not None:
             subtract_floored(self.weighted_allocation[row], entry.counted)
 

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from fairstream.core.accounting import Accounting
 from fairstream.core.model import (
     MAX_COUNT,
     Constraints,
@@ -28,12 +30,11 @@ from fairstream.core.model import (
     ResourceSpace,
     TaskCompleted,
     TaskSubmitted,
-    TenantSpec,
     TenantsChanged,
+    TenantSpec,
     request_task_id,
     split_task_id,
 )
-from fairstream.core.accounting import Accounting
 from fairstream.core.tenants import TenantTree, spec_changes
 from fairstream.core.workload import Workload
 
@@ -112,7 +113,7 @@ class Admission:
         return None
 
 
-def admit(engine: EngineState, event: Event, earlier: "Earlier | None" = None):
+def admit(engine: EngineState, event: Event, earlier: Earlier | None = None):
     """Raise ``ModelError`` if ``event`` cannot be applied to this state with ``earlier``'s
     events applied too; returns what the check parsed (a submission's demand vector and
     constraints, a heartbeat's capacity vector)."""

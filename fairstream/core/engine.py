@@ -18,7 +18,8 @@ it is random.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,7 +28,15 @@ from fairstream.core.admission import Admission, EventRejected, new_tree, orderi
 from fairstream.core.candidates import Changes
 from fairstream.core.fairness import fair_shares
 from fairstream.core.jobs import Jobs
-from fairstream.core.model import CompletionStatus, Decision, DecisionKind, Event, ModelError, ResourceSpace, TenantsChanged
+from fairstream.core.model import (
+    CompletionStatus,
+    Decision,
+    DecisionKind,
+    Event,
+    ModelError,
+    ResourceSpace,
+    TenantsChanged,
+)
 from fairstream.core.nodes import Nodes
 from fairstream.core.placement import Cycle
 from fairstream.core.preemption import PreemptionRule, RunningTask

@@ -47,9 +47,10 @@ import functools
 import heapq
 import json
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -200,7 +201,7 @@ def _finite(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else value
 
 
-def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int | None = None,
+def explain(engine: Engine, held: Iterable[HeldEntry] = (), max_entries: int | None = None,
             forecast: tuple[int, int] | None = None) -> Explanation:
     """The engine's state now: every tenant's status and every pending request's reason
     (module docstring). ``held``: work its driver has not submitted yet (later stages).
@@ -228,14 +229,14 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
     verdicts: dict[tuple[str, int], tuple[WaitReason, str] | None] = {}
     room_limited: list[str] = []
     # Per tenant waiting for room, per waiting head: the nodes where room would serve it, and its demand.
-    reach: dict[str, list[tuple[np.ndarray, tuple[float, ...], "Task"]]] = {}
+    reach: dict[str, list[tuple[np.ndarray, tuple[float, ...], Task]]] = {}
     reserved_for = engine.reservation
     # Tenants ahead of the reservation's holder in the order: the pass serves them with the
     # reservation open (``placement.serve_in_order``), so the reserved node is in their reach.
     ahead_of_holder = set() if reserved_for is None or reserved_for.tenant not in keys else {
         tenant for tenant in snap.pending if keys[tenant] < keys[reserved_for.tenant]}
 
-    def may_use(task: "Task", now: bool = True) -> np.ndarray:
+    def may_use(task: Task, now: bool = True) -> np.ndarray:
         """The live nodes that could hold ``task`` and that its constraints allow, and (``now``)
         the reservation: the reserved node serves its reserved task first, the tenants behind
         its holder after it."""
@@ -248,7 +249,7 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         return mask
 
     held_by_limit: dict[str, dict[str, tuple[WaitReason, str]]] = {}
-    heads: dict[str, dict[int, "Task"]] = {}  # per tenant, per shape: the entry its pass tries first
+    heads: dict[str, dict[int, Task]] = {}  # per tenant, per shape: the entry its pass tries first
     for tenant in ranked:
         limited = False
         held_by_limit[tenant] = held_jobs = _jobs_over_max_running(cycle, tenant, cycle.job_queue(tenant))
@@ -315,7 +316,7 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
     holder_may_start = holder_group is not None and any(
         entry.job not in held_by_limit.get(reserved_for.tenant, {}) for entry in _pending_entries(holder_group))
 
-    def in_the_way(other: str, task: "Task", mask: np.ndarray) -> np.ndarray | None:
+    def in_the_way(other: str, task: Task, mask: np.ndarray) -> np.ndarray | None:
         """Of the nodes ``mask`` (those ``task`` may use), where ``other`` would take room freed
         for ``task``: those it waits for with a task no larger (it fits the room that fits
         ``task``), and the node reserved for it, whatever its size; None: none."""
@@ -384,7 +385,7 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
                 f"above their fair share that have used more over the long term ({victim_label} above its "
                 f"{own:.4g}): {now}")
 
-    def first_for(tenant: str, task: "Task") -> tuple[str, bool]:
+    def first_for(tenant: str, task: Task) -> tuple[str, bool]:
         """The first tenant in line for room freed for ``task`` (the first in the order that
         waits for room it would fit, on a node both may use; ``tenant`` itself if none is
         ahead of it), and whether that tenant is ahead on some of ``task``'s nodes only."""
@@ -412,7 +413,7 @@ def explain(engine: "Engine", held: Iterable[HeldEntry] = (), max_entries: int |
         return (f"first in line for this room ({ahead} tenant{'s' if ahead != 1 else ''} ahead of it in the order "
                 f"wait{'s' if ahead == 1 else ''} for other room or {'are' if ahead != 1 else 'is'} held by a limit)")
 
-    def room_reason(tenant: str, task: "Task") -> tuple[WaitReason, str, str | None, float | None]:
+    def room_reason(tenant: str, task: Task) -> tuple[WaitReason, str, str | None, float | None]:
         need = _text(engine.resources.as_dict(task.demand))
         nowhere = "no node has room" if task.constraints.empty else "no node its constraints allow has room"
         since = engine.starved_since.get(tenant)
@@ -585,7 +586,7 @@ def _jobs_over_max_running(cycle: Cycle, tenant: str, jobs) -> dict[str, tuple[W
     return out
 
 
-def _heads(groups, jobs, held_jobs) -> dict[int, "Task"]:
+def _heads(groups, jobs, held_jobs) -> dict[int, Task]:
     """Per shape of a tenant's queue (``groups``: its shapes' lists), the entry a pass tries
     first: the first pending one whose job is not held by max_running (``held_jobs``), or, all
     held, the first. In arrival order; in its jobs' order if the pass serves it job by job
@@ -595,8 +596,8 @@ def _heads(groups, jobs, held_jobs) -> dict[int, "Task"]:
     if jobs is None:
         return {shape: next((e for e in _pending_entries(group) if e.job not in held_jobs), head)
                 for shape, group in groups.items() if (head := group.pending_at(0)[0]) is not None}
-    first: dict[int, "Task"] = {}
-    free: dict[int, "Task"] = {}
+    first: dict[int, Task] = {}
+    free: dict[int, Task] = {}
     for job in jobs.jobs_in_order():
         for entry in jobs.entries[job]:
             first.setdefault(entry.shape, entry)
@@ -610,7 +611,7 @@ def _heads(groups, jobs, held_jobs) -> dict[int, "Task"]:
 _WAITS_FOR_ROOM = frozenset({WaitReason.RESERVED_FOR_OTHER, WaitReason.CONSTRAINTS, WaitReason.MAX_PER_NODE})
 
 
-def _no_backfill(engine: "Engine", snap, head: "Task") -> str:
+def _no_backfill(engine: Engine, snap, head: Task) -> str:
     """Why ``head`` may not backfill the reserved node's room (``reservation=backfill``), or ""."""
     if engine.params.get("reservation") != "backfill":
         return ""
@@ -627,14 +628,14 @@ def _no_backfill(engine: "Engine", snap, head: "Task") -> str:
             f"(its tasks of one shape start in order)")
 
 
-def _pending_entries(group) -> Iterator["Task"]:
+def _pending_entries(group) -> Iterator[Task]:
     """The pending entries of one shape's list (``snapshot.TaskList``), in arrival order."""
     for task in group.tasks[group.head:]:
         if task.state is TaskState.PENDING:
             yield task
 
 
-def _shape_verdict(engine: "Engine", cycle: Cycle, quota, tenant: str, head: "Task",
+def _shape_verdict(engine: Engine, cycle: Cycle, quota, tenant: str, head: Task,
                    live: np.ndarray) -> tuple[WaitReason, str] | None:
     """Why the head of one of ``tenant``'s shapes waits, unless only for room (None)."""
     unschedulable = engine.verdicts.reason(head.shape)

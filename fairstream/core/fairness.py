@@ -20,7 +20,8 @@ everywhere.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -61,7 +62,7 @@ def dominant_share(allocation: np.ndarray, capacity: np.ndarray) -> float:
     return 0.0 if best is None else best
 
 
-def fair_shares(tree: "TenantTree", tenants: Sequence[str], demand: np.ndarray, capacity: np.ndarray,
+def fair_shares(tree: TenantTree, tenants: Sequence[str], demand: np.ndarray, capacity: np.ndarray,
                 resource: int | None, resources: Sequence[str] = ()) -> np.ndarray:
     """THE fair share of every tenant row, as a fraction of the cluster in one measure (one
     ``resource``'s share, or the dominant share when it is None): YARN Fair Scheduler's fair

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import copy
 import heapq
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from fairstream.core.model import DecisionKind, TaskCompleted, TaskState, event_time
 
@@ -29,13 +30,13 @@ MAX_STEPS, MAX_TASKS = 2_000, 20_000
 WORKER_STEPS, WORKER_TASKS = 100, 2_000
 
 
-def has_estimates(engine: "Engine") -> bool:
+def has_estimates(engine: Engine) -> bool:
     """Whether any running or pending task has a run-time estimate (else every start is unknown)."""
     return any(task.estimate is not None for task in engine.tasks.values()) or any(
         request.estimate is not None for request in engine.requests.values())
 
 
-def expected_starts(engine: "Engine", wanted: Iterable[str], max_steps: int = MAX_STEPS,
+def expected_starts(engine: Engine, wanted: Iterable[str], max_steps: int = MAX_STEPS,
                     max_tasks: int = MAX_TASKS) -> dict[str, float]:
     """For each task id of ``wanted`` (pending now) that starts within ``max_steps`` steps of
     the forecast, the event time it starts (module docstring). Empty if the engine holds more

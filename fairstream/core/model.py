@@ -10,9 +10,10 @@ cluster, and every demand or capacity is a ``numpy`` vector in that order.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -136,7 +137,7 @@ class Constraints:
         return True
 
     @staticmethod
-    def from_json(raw: Mapping | None, where: str = "constraints") -> "Constraints":
+    def from_json(raw: Mapping | None, where: str = "constraints") -> Constraints:
         if not raw:
             return NO_CONSTRAINTS
         nodes = raw.get("nodes")

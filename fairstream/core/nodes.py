@@ -10,8 +10,9 @@ views, ``storage_*`` the arrays themselves for hot paths that index one row.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Mapping, cast
+from typing import cast
 
 import numpy as np
 
@@ -36,7 +37,7 @@ class Nodes:
         self._view: tuple[tuple[str, ...], tuple[Mapping[str, str], ...]] | None = None
         self.lost = 0  # how many rows are dead (``lose``; a heartbeat revives): the snapshot's free room
 
-    def __deepcopy__(self, memo: dict) -> "Nodes":
+    def __deepcopy__(self, memo: dict) -> Nodes:
         # The view holds read-only label mappings, which cannot be copied: the copy makes its own.
         twin = memo[id(self)] = Nodes.__new__(Nodes)
         fields = cast(dict, self.__getstate__())  # (its fields; compiled, it has no __dict__)

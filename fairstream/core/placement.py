@@ -14,16 +14,26 @@ therefore work-conserving for the order it is given: it stops only when no pendi
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from functools import cached_property
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from fairstream.core import native
-from fairstream.core.fairness import BELOW_MIN_SHARE, FairKey, dominant_share, fair_key, resource_share, resource_shares
-from fairstream.core.model import EPSILON, Decision, DecisionKind, ReasonCode, Task, TaskState, event_time, split_task_id
+from fairstream.core.fairness import BELOW_MIN_SHARE, FairKey, dominant_share, fair_key, resource_shares
 from fairstream.core.fit import NodeFit, alignment_scores
 from fairstream.core.limits import QueueLimits
+from fairstream.core.model import (
+    EPSILON,
+    Decision,
+    DecisionKind,
+    ReasonCode,
+    Task,
+    TaskState,
+    event_time,
+    split_task_id,
+)
 from fairstream.core.queues import QueueWalk, ordering_resource
 from fairstream.core.snapshot import Snapshot
 
@@ -473,7 +483,7 @@ def serve_in_order(snapshot: Snapshot, policy: str, service: Service, cycle: Cyc
         while (task := cycle.next_task(tenant)) is not None:  # None: nothing of it fits any more
             if admit is not None and not admit(cycle, tenant, task):
                 cycle.skip_for(tenant, task)
-            elif cycle.try_place(tenant, task, lambda: reason(cycle, tenant, tenant_key), order_code(tenant_key, code)):
+            elif cycle.try_place(tenant, task, lambda: reason(cycle, tenant, tenant_key), order_code(tenant_key, code)):  # noqa: B023 (called before the loop moves on)
                 if charge is not None:
                     charge(cycle, tenant, task)
                 heapq.heappush(heap, (key(cycle, tenant), tenant))

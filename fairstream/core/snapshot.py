@@ -9,9 +9,9 @@ what the pass costs).
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -269,7 +269,7 @@ class Snapshot:
     running_jobs: Mapping[str, Mapping[str, int]] = field(default_factory=lambda: EMPTY_MAPPING)
     # Per leaf that orders its jobs (``TenantSpec.ordering`` fair, drf or ltrf), its jobs' running
     # demand and accumulated usage (``fairstream.core.jobs``); the engine's own, to be read only.
-    job_usage: Mapping[str, Mapping[str, "JobUsage"]] = field(default_factory=lambda: EMPTY_MAPPING)
+    job_usage: Mapping[str, Mapping[str, JobUsage]] = field(default_factory=lambda: EMPTY_MAPPING)
     # Per tenant row, the summed demand of its pending tasks that some node could hold (requests
     # counted by their count): with ``allocation``, the demand the fair share is capped by
     # (``fairness.fair_shares``). Given when the policy preempts (the fair share's one reader).

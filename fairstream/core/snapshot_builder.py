@@ -81,7 +81,7 @@ class SnapshotBuilder:
         n = len(acc.ledgers)
         if self._tenants is None or self._tenants[0] != (n, acc.arrivals):
             self._tenants = ((n, acc.arrivals), [ledger.name for ledger in acc.ledgers], dict(acc.row),
-                             np.array([math.inf if l.first_arrival is None else l.first_arrival for l in acc.ledgers]))
+                             np.array([math.inf if ledger.first_arrival is None else ledger.first_arrival for ledger in acc.ledgers]))
             self._tenants[3].flags.writeable = False
         _, names, rows, arrival = self._tenants
         node_ids, node_labels = registry.view()
@@ -137,8 +137,8 @@ class SnapshotBuilder:
                 "accumulated": lambda: acc.accumulated_rows(None, now),
                 "pseudo_accumulated": lambda: acc.pseudo_rows(None, now),
                 "quantum": lambda: acc.quanta_by_row().copy(),
-                "waiting_since": lambda: np.array([math.nan if l.waiting_since is None else l.waiting_since
-                                                   for l in acc.ledgers]),
+                "waiting_since": lambda: np.array([math.nan if ledger.waiting_since is None else ledger.waiting_since
+                                                   for ledger in acc.ledgers]),
                 "running": lambda: np.array([ledger.running for ledger in acc.ledgers], dtype=float),
             },
         }

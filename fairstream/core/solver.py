@@ -20,8 +20,8 @@ kinds can take HiGHS seconds to prove optimality (measured: 4.4 s for 100 kinds,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

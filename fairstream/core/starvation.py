@@ -8,7 +8,7 @@ The engine's ``Starvation`` part, updated after every pass from the values it is
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -18,7 +18,6 @@ from fairstream.core.model import EPSILON
 from fairstream.core.preemption import PreemptionRule, share_ratios
 from fairstream.core.snapshot import PendingQueue
 from fairstream.core.verdicts import Verdicts
-
 
 #: The shortest wait between two preemption checks for a tenant starved past its timeout
 #: (``Starvation.wake_at``), in seconds of event time, when preemption_timeout is shorter.

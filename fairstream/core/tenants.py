@@ -30,7 +30,7 @@ class TenantTree:
     queue_orderings: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_specs(cls, specs: list[TenantSpec]) -> "TenantTree":
+    def from_specs(cls, specs: list[TenantSpec]) -> TenantTree:
         tree = cls()
         pending = list(specs)
         # Parents may be declared after their children; resolve in passes.

@@ -11,8 +11,9 @@ break an invariant raises ``PolicyViolation`` (a bug, never input).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol, cast
+from typing import Protocol, cast
 
 import numpy as np
 

@@ -11,11 +11,18 @@ judging a new task is usually a lookup.
 
 from __future__ import annotations
 
-from typing import Iterable
-
 import numpy as np
 
-from fairstream.core.model import EPSILON, Constraints, Decision, DecisionKind, ReasonCode, ResourceSpace, Task, TaskState
+from fairstream.core.model import (
+    EPSILON,
+    Constraints,
+    Decision,
+    DecisionKind,
+    ReasonCode,
+    ResourceSpace,
+    Task,
+    TaskState,
+)
 from fairstream.core.nodes import Nodes
 from fairstream.core.workload import Workload
 

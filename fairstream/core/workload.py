@@ -14,7 +14,8 @@ the tenants waiting with each shape (candidate selection), the tasks running on 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Mapping, Sequence, cast
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 import numpy as np
 

@@ -294,7 +294,7 @@ async def _run(nodes: int, pods: int, rate: float, rate_seconds: float, fair_pod
                 phases: dict[str, Any] = {}
 
                 def made(prefix: str, count: int, cpu: str = "1", queues=("a", "b")) -> list[dict]:
-                    return [pod_manifest(namespace, f"{queues[k % len(queues)]}-{prefix}-{k}", scheduler.scheduler_name,
+                    return [pod_manifest(namespace, f"{queues[k % len(queues)]}-{prefix}-{k}", scheduler.scheduler_name,  # noqa: B023 (called before the loop moves on)
                                          cpu=cpu, memory="1Gi", labels={QUEUE_LABEL: queues[k % len(queues)]})
                             for k in range(count)]
 

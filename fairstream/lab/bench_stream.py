@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from fairstream.wire.jsoncodec import dumps, loads
 from fairstream.core.model import ModelError
 from fairstream.producers.client import Publisher
-from fairstream.wire.kafka import ensure_topics
 from fairstream.streams.config import WorkerConfig
+from fairstream.wire.jsoncodec import dumps, loads
+from fairstream.wire.kafka import ensure_topics
 from fairstream.wire.topics import Topics
 
 

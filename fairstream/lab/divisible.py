@@ -54,7 +54,7 @@ def progressive_filling(capacity: np.ndarray, demands: np.ndarray, allowed: np.n
                     if i in frozen:
                         problem += share(x_vars, i) == frozen[i]
                     elif i != j:
-                        problem += share(x_vars, i) >= top
+                        problem += share(x_vars, i) >= top  # noqa: B023 (called before the loop moves on)
             best, _ = solve_placement_lp(lambda x_vars, level, j=j: share(x_vars, j), capacity, demands, allowed, others_at_top)
             if best <= top + TOLERANCE:
                 frozen[j] = top

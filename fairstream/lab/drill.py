@@ -28,14 +28,14 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from fairstream.core.model import ModelError
 from fairstream.producers.client import Publisher
-from fairstream.wire.kafka import ensure_topics, kafka_security
 from fairstream.sim.scenario import Scenario, parse_scenario
+from fairstream.wire.kafka import ensure_topics, kafka_security
 from fairstream.wire.topics import Topics
 
 CLUSTER = "drill"
@@ -152,7 +152,7 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> "RedisServer":
+    def start(self) -> RedisServer:
         self.process = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
              "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
@@ -177,7 +177,7 @@ class WorkerProcess:
         self.process: subprocess.Popen | None = None
         self.logs: list[Path] = []
 
-    def start(self) -> "WorkerProcess":
+    def start(self) -> WorkerProcess:
         log_path = self.directory / f"worker-{len(self.logs)}.log"
         self.logs.append(log_path)
         self.process = subprocess.Popen(

@@ -29,8 +29,15 @@ from pathlib import Path
 
 import numpy as np
 
-from fairstream.core.flex import (CANDIDATES, SLA_KINDS, complementary_degree, fairness_loss, from_sklearn,
-                             long_term_fairness_loss, makespan_reduction)
+from fairstream.core.flex import (
+    CANDIDATES,
+    SLA_KINDS,
+    complementary_degree,
+    fairness_loss,
+    from_sklearn,
+    long_term_fairness_loss,
+    makespan_reduction,
+)
 from fairstream.lab.parallel import run_all
 
 #: The FLEX paper's Table 4 (best grid-search setting); random-state fixed for repeatable models.
@@ -55,9 +62,8 @@ MEMORY_HEAVY = np.array([2.5, 20.0])
 def workload(seed: int, cpu_share: float, mix: str, tenants: int = 8, nodes: int = 4):
     """A seeded scenario: ``cpu_share`` of the tenants CPU-heavy, the rest memory-heavy."""
     from fairstream.core.model import ResourceSpace, TenantSpec
-    from fairstream.sim.scenario import Scenario, TaskSpec
     from fairstream.core.tenants import TenantTree
-    from fairstream.sim.scenario import uniform_nodes
+    from fairstream.sim.scenario import Scenario, TaskSpec, uniform_nodes
 
     rng = np.random.default_rng(seed)
     cpu_heavy = int(round(cpu_share * tenants))
@@ -69,11 +75,11 @@ def workload(seed: int, cpu_share: float, mix: str, tenants: int = 8, nodes: int
             if mix == "facebook":
                 size = int(rng.choice([1, 2, 10, 50, 100], p=[0.35, 0.25, 0.2, 0.15, 0.05]))
                 submit = float(rng.uniform(0, 20))
-                duration = lambda: float(rng.uniform(5, 30))  # noqa: E731
+                duration = lambda: float(rng.uniform(5, 30))
             else:
                 size = int(rng.integers(5, 41))
                 submit = float(rng.uniform(0, 60))
-                duration = lambda: float(rng.uniform(10, 120))  # noqa: E731
+                duration = lambda: float(rng.uniform(10, 120))
             # Each job's tasks within +-50 % of their tenant type's size, per resource: with one
             # size per type, Facebook-like workloads showed no packing gain at all.
             demand = np.minimum(np.round(base * rng.uniform(0.5, 1.5, size=2), 2), NODE)

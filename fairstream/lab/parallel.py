@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from typing import Callable, Sequence
 
 
 def run_all(function: Callable, plan: Sequence, workers: int | None = None, progress: bool | None = None,

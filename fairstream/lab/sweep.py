@@ -104,8 +104,8 @@ def plan(workload: str, knobs: list[float], users: list[int], options: dict,
 def sweep(workload: str, knobs: list[float], users: list[int], options: dict, out: Path,
           workers: int | None = None, progress: bool | None = None, policies: tuple[str, ...] = PAPER_POLICIES) -> dict:
     from fairstream.core.model import ModelError
-    from fairstream.policies import REGISTRY
     from fairstream.lab.parallel import run_all
+    from fairstream.policies import REGISTRY
 
     unknown = [p for p in policies if p not in REGISTRY]
     if unknown:  # one line, before any run starts

@@ -26,13 +26,13 @@ import numpy as np
 from fairstream.core import native
 from fairstream.core.fairness import (
     counted_allocation,
+    fair_shares,
     fairness_degree,
     fairness_degrees,
-    fair_shares,
     resource_shares,
-    soft_fairness_degree,
     sharing_benefit,
     sharing_loss,
+    soft_fairness_degree,
 )
 
 
@@ -334,7 +334,7 @@ def job_statistics(records: dict) -> tuple[dict[str, dict], dict[str, dict]]:
         jobs[name] = {"tenant": rec.tenant, "submit": rec.submit, "tasks": rec.tasks, "done": done,
                       "finish": rec.finish if rec.finish is not None else -math.inf}
     tenants: dict[str, dict] = {}
-    for name, job in jobs.items():
+    for job in jobs.values():
         job["completion_time"] = job["finish"] - job["submit"] if job["done"] else None
         t = tenants.setdefault(job["tenant"], {"jobs": 0, "first_submit": math.inf, "last_finish": -math.inf, "jct": []})
         t["jobs"] += 1

@@ -8,8 +8,8 @@ import csv
 import math
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from fairstream.sim.metrics import job_statistics
 from fairstream.sim.simulator import SimResult

@@ -8,8 +8,7 @@ import matplotlib
 import numpy as np
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
+import matplotlib.pyplot as plt
 
 MAX_LINES = 10
 
@@ -128,7 +127,7 @@ def plot_side_by_side(results: dict, marks: dict[str, float], path: Path) -> Pat
 def sweep_figures(rows: list[dict], out: Path) -> list[Path]:
     """The QKnobler paper's Figures 6-9 from ``fairstream sweep`` rows (those present)."""
     written = []
-    for figure, against_rho in (("fig6", True), ("fig8", True)):
+    for figure, _against_rho in (("fig6", True), ("fig8", True)):
         mine = sorted((r for r in rows if r["figure"] == figure), key=lambda r: r["knob"])
         if not mine:
             continue

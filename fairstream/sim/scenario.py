@@ -10,16 +10,25 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources as package_files
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import jsonschema
 
-from fairstream.core.model import (DEFAULT_RESOURCES, MAX_COUNT, ROOT, Constraints, ModelError, ResourceSpace, TenantSpec,
-                              request_task_id)
+from fairstream.core.model import (
+    DEFAULT_RESOURCES,
+    MAX_COUNT,
+    ROOT,
+    Constraints,
+    ModelError,
+    ResourceSpace,
+    TenantSpec,
+    request_task_id,
+)
 from fairstream.core.tenants import TenantTree, specs_from_json
 from fairstream.wire import jsoncodec
 
@@ -112,7 +121,7 @@ class Scenario:
                 out.extend(replace(spec, id=name, count=None) for name in spec.task_ids())
         return out
 
-    def with_exact_estimates(self) -> "Scenario":
+    def with_exact_estimates(self) -> Scenario:
         """This scenario with every task that has no ``estimate`` given its true duration as one
         (``--estimates exact``: backfill as it would be with perfect run-time estimates)."""
         def exact(spec: TaskSpec) -> TaskSpec:
@@ -121,7 +130,7 @@ class Scenario:
         tasks = [exact(spec) for spec in self.tasks] if isinstance(self.tasks, list) else map(exact, self.tasks)
         return replace(self, tasks=tasks)
 
-    def one_by_one(self) -> "Scenario":
+    def one_by_one(self) -> Scenario:
         """This scenario with every request submitted as its tasks one by one."""
         return replace(self, tasks=self.expanded_tasks())
 

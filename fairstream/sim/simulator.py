@@ -15,25 +15,26 @@ import heapq
 import itertools
 import math
 import operator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, cast
+from typing import TYPE_CHECKING, cast
 
 from fairstream import policies  # type: ignore[attr-defined]  # (installed from policies/: mypy does not follow)
 from fairstream.core.engine import Engine, StepResult
-from fairstream.sim.metrics import MetricsRecorder, job_statistics
 from fairstream.core.model import (
     Decision,
     DecisionKind,
+    Event,
     ModelError,
     NodeHeartbeat,
     NodeLost,
     TaskCompleted,
     TaskSubmitted,
-    Event,
     TenantsChanged,
     event_time,
 )
 from fairstream.core.tenants import specs_from_json
+from fairstream.sim.metrics import MetricsRecorder, job_statistics
 from fairstream.sim.scenario import Scenario, TaskSpec, spec_of_task
 
 if TYPE_CHECKING:
@@ -412,7 +413,7 @@ class ReleaseGates:
         return self.held_stage.get(job, {}).pop(stage, [])
 
 
-def _explain(engine: Engine, gates: "ReleaseGates", at: float) -> Explanation:
+def _explain(engine: Engine, gates: ReleaseGates, at: float) -> Explanation:
     """``explain`` of the engine as it stands, with the later stages and chained jobs submitted
     by ``at`` that the run still holds back."""
     from fairstream.core.explain import HeldEntry, explain

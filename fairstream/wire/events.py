@@ -30,7 +30,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources as package_files
 from typing import Any
 
@@ -62,7 +62,7 @@ class BadInput(ModelError):
     """Input that cannot be applied; the message is the dead-letter reason."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def _validator(kind: str) -> jsonschema.Draft202012Validator:
     name = f"schemas/{SCHEMA_FILES[kind]}.schema.json"
     schema = json.loads(package_files.files("fairstream").joinpath(name).read_text())

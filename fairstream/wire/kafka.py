@@ -5,7 +5,8 @@ producers and the tools; aiokafka is imported only when a topic is created."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from fairstream.core.model import ModelError
 

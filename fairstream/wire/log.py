@@ -9,7 +9,8 @@ line and the tests all use it, so a replay takes exactly the decisions the worke
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Protocol
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
 
 from fairstream.core.model import Event, ModelError
 from fairstream.wire.events import event_from_json, event_to_json

@@ -7,7 +7,8 @@ the wait; what may not be retried (an error that may have written a message) is 
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable, Iterator, TypeVar
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
 
 import structlog
 

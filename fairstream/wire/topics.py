@@ -16,7 +16,7 @@ class Topics:
     config: str = "tenants.config"  # a cluster's tenant tree, changed while it runs
     journal: str = "worker.journal"  # the batches the worker applied, in order: for a rebuild
 
-    def with_prefix(self, prefix: str) -> "Topics":
+    def with_prefix(self, prefix: str) -> Topics:
         """``prefix.tasks.submitted`` and so on: several deployments on one Kafka."""
         if not prefix:
             return self

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 API_VERSION = "v1"
 DEFAULT_PAGE_SIZE = 100

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from builders import engine, node, submit, tree
 from fairstream.core.admission import Admission
-from fairstream.core.model import split_task_id
-from fairstream.core.model import NodeHeartbeat, NodeLost, TaskCompleted, TenantsChanged, TenantSpec
+from fairstream.core.model import NodeHeartbeat, NodeLost, TaskCompleted, TenantsChanged, TenantSpec, split_task_id
 from fairstream.state.engine_snapshot import encode_engine
+
+from builders import engine, node, submit, tree
 
 
 def running_cluster():

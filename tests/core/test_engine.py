@@ -11,11 +11,21 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from builders import engine, node, submit, tree
 from fairstream.core.accounting import AccountingConfig, _pending_added
 from fairstream.core.engine import PolicyViolation
-from fairstream.core.model import (Decision, DecisionKind, ModelError, NodeLost, ReasonCode, TaskCompleted, TaskSubmitted,
-                                   TenantSpec, subtract_floored)
+from fairstream.core.model import (
+    Decision,
+    DecisionKind,
+    ModelError,
+    NodeLost,
+    ReasonCode,
+    TaskCompleted,
+    TaskSubmitted,
+    TenantSpec,
+    subtract_floored,
+)
+
+from builders import engine, node, submit, tree
 
 UNIT = {"quantum": 1, "quantum_mode": "fixed"}
 
@@ -307,7 +317,7 @@ def test_a_snapshot_field_made_on_first_read_shows_the_pass_and_refuses_a_read_a
     read_late = e.snapshot()
     read_late.expire()
     with pytest.raises(SnapshotExpired):
-        read_late.running
+        _ = read_late.running
     assert read_late.allocation.tolist() == read_now.allocation.tolist()  # what it was given stays readable
 
 

@@ -19,11 +19,22 @@ from fairstream.streams.api import Visibility, http_app
 from fairstream.streams.config import WorkerConfig
 from fairstream.streams.processor import Incoming, Processor
 from fairstream.wire.topics import Topics
-from fairstream.wire.visibility import (WAIT_REASONS, DocumentError, grouped_entries, pending_document, queues_document,
-                                        tenant_pending)
+from fairstream.wire.visibility import (
+    WAIT_REASONS,
+    DocumentError,
+    grouped_entries,
+    pending_document,
+    queues_document,
+    tenant_pending,
+)
 
-from test_oracle import (A_HOLDER_HELD_BY_MAX_RUNNING, A_VICTIM_AHEAD, BACKFILL_IS_NOT_BEHIND_THE_HOLDER,
-                         RESERVATION_YIELDS_TO_THE_TENANT_TOLD, RESERVED_SHAPE_BEHIND_A_STARVED_TENANT)
+from test_oracle import (
+    A_HOLDER_HELD_BY_MAX_RUNNING,
+    A_VICTIM_AHEAD,
+    BACKFILL_IS_NOT_BEHIND_THE_HOLDER,
+    RESERVATION_YIELDS_TO_THE_TENANT_TOLD,
+    RESERVED_SHAPE_BEHIND_A_STARVED_TENANT,
+)
 
 # Two nodes of 4 cpu in zones a and b; five tenants of weight 1 (each entitled to 1/5); C may
 # hold at most a quarter of the cluster. At t = 0 A starts 3 unit tasks, B 2 and C 2 (its cap:
@@ -745,10 +756,10 @@ def test_the_worker_lists_expected_starts_from_the_estimates_it_was_sent():
     pytest.param(2_000, 2, {}, id="more tasks than it copies: every start unknown"),
 ])
 def test_how_far_the_forecast_looks(steps, tasks, expected):
-    from builders import engine, node, tree
-
     from fairstream.core.forecast import expected_starts
     from fairstream.core.model import TaskSubmitted
+
+    from builders import engine, node, tree
 
     # Three 2-cpu tasks expected to run 10 s each on 2 cpu: t1 starts at 10, t2 at 20.
     e = engine(tree("A"), "drf", resources=("cpu",))

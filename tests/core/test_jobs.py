@@ -8,9 +8,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from builders import tree
 from fairstream.core.jobs import Jobs, orders_jobs
 from fairstream.core.model import TenantSpec
+
+from builders import tree
 
 
 def test_a_jobs_usage_is_its_tasks_demand_times_their_run_times_without_integrating():

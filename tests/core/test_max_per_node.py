@@ -13,10 +13,11 @@ import dataclasses
 
 import pytest
 
-from builders import engine, node, submit, tree
 from fairstream.core.engine import PolicyViolation
 from fairstream.core.explain import WaitReason, explain
 from fairstream.core.model import Decision, DecisionKind, ReasonCode, TaskCompleted, TaskSubmitted
+
+from builders import engine, node, tree
 
 
 def request(task: str, tenant: str, count: int, job: str, time: float = 0.0, estimate: float | None = None,

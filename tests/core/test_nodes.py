@@ -6,9 +6,10 @@ import copy
 import numpy as np
 import pytest
 
-from builders import engine, node, submit, tree
 from fairstream.core.model import Node, NodeLost
 from fairstream.core.nodes import Nodes
+
+from builders import engine, node, submit, tree
 
 
 def joined(*specs) -> Nodes:

@@ -40,9 +40,13 @@ from fairstream.state.engine_snapshot import encode_engine
 from fairstream.wire.log import log_step, replay
 
 import oracle
-from test_properties import (decide_alike_with_passes_over_candidates_and_over_all,
-                             every_pending_task_has_one_reason_and_none_fits_now, no_overcommit_and_constraints_hold,
-                             placements_keep_max_per_node, runs_its_most)
+from test_properties import (
+    decide_alike_with_passes_over_candidates_and_over_all,
+    every_pending_task_has_one_reason_and_none_fits_now,
+    no_overcommit_and_constraints_hold,
+    placements_keep_max_per_node,
+    runs_its_most,
+)
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # Policies that preempt toward the fair share; the others still compose every other feature.
@@ -485,7 +489,7 @@ def in_fractions(document: dict) -> dict:
     """``document`` with demands and capacities in tenths, node resource weights and run times
     off the whole second: sums of a run's tasks then depend on the order of their float
     additions (whole numbers add exactly in any order)."""
-    tenths = lambda vector: {name: value / 10 for name, value in vector.items()}  # noqa: E731
+    tenths = lambda vector: {name: value / 10 for name, value in vector.items()}
     nodes = [{**n, "capacity": tenths(n["capacity"]), "weights": {"cpu": 1.5 if i % 2 else 1.0, "mem": 0.7}}
              for i, n in enumerate(document["nodes"])]
     tasks = [{**t, "demand": tenths(t["demand"]), "duration": t["duration"] * 1.1} for t in document["tasks"]]
@@ -568,8 +572,8 @@ def behind_a_tenant_is_true(engine: Engine) -> None:
 
         def goes_first(node, decisions) -> bool:
             placed = [d for d in decisions if d.kind is DecisionKind.PLACE and d.node == node.id]
-            return (any(d.tenant == ahead for d in placed)
-                    or (node.id == kept_for and not any(entry.first in d.task_ids for d in placed)))
+            return (any(d.tenant == ahead for d in placed)  # noqa: B023 (called before the loop moves on)
+                    or (node.id == kept_for and not any(entry.first in d.task_ids for d in placed)))  # noqa: B023 (called before the loop moves on)
 
         tried = list(_room_freed_for(engine, entry.id, reserved_for_others=True))
         assert not tried or any(goes_first(node, decisions) for node, decisions in tried), (

@@ -9,8 +9,16 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fairstream.core.engine import Engine
+from fairstream.core.model import (
+    EPSILON,
+    DecisionKind,
+    NodeHeartbeat,
+    NodeLost,
+    TaskCompleted,
+    TaskState,
+    TaskSubmitted,
+)
 from fairstream.policies import get as get_policy
-from fairstream.core.model import EPSILON, DecisionKind, NodeHeartbeat, NodeLost, TaskCompleted, TaskState, TaskSubmitted
 from fairstream.sim.scenario import parse_scenario
 from fairstream.sim.simulator import Simulator
 
@@ -336,8 +344,8 @@ def test_any_message_among_valid_traffic_leaves_the_worker_deciding(message):
 
     from fairstream.state.store import MemoryStore
     from fairstream.streams.config import WorkerConfig
-    from fairstream.wire.topics import Topics
     from fairstream.streams.processor import Incoming, Processor
+    from fairstream.wire.topics import Topics
 
     kind, raw = message
     published = []

@@ -9,11 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from builders import scenario
 from fairstream.core.accounting import QuantumTree, RecentTasks, _Running
 from fairstream.core.model import TenantSpec
 from fairstream.core.tenants import TenantTree
 from fairstream.sim.simulator import Simulator
+
+from builders import scenario
 
 
 def bursty_facebook_like(seed: int = 7):

@@ -11,11 +11,12 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from builders import engine, node, submit, tree
 from fairstream.core.model import NodeLost, ReasonCode, TaskCompleted, TenantSpec
 from fairstream.policies import REGISTRY
 from fairstream.sim.scenario import load_scenario
 from fairstream.sim.simulator import Simulator
+
+from builders import engine, node, submit, tree
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,10 +20,10 @@ from fairstream.core.model import DecisionKind, TaskCompleted, TaskSubmitted
 from fairstream.policies import REGISTRY
 from fairstream.sim.scenario import load_scenario
 from fairstream.sim.simulator import Simulator
-from fairstream.state.engine_snapshot import decode_engine, encode_engine
 from fairstream.sim.traces.come_and_go import come_and_go
 from fairstream.sim.traces.google import load_google
 from fairstream.sim.traces.swim import load_swim
+from fairstream.state.engine_snapshot import decode_engine, encode_engine
 from tests.builders import engine, node, tree
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from builders import engine, node, submit, tree
 from fairstream.core.model import TaskCompleted
 from fairstream.core.preemption import PreemptionRule
 from fairstream.core.starvation import RECHECK_MIN, Starvation
+
+from builders import engine, node, submit, tree
 
 
 def crowded(timeout: float = 60.0):

@@ -13,13 +13,14 @@ from collections import Counter
 import pytest
 
 from fairstream.cli import main
-from fairstream.core.model import TenantSpec, TenantsChanged
+from fairstream.core.model import TenantsChanged, TenantSpec
 from fairstream.sim.scenario import parse_scenario
 from fairstream.sim.simulator import Simulator
 from fairstream.state.store import MemoryStore
 from fairstream.streams.config import WorkerConfig
 from fairstream.streams.processor import Incoming, Processor
 from fairstream.wire.topics import Topics
+
 from builders import engine, node, submit, tree
 
 TWO_TENANTS = {

@@ -8,6 +8,7 @@ import pytest
 
 from fairstream.core.model import ModelError, NodeHeartbeat, TaskCompleted
 from fairstream.sim.scenario import parse_scenario
+
 from builders import engine, submit, tree
 
 

@@ -5,6 +5,7 @@ import pytest
 
 from fairstream.kube.mirror import Bind, ClusterMirror, DeletePod, Evict, Explain, Finalize, Publish
 from fairstream.kube.translate import FINALIZER
+
 from kube_builders import node, pod
 
 

@@ -17,6 +17,7 @@ from fairstream.kube.translate import (
     submission,
     tenant_of,
 )
+
 from kube_builders import container, node, pod
 
 

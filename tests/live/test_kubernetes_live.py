@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from fairstream.lab.kube_cluster import Cluster, bound_node, phase, scheduled_condition, start_control_plane, wait_until
-from test_worker_live import BROKER, REDIS, Worker, free_port
+
+from test_worker_live import BROKER, Worker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -254,7 +255,7 @@ def test_node_selectors_are_kept_and_a_pod_no_node_can_hold_says_so(setup, clust
     assert {bound_node(pods[f"ssd-{k}"]) for k in range(4)} == {test.node_names[1]}
     for name, reason, words in [("huge", "Unschedulable", "large enough"), ("gpu", "Unschedulable", "gpu"),
                                 ("fpga", "Unsupported", "example.com/fpga")]:
-        said = wait_until(lambda: waiting_reason(test, name), 30, f"{name} to say why it waits")
+        said = wait_until(lambda: waiting_reason(test, name), 30, f"{name} to say why it waits")  # noqa: B023 (called before the loop moves on)
         assert said["reason"] == reason and words in said["message"], said
         assert any(e["reason"] == reason for e in cluster.events(test.namespace, name))
     assert bound_node(pods["estimated"]), "a bad estimate is a warning, not a reason to wait"

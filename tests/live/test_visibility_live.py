@@ -16,6 +16,7 @@ import pytest
 
 from fairstream.producers.client import Publisher
 from fairstream.wire.topics import Topics
+
 from test_worker_live import BROKER, REDIS, ROOT, Worker
 
 pytestmark = pytest.mark.live

@@ -471,9 +471,9 @@ def test_the_input_log_reads_ranges_of_the_input_topics_again_and_says_what_rete
     from aiokafka import TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 
-    from fairstream.wire.kafka import ensure_topics
     from fairstream.streams.app import KafkaInputLog
     from fairstream.streams.config import WorkerConfig
+    from fairstream.wire.kafka import ensure_topics
 
     app_id = f"t{uuid.uuid4().hex[:8]}"
     config = WorkerConfig(policy="drf", broker=BROKER, topics=Topics().with_prefix(app_id))
@@ -512,8 +512,8 @@ def test_the_input_log_reads_ranges_of_the_input_topics_again_and_says_what_rete
 
 def test_a_fb2009_sample_through_kafka_with_the_emulator_matches_the_simulator(tmp_path):
     from fairstream.producers.emulator import run_emulator
-    from fairstream.state.store import RedisStore, redis_client
     from fairstream.sim.traces import load_trace
+    from fairstream.state.store import RedisStore, redis_client
 
     app_id = f"t{uuid.uuid4().hex[:8]}"
     topics = Topics().with_prefix(app_id)

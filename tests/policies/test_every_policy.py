@@ -18,8 +18,8 @@ from fairstream.cli import main
 from fairstream.policies import REGISTRY
 from fairstream.state.store import MemoryStore
 from fairstream.streams.config import WorkerConfig
-from fairstream.wire.topics import Topics
 from fairstream.streams.processor import Incoming, Processor
+from fairstream.wire.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "examples" / "two-tenants.json"

@@ -8,8 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairstream.core.flex import (DEFAULT_MODEL, FlexModel, Tree, complementary_degree, fairness_loss, load_model,
-                             long_term_fairness_loss, makespan_reduction)
+from fairstream.core.flex import (
+    DEFAULT_MODEL,
+    FlexModel,
+    Tree,
+    complementary_degree,
+    fairness_loss,
+    load_model,
+    long_term_fairness_loss,
+    makespan_reduction,
+)
 from fairstream.core.model import ModelError
 
 CAPACITY = np.array([10.0, 10.0])
@@ -78,7 +86,8 @@ def _model_text(trees=("max_fairness_loss", "min_makespan_reduction"), **arrays)
     pytest.param("[" * 100_000, "not JSON", id="JSON nested deeper than the parser goes"),
 ])
 def test_a_bad_model_file_is_one_line_naming_it(tmp_path, content, message):
-    from tests.builders import engine, tree as tenants
+    from tests.builders import engine
+    from tests.builders import tree as tenants
 
     path = tmp_path / "model.json"
     if content is not None:
@@ -123,7 +132,8 @@ def test_a_bad_model_file_on_the_command_line_is_one_line_on_stderr_and_exit_2(t
 
 
 def test_two_slas_at_once_are_refused():
-    from tests.builders import engine, tree as tenants
+    from tests.builders import engine
+    from tests.builders import tree as tenants
 
     with pytest.raises(ModelError, match="not both"):
         engine(tenants("A"), "flex", ("cpu", "mem"), max_fairness_loss=0.1, min_makespan_reduction=0.1)

@@ -9,6 +9,7 @@ import math
 import pytest
 
 from fairstream.core.model import ModelError, TaskCompleted
+
 from builders import engine, node, submit, tree
 
 H = 100.0

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from builders import UnitTaskRun, engine, node, tree
 from fairstream.core.model import TenantSpec
+
+from builders import UnitTaskRun, engine, node, tree
 
 FIG_1B = (TenantSpec("G1"), TenantSpec("G2"), TenantSpec("A", "G1"), TenantSpec("B", "G1"),
           TenantSpec("C", "G2"), TenantSpec("D", "G2"))

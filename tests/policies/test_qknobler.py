@@ -201,8 +201,9 @@ def test_the_soft_fairness_check_can_fail():
 
 
 def test_sweep_writes_a_table_and_figures_6_and_7_with_speedups_over_their_baselines(tmp_path):
-    from fairstream.cli import main
     import json as json_module
+
+    from fairstream.cli import main
 
     assert main(["sweep", "macro", "--scale", "0.02", "--knobs", "0,1", "--workers", "1", "--out", str(tmp_path),
                  "--no-progress"]) == 0

@@ -151,9 +151,9 @@ def test_with_dedicated_pools_every_tenant_runs_at_least_what_its_pool_would():
     ("A:0", "a pool is a fraction in (0, 1]"),
 ])
 def test_bad_pools_are_named_in_one_line(pools, message):
-    from fairstream.core.model import ModelError
-
     import re
+
+    from fairstream.core.model import ModelError
 
     with pytest.raises(ModelError, match=re.escape(message)):
         engine(tree("A", "B"), "tsf", ("cpu", "mem"), pools=pools)

@@ -476,7 +476,9 @@ def test_a_benchs_machine_says_whether_its_python_calls_into_a_shared_libpython(
 
 
 def test_the_stream_bench_reads_a_process_cpu_time():
-    import os, time
+    import os
+    import time
+
     from fairstream.lab.bench_stream import _process_cpu_s
 
     before = _process_cpu_s(os.getpid())

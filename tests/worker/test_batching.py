@@ -11,7 +11,7 @@ from fairstream.state.store import MemoryStore
 from fairstream.streams.app import WorkerConfig, create_app
 from fairstream.streams.processor import Incoming
 
-from offline import heartbeat, processor, run, task, until, Wire
+from offline import Wire, heartbeat, processor, run, task, until
 
 
 def test_a_burst_for_several_clusters_is_refused_before_anything_is_sent():

@@ -9,7 +9,7 @@ import pytest
 
 from fairstream.state.store import MemoryStore
 
-from offline import done, heartbeat, processor, run, task, TOPIC, Wire
+from offline import TOPIC, Wire, done, heartbeat, processor, run, task
 
 
 def test_submissions_on_a_known_node_are_decided_and_published_with_their_cluster():

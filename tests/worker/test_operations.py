@@ -12,7 +12,7 @@ from fairstream.streams.app import WorkerConfig, create_app
 from fairstream.streams.processor import Incoming, Processor
 from fairstream.wire.topics import Topics
 
-from offline import heartbeat, processor, run, task, until, Wire
+from offline import Wire, heartbeat, processor, run, task, until
 
 
 def test_faust_agents_hand_messages_to_the_processor_via_test_context():
@@ -144,7 +144,7 @@ def test_the_worker_keeps_large_blocks_out_of_its_heap(threshold, where):
     import sys
 
     try:
-        ctypes.CDLL("libc.so.6").mallinfo2
+        _ = ctypes.CDLL("libc.so.6").mallinfo2
     except (OSError, AttributeError):
         pytest.skip("not glibc 2.33 or later")
     out = subprocess.run([sys.executable, "-c", _LARGE_BLOCK_AFTER_A_LARGER_ONE_FREED, threshold],

@@ -13,7 +13,7 @@ from fairstream.streams.app import WorkerConfig
 from fairstream.streams.processor import Processor
 from fairstream.wire.topics import Topics
 
-from offline import done, heartbeat, processor, run, task, until, Wire
+from offline import Wire, done, heartbeat, processor, run, task, until
 
 
 def test_at_most_max_engines_stay_in_memory_and_an_evicted_cluster_recovers_from_the_store_unchanged():
@@ -538,11 +538,11 @@ def test_a_rebuild_cut_short_by_the_store_goes_on_from_the_journal_record_it_had
         for batch in ([t1], [t2], [t0_done]):
             await p.handle(batch)
         p.store, older.armed = older, True
-        for attempt in range(4):  # the agent tries its batch again after each failure
+        for _attempt in range(4):  # the agent tries its batch again after each failure
             try:
                 await p.handle([t1_done])
                 break
-            except Exception:  # noqa: BLE001 - the log found shorter, then the store gone once
+            except Exception:
                 continue
         return p
 

@@ -14,7 +14,6 @@ from fairstream.streams.incoming import Incoming
 from fairstream.streams.stages import StageMeter
 from fairstream.wire.jsoncodec import dumps
 from fairstream.wire.topics import Topics
-
 from tests.worker.offline import Wire, heartbeat, processor, run, task, until
 
 

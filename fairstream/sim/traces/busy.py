@@ -15,9 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from fairstream.core.model import ResourceSpace, TenantSpec
-from fairstream.sim.scenario import Scenario, TaskSpec
 from fairstream.core.tenants import TenantTree
-from fairstream.sim.scenario import uniform_nodes
+from fairstream.sim.scenario import Scenario, TaskSpec, uniform_nodes
 
 
 def busy_cluster(seed: int = 1, tenants: int = 100, nodes: int = 1000, jobs: int = 1000, tasks_per_job: int = 50,

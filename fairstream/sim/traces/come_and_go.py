@@ -25,8 +25,8 @@ half, as in Table 1(b).
 from __future__ import annotations
 
 from fairstream.core.model import ResourceSpace, TenantSpec
-from fairstream.sim.scenario import NodeSpec, Scenario, TaskSpec
 from fairstream.core.tenants import TenantTree
+from fairstream.sim.scenario import NodeSpec, Scenario, TaskSpec
 
 NODE_GB = 4.0
 

@@ -29,15 +29,14 @@ from __future__ import annotations
 import csv
 import gzip
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
 from fairstream.core.model import ModelError, ResourceSpace, TenantSpec
-from fairstream.sim.scenario import Scenario, TaskSpec
 from fairstream.core.tenants import TenantTree
-from fairstream.sim.scenario import uniform_nodes
+from fairstream.sim.scenario import Scenario, TaskSpec, uniform_nodes
 
 SUBMIT, SCHEDULE = 0, 1
 TERMINAL = {2, 3, 4, 5, 6}

@@ -32,8 +32,7 @@ import numpy as np
 
 from fairstream.core.model import ModelError, ResourceSpace, TenantSpec
 from fairstream.core.tenants import TenantTree
-from fairstream.sim.scenario import Scenario, TaskSpec
-from fairstream.sim.scenario import uniform_nodes
+from fairstream.sim.scenario import Scenario, TaskSpec, uniform_nodes
 
 #: GPUs per job and their probabilities: our assumption (the derived Philly file has no GPU
 #: counts); most jobs on one GPU, a tail of distributed jobs.

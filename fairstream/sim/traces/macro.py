@@ -33,9 +33,8 @@ import math
 import numpy as np
 
 from fairstream.core.model import ResourceSpace, TenantSpec
-from fairstream.sim.scenario import Scenario, TaskSpec
 from fairstream.core.tenants import TenantTree
-from fairstream.sim.scenario import uniform_nodes
+from fairstream.sim.scenario import Scenario, TaskSpec, uniform_nodes
 
 QUEUES = ("Facebook", "Purdue", "Spark", "TPC-H")
 

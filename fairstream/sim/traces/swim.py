@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from fairstream.core.model import ModelError, ResourceSpace, TenantSpec
-from fairstream.sim.scenario import Scenario, TaskSpec
 from fairstream.core.tenants import TenantTree
-from fairstream.sim.scenario import uniform_nodes
+from fairstream.sim.scenario import Scenario, TaskSpec, uniform_nodes
 
 MB = 1024 * 1024
 

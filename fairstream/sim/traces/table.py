@@ -28,16 +28,16 @@ import gzip
 import json
 import math
 from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
 from fairstream.core.model import ModelError, ResourceSpace, TenantSpec
 from fairstream.core.tenants import TenantTree
-from fairstream.sim.scenario import NodeSpec, Scenario, TaskSpec
-from fairstream.sim.scenario import uniform_nodes
+from fairstream.sim.scenario import NodeSpec, Scenario, TaskSpec, uniform_nodes
 
 MAPPINGS = Path(__file__).resolve().parent / "mappings"
 #: Tasks of a file not in submit order gathered per pass over it (about 0.5 KB each).
@@ -753,7 +753,7 @@ def read_node_table(path: str, mapping: dict, allow_partial: bool = True) -> tup
         cut_at.append(line)
         left_out[_cut_short(line)] = 1
 
-    for number, cells in _rows(str(path), fmt, truncated):
+    for _number, cells in _rows(str(path), fmt, truncated):
         try:
             if not _kept(keep, cells):
                 raise _Skip("not kept (keep)")
