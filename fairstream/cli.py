@@ -1247,7 +1247,7 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         if (exc.name or "").partition(".")[0] not in LAB_MODULES:
             raise
-        instead = " (or --no-plots)" if hasattr(args, "no_plots") and exc.name.startswith("matplotlib") else ""
+        instead = " (or --no-plots)" if hasattr(args, "no_plots") and (exc.name or "").startswith("matplotlib") else ""
         print(f"fairstream: error: {args.command} needs {exc.name}, which comes with fairstream's lab extra: "
               f"pip install 'fairstream[lab]'{instead}", file=sys.stderr)
         return 2

@@ -69,7 +69,7 @@ class KubeApi:
     def __init__(self, kubeconfig: str | None = None, context: str | None = None, timeout: float = 30.0,
                  node_selector: dict[str, str] | None = None) -> None:
         self.node_selector = node_selector or None
-        config = client_config(kubeconfig)
+        config: Any = client_config(kubeconfig)  # (a KubeConfig, or one of its contexts)
         if context:
             chosen = config.get(context)
             if chosen is None:
@@ -108,7 +108,7 @@ class KubeApi:
         """``(ADDED|MODIFIED|DELETED, object)`` from ``resource_version`` on, until the watch ends
         or fails (``ApiError`` 410 when that version is too old: list again)."""
         res = Node if kind == "node" else Pod
-        kwargs = {"labels": self.node_selector} if kind == "node" else {"namespace": ALL_NS}
+        kwargs: dict[str, Any] = {"labels": self.node_selector} if kind == "node" else {"namespace": ALL_NS}
         try:
             async for event, obj in self.client.watch(res, resource_version=resource_version, **kwargs):
                 yield event, obj.to_dict()
@@ -209,9 +209,9 @@ class KubeApi:
                                            uid=pod.uid),
             reason=reason, message=message[:1024], type="Warning" if warning else "Normal",
             source=EventSource(component=COMPONENT), reportingComponent=COMPONENT, reportingInstance=COMPONENT,
-            firstTimestamp=now, lastTimestamp=now, count=1)
+            firstTimestamp=now, lastTimestamp=now, count=1)  # type: ignore[arg-type]  # (sent as written: RFC 3339)
         try:
-            await self._call(self.client.create(event, namespace=pod.namespace))
+            await self._call(self.client.create(event, namespace=pod.namespace))  # type: ignore[call-overload]
         except ApiError as exc:
             if exc.status.code not in (404, 409):  # (its namespace being deleted; a same-named one)
                 raise

@@ -83,8 +83,8 @@ class Connector:
         self.config = config
         self.mirror = ClusterMirror(config.cluster, config.resources, config.scheduler_name, config.queue_label,
                                     config.lost_after, finalizer=config.finalizer)
-        self.api: KubeApi | None = None
-        self.publisher = None
+        self.api: KubeApi | None = None  # (made by ``run``; a test may hand its own)
+        self.publisher: Any = None  # the producer of the topics (``run``: a ``Publisher``)
         self.outbox: dict[str, list[dict[str, Any]]] = {SUBMITTED: [], COMPLETED: [], HEARTBEAT: []}
         self.explanations: dict[str, Explain] = {}  # by pod uid: the newest to write
         self.explained = asyncio.Event()
@@ -92,6 +92,11 @@ class Connector:
         self.changes: asyncio.Queue = asyncio.Queue()  # (kind, ADDED|MODIFIED|DELETED, object) from the watches
         self.tasks: set[asyncio.Task] = set()
         self.stats = {"binds": 0, "evictions_refused": 0, "api_errors": 0}
+
+    def _api(self) -> KubeApi:
+        """The API server's client (``run`` makes it before any call)."""
+        assert self.api is not None
+        return self.api
 
     # ------------------------------------------------------------------ publishing
 
@@ -148,7 +153,7 @@ class Connector:
         our finalizer), if any."""
         try:
             if isinstance(call, Bind):
-                result = await self._retrying("bind", lambda: self.api.bind(call.pod, call.node))
+                result = await self._retrying("bind", lambda: self._api().bind(call.pod, call.node))
                 if result is BindResult.BOUND:
                     self.stats["binds"] += 1
                 elif result is BindResult.ALREADY_BOUND:
@@ -158,7 +163,7 @@ class Connector:
                     log.warning("kubernetes.bind_not_made", pod=str(call.pod), node=call.node,
                                 decision=call.decision, why=result.value)
             elif isinstance(call, Finalize):
-                present = await self._retrying("finalizer", lambda: self.api.finalizer(call.pod, call.add))
+                present = await self._retrying("finalizer", lambda: self._api().finalizer(call.pod, call.add))
                 view = self.mirror.pods.get(call.pod.uid)
                 if view is not None:
                     view.finalizing = False
@@ -167,11 +172,11 @@ class Connector:
             elif isinstance(call, Evict):
                 self._spawn(self._evict(call))
             elif isinstance(call, DeletePod):
-                await self._retrying("delete", lambda: self.api.delete(call.pod))
+                await self._retrying("delete", lambda: self._api().delete(call.pod))
                 log.info("kubernetes.deleted", pod=str(call.pod), decision=call.decision, why="its node was lost")
         except Exception as exc:  # an answer we did not expect: logged, the decision read again at restart
             self.stats["api_errors"] += 1
-            log.error("kubernetes.api_error", call=type(call).__name__, pod=str(call.pod),
+            log.error("kubernetes.api_error", call=type(call).__name__, pod=str(getattr(call, "pod", "")),
                       error=f"{type(exc).__name__}: {exc}")
             if isinstance(call, Finalize) and call.pod.uid in self.mirror.pods:
                 view = self.mirror.pods[call.pod.uid]
@@ -189,7 +194,7 @@ class Connector:
             view = self.mirror.pods.get(call.pod.uid)
             if view is None or view.ended:
                 return
-            result = await self._retrying("evict", lambda: self.api.evict(call.pod))
+            result = await self._retrying("evict", lambda: self._api().evict(call.pod))
             if result is not EvictResult.REFUSED:
                 log.info("kubernetes.evicted", pod=str(call.pod), decision=call.decision, result=result.value)
                 return
@@ -212,8 +217,8 @@ class Connector:
     # ------------------------------------------------------------------ watching
 
     async def _sync(self, kind: str) -> str:
-        listed, version = await self._retrying(f"list {kind}s", self.api.list_nodes if kind == "node"
-                                               else self.api.list_pods)
+        listed, version = await self._retrying(f"list {kind}s", self._api().list_nodes if kind == "node"
+                                               else self._api().list_pods)
         now = wall.time()
         actions = self.mirror.nodes_listed(listed, now) if kind == "node" else self.mirror.pods_listed(listed, now)
         await self.apply(actions)
@@ -226,7 +231,7 @@ class Connector:
         waits = backoff(0.5, 10.0)
         while True:
             try:
-                async for event, obj in self.api.watch(kind, version):
+                async for event, obj in self._api().watch(kind, version):
                     waits = backoff(0.5, 10.0)
                     version = obj["metadata"].get("resourceVersion", version)
                     self.changes.put_nowait((kind, event, obj))
@@ -305,7 +310,7 @@ class Connector:
         """Why pods wait, from the worker's API, onto the pods whose reason changed."""
         import aiohttp
 
-        url = f"{self.config.worker_url.rstrip('/')}/v1/clusters/{self.config.cluster}/pending"
+        url = f"{(self.config.worker_url or '').rstrip('/')}/v1/clusters/{self.config.cluster}/pending"
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
             while True:
                 await asyncio.sleep(self.config.explain_interval)
@@ -332,7 +337,7 @@ class Connector:
                 if view is None or (view.node is not None and note.condition):
                     continue  # (gone, or bound meanwhile: no longer waiting)
                 try:
-                    await self._retrying("explain", lambda: self.api.explain(note.pod, note.reason, note.message,  # noqa: B023 (called before the loop moves on)
+                    await self._retrying("explain", lambda: self._api().explain(note.pod, note.reason, note.message,  # noqa: B023 (called before the loop moves on)
                                                                              note.warning, note.condition))  # noqa: B023 (called before the loop moves on)
                 except Exception as exc:
                     log.warning("kubernetes.explain_failed", pod=str(note.pod), error=f"{type(exc).__name__}: {exc}")
@@ -372,11 +377,12 @@ class Connector:
                     task.cancel()
                 await asyncio.gather(*running, stopping, *self.tasks, return_exceptions=True)
                 for task in done:
-                    if task is not stopping and task.exception() is not None:
-                        raise task.exception()
+                    failure = None if task is stopping else task.exception()
+                    if failure is not None:
+                        raise failure
             finally:
                 await consumer.stop()
-                await self.api.close()
+                await self._api().close()
                 log.info("kubernetes.stopped", counts=self.mirror.counts.as_dict(), **self.stats)
 
 

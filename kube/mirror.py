@@ -530,11 +530,11 @@ class ClusterMirror:
         for entry in entries:
             if entry.get("tasks", 1) != 1:
                 continue
-            uid = self.by_task.get(entry.get("first") or entry.get("id"))
+            uid = self.by_task.get(entry.get("first") or entry.get("id") or "")
             view = None if uid is None else self.pods.get(uid)
-            if view is None or view.node is not None or view.ended or not view.submitted:
+            if uid is None or view is None or view.node is not None or view.ended or not view.submitted:
                 continue
-            if self.explained.get(uid, ("",))[0] in ("WaitingForRoom", "Unsupported"):
+            if self.explained.get(uid, ("", ""))[0] in ("WaitingForRoom", "Unsupported"):
                 continue
             reason = "Unschedulable" if entry.get("reason") == "unschedulable" else "Waiting"
             out += self._explain(view, reason, f"fairstream: {entry.get('message') or entry.get('reason')}")

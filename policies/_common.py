@@ -156,7 +156,8 @@ class LongTermUsage:
         share (``snapshot_fair_shares``, made when first asked), inf with none. ``hltrf``'s: its
         walk gives an idle sibling's part to the busy ones, so the leaf it served must not look
         furthest ahead by a weight it no longer has."""
-        rows, fair = self.snapshot.rows, []
+        rows = self.snapshot.rows
+        fair: list[np.ndarray] = []  # made on the first ask
 
         def key(tenant: str, allocation) -> float:
             if not fair:

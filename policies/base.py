@@ -153,7 +153,7 @@ class PolicySpec:
     decide: Callable[[Snapshot, Mapping[str, Any]], list[Decision]]
     summary: str
     params: tuple[Param, ...] = field(default_factory=tuple)
-    check: Callable[[Mapping[str, Any]], Any] | None = None
+    check: Callable[[dict[str, Any]], Any] | None = None  # (may complete the parsed values: FLEX loads its model)
     ordering: Ordering = Ordering()
     needs: Needs = Needs()
     traits: Traits = Traits()

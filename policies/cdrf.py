@@ -12,7 +12,7 @@ declaring narrower constraints than it needs (no strategy-proofness).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -37,7 +37,7 @@ def order(snapshot: Snapshot, params: Mapping[str, Any]) -> TenantOrder:
             allowed = np.zeros(len(snapshot.node_ids), dtype=bool) if heads else np.ones(len(snapshot.node_ids), bool)
             for task in heads:
                 allowed |= cycle.eligible(task.constraints)
-            pools[tenant] = snapshot.node_capacity[allowed & live].sum(axis=0)
+            pools[tenant] = cast(np.ndarray, snapshot.node_capacity)[allowed & live].sum(axis=0)
         return pools[tenant]
 
     for tenant in snapshot.demanding():  # as the pass starts: before it takes any task

@@ -55,7 +55,7 @@ def sla(params: Mapping[str, Any]) -> tuple[str, float]:
     return "max_fairness_loss", 0.1 if loss is None else loss
 
 
-def prepare(params: dict) -> None:
+def prepare(params: dict[str, Any]) -> None:
     """Check the SLA and load the default model (given models were loaded when parsed); the
     model must have a tree for the SLA, or every pass would fail."""
     kind, _ = sla(params)

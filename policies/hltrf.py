@@ -55,6 +55,7 @@ class _TreeWalk:
 
     def __init__(self, snapshot: Snapshot, cycle: Cycle, usage: LongTermUsage, demanding: list[str]) -> None:
         self.snapshot, self.cycle, self.usage = snapshot, cycle, usage
+        self.starved: str | None = None  # the leaf starved past t_wait this pass (``walk_of``), if any
         tree, rows = snapshot.tree, snapshot.rows
         self.group_vector: dict[str, np.ndarray] = {}
         self.group_par: dict[str, float] = {}
@@ -194,6 +195,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     def ahead_of_holder(leaf: str, code: ReasonCode) -> bool:
         """Whether ``leaf``, served now with ``code``, comes before the reservation's holder in
         the walk's order (``tree_walk_order``): the reservation is open to it."""
+        assert held is not None  # (asked only of a pass with a node reserved)
         if code is ReasonCode.MIN_SHARE:
             return leaf != held.tenant and (not holder_below_min or node_key(leaf) < node_key(held.tenant))
         if holder_below_min:

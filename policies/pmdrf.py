@@ -27,9 +27,11 @@ from fairstream.policies.base import PolicySpec, Traits
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     cycle = Cycle(snapshot, "pmdrf")
     tenants = snapshot.demanding()
+    node_capacity, allocation = snapshot.node_capacity, snapshot.node_allocation
+    assert node_capacity is not None and allocation is not None  # (Traits.node_allocation: the engine gives both)
     for node in nodes_with_room(snapshot):
-        capacity = snapshot.node_capacity[node]
-        running = snapshot.node_allocation.of(node)
+        capacity = node_capacity[node]
+        running = allocation.of(node)
         here = {t: running[t].copy() if t in running else np.zeros(len(capacity)) for t in tenants}
 
         def key(tenant: str):

@@ -104,12 +104,12 @@ def average_demands(snapshot: Snapshot, tenants: list[str]) -> Demands:
             total, counted = list(heads[0][1]), 1
         totals.append(total)
         counts.append(counted)
-    total = np.array(totals, dtype=float).reshape(len(tenants), width)
-    counted = np.array(counts, dtype=float)
+    total_pending = np.array(totals, dtype=float).reshape(len(tenants), width)
+    counted_pending = np.array(counts, dtype=float)
     rows = [snapshot.rows[t] for t in tenants]
     running = snapshot.running[rows] if snapshot.running is not None else np.zeros(len(tenants))
-    overall = (snapshot.allocation[rows] + total) / np.maximum(running + counted, 1.0)[:, None]
-    pending_avg = total / np.maximum(counted, 1.0)[:, None]
+    overall = (snapshot.allocation[rows] + total_pending) / np.maximum(running + counted_pending, 1.0)[:, None]
+    pending_avg = total_pending / np.maximum(counted_pending, 1.0)[:, None]
     return Demands(overall, pending_avg, np.array(pending_counts, dtype=float), np.array(owners, dtype=int),
                    np.array(shapes).reshape(len(shapes), width), np.array(constrained, dtype=bool))
 

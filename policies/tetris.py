@@ -130,7 +130,7 @@ def best_pair(cycle: Cycle, candidates: list[tuple[str, Task]], best_nodes: dict
             cycle.skip_for(tenant, task)
             continue
         kept = task.constraints.empty and best_nodes is not None  # (a job's max_per_node moves with its placements)
-        found = best_nodes.get(task.shape) if kept else None
+        found = best_nodes.get(task.shape) if kept and best_nodes is not None else None
         if found is None:
             if kept:  # (every node's score, kept for the pass: only nodes that changed are scored again)
                 scores = cycle.nodes.aligned_scores(task)
@@ -149,7 +149,7 @@ def best_pair(cycle: Cycle, candidates: list[tuple[str, Task]], best_nodes: dict
                 scores[~fits] = -np.inf
                 node = int(np.argmax(scores))
             found = (node, float(scores[node]))
-            if kept:
+            if kept and best_nodes is not None:
                 best_nodes[task.shape] = found
         # Larger score wins; ties keep the earlier candidate (DRF order, then arrival).
         if best is None or found[1] > best[3] + 1e-12:

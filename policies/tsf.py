@@ -25,7 +25,7 @@ rounding here).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -64,7 +64,8 @@ def task_share_order(snapshot: Snapshot, params: Mapping[str, Any], cycle: Cycle
     ``h``, the tasks the tenant could run alone on the whole cluster without constraints (a
     tenant with a dedicated pool: over ``k``, its pool's tasks, Theorem 1). Also returns ``h``."""
     live = snapshot.free[:, 0] >= 0  # lost nodes carry -1 everywhere
-    capacities = snapshot.node_capacity[live]
+    node_capacity = cast(np.ndarray, snapshot.node_capacity)  # (the engine's snapshots have it)
+    capacities = node_capacity[live]
     running = snapshot.running if snapshot.running is not None else np.zeros(len(snapshot.tenants))
     monopoly: dict[str, int] = {}
 
@@ -85,7 +86,7 @@ def task_share_order(snapshot: Snapshot, params: Mapping[str, Any], cycle: Cycle
                 pool_tasks[tenant] = 0
             else:
                 usable = cycle.eligible(task.constraints) & live
-                pool_tasks[tenant] = monopoly_tasks(task.demand, snapshot.node_capacity[usable] * pools[tenant])
+                pool_tasks[tenant] = monopoly_tasks(task.demand, node_capacity[usable] * pools[tenant])
         return pool_tasks[tenant]
 
     def key(c: Cycle, tenant: str):

@@ -25,6 +25,7 @@ import json
 import math
 import time as wall
 from dataclasses import dataclass, field
+from typing import cast
 
 import structlog
 
@@ -170,11 +171,11 @@ async def run_emulator(
                         if report.completed < total:
                             schedule(at + heartbeat_interval, "heartbeat", None)
                     elif kind == "submit":
-                        spec: TaskSpec = payload
-                        await pub.submit(cluster, spec.id, spec.tenant, spec.demand, at, job=spec.job,
-                                         constraints=spec.constraints, count=spec.count,
-                                         estimate=spec.estimate)
-                        report.submitted += spec.tasks
+                        submitted: TaskSpec = payload
+                        await pub.submit(cluster, submitted.id, submitted.tenant, submitted.demand, at, job=submitted.job,
+                                         constraints=submitted.constraints, count=submitted.count,
+                                         estimate=submitted.estimate)
+                        report.submitted += submitted.tasks
                     elif kind == "complete":
                         task_id, attempt = payload
                         if attempts.get(task_id) != attempt:
@@ -183,7 +184,7 @@ async def run_emulator(
                         await pub.complete(cluster, task_id, at)
                         report.completed += 1
                         finished.add(task_id)
-                        for released in gates.finished(spec_of(task_id), at):
+                        for released in gates.finished(cast(TaskSpec, spec_of(task_id)), at):  # (a task it submitted)
                             schedule(max(released.submit, gates.release_time(released, at)), "submit", released)
                 next_at = heap[0][0] if heap else now_event + speed
                 wait = max(0.0, min((next_at - now_event) / speed, 0.2))

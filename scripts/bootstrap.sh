@@ -20,7 +20,7 @@ if [ ! -f "$stamp" ]; then
   if ! command -v cargo >/dev/null 2>&1; then
     echo "fairstream: no cargo (Rust) found: installing without the compiled path; everything runs in Python, slower (Rust: https://rustup.rs)" >&2
   fi
-  if ! { "$venv/bin/python" -m pip install --upgrade pip && "$venv/bin/python" -m pip install -e "$root[test,compile]"; } \
+  if ! { "$venv/bin/python" -m pip install --upgrade pip && "$venv/bin/python" -m pip install -e "$root[test,compile,lint]"; } \
       > "$venv/install.log" 2>&1; then
     tail -n 30 "$venv/install.log" >&2
     echo "fairstream: installation failed (full log: $venv/install.log)" >&2

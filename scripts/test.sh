@@ -3,9 +3,23 @@
 # plane, run pytest.
 # Extra arguments go to pytest. `scripts/services.sh stop` stops the services afterwards.
 # pytest's exit code 5 ("no tests collected") is a failure here, not a pass.
+# `scripts/test.sh --fast`: the fast part alone (no live services, no long properties or whole
+# workloads: `-m "not live and not slow"`), without starting Kafka, Redis or Kubernetes.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+fast=0
+if [ "${1:-}" = "--fast" ]; then
+  fast=1
+  shift
+fi
 bash "$root/scripts/bootstrap.sh" || exit 1
+if [ "$fast" = 1 ]; then
+  cd "$root"
+  "$root/.venv/bin/python" -m pytest -m "not live and not slow" "$@"
+  status=$?
+  [ "$status" -eq 5 ] && { echo "test.sh: pytest collected no tests: failing" >&2; exit 1; }
+  exit "$status"
+fi
 # Real Kafka (KRaft) and Redis for the worker's tests: installed and started if not running.
 bash "$root/scripts/services.sh" start || exit 1
 # A real Kubernetes control plane for the connector's tests (etcd, kube-apiserver, kwok): built

@@ -334,7 +334,7 @@ class _Decoder:
                                     f"fields, not {len(entry.fields)})")
             # No constructor, no hook: the fields are set as read. (A compiled class's ``__new__``
             # runs its ``__init__``, whose arguments all have defaults: an empty part, then filled.)
-            obj = entry.cls.__new__(entry.cls)
+            obj = entry.cls.__new__(entry.cls)  # type: ignore[call-overload]  # (any of CLASSES)
             self.shared.append(obj)
             values = self.items(item, 2)
             if entry.slots:

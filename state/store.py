@@ -156,7 +156,7 @@ class MemoryStore:
         self._checkpoints: dict[str, dict[int, tuple[float, bytes]]] = {}
         self._history: dict[str, list[str]] = {}
         self._recent: dict[str, list[str]] = {}
-        self._open: dict[str, str] = {}
+        self._open: dict[str, bytes] = {}
 
     async def clusters(self) -> list[str]:
         return sorted(self._log)
@@ -195,8 +195,8 @@ class MemoryStore:
         for cluster, events in batch.recent.items():
             self._recent.setdefault(cluster, []).extend(events)
             del self._recent[cluster][:-RECENT_EVENTS]
-        for cluster, (steps, time, blob) in batch.checkpoints.items():
-            self._checkpoints.setdefault(cluster, {})[steps] = (time, blob)
+        for cluster, (at_step, time, blob) in batch.checkpoints.items():
+            self._checkpoints.setdefault(cluster, {})[at_step] = (time, blob)
         for cluster, held in batch.open_steps.items():
             if held is None:
                 self._open.pop(cluster, None)
@@ -205,8 +205,8 @@ class MemoryStore:
         for cluster, trim in batch.trims.items():
             del self._log[cluster][: trim.new_base - trim.old_base]
             self._log_base[cluster] = trim.new_base
-            for steps in trim.dropped_checkpoints:
-                self._checkpoints[cluster].pop(steps, None)
+            for at_step in trim.dropped_checkpoints:
+                self._checkpoints[cluster].pop(at_step, None)
 
     async def open_steps(self) -> dict[str, Any]:
         return {cluster: loads(held) for cluster, held in self._open.items()}
@@ -341,9 +341,9 @@ class RedisStore:
             add(("SADD", self._key("clusters"), cluster))
             if steps:
                 _chunked(add, "RPUSH", self._key("c", cluster, "log"), [dumps(s) for s in steps])
-        for cluster, (blob, steps) in batch.snapshots.items():
+        for cluster, (blob, at_step) in batch.snapshots.items():
             add(("SET", self._key("c", cluster, "snapshot"), blob))
-            add(("SET", self._key("c", cluster, "snapshot_steps"), steps))
+            add(("SET", self._key("c", cluster, "snapshot_steps"), at_step))
         if batch.offsets:
             _chunked(add, "HSET", self._key("offsets"), [x for pair in batch.offsets.items() for x in pair], 2)
         if batch.outbox:
@@ -367,9 +367,9 @@ class RedisStore:
             if events:
                 _chunked(add, "RPUSH", self._key("c", cluster, "recent"), events[-RECENT_EVENTS:], 1)
                 add(("LTRIM", self._key("c", cluster, "recent"), -RECENT_EVENTS, -1))
-        for cluster, (steps, time, blob) in batch.checkpoints.items():
-            add(("SET", self._key("c", cluster, "checkpoint", str(steps)), blob))
-            add(("HSET", self._key("c", cluster, "checkpoints"), str(steps), repr(time)))
+        for cluster, (at_step, time, blob) in batch.checkpoints.items():
+            add(("SET", self._key("c", cluster, "checkpoint", str(at_step)), blob))
+            add(("HSET", self._key("c", cluster, "checkpoints"), str(at_step), repr(time)))
         for cluster, held in batch.open_steps.items():
             if held is None:
                 add(("DEL", self._key("c", cluster, "open")))
@@ -381,9 +381,9 @@ class RedisStore:
             # After this batch's RPUSH, in the same script: the head goes, the tail stays.
             add(("LTRIM", self._key("c", cluster, "log"), trim.new_base - trim.old_base, -1))
             add(("SET", self._key("c", cluster, "log_base"), trim.new_base))
-            for steps in trim.dropped_checkpoints:
-                add(("DEL", self._key("c", cluster, "checkpoint", str(steps))))
-                add(("HDEL", self._key("c", cluster, "checkpoints"), str(steps)))
+            for at_step in trim.dropped_checkpoints:
+                add(("DEL", self._key("c", cluster, "checkpoint", str(at_step))))
+                add(("HDEL", self._key("c", cluster, "checkpoints"), str(at_step)))
         args: list = [len(batch.expected_steps)]
         for cluster, expected in batch.expected_steps.items():
             args += [self._key("c", cluster, "log"), self._key("c", cluster, "log_base"), expected, cluster]

@@ -85,7 +85,7 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         explain_interval=config.explain_interval,
         explain_max_entries=config.explain_max_entries,
     )
-    app.consumer.on_seek = processor.consuming_from
+    app.consumer.on_seek = processor.consuming_from  # type: ignore[attr-defined]  # (our consumer's: streams/transport.py)
 
     if config.explain_interval != float("inf"):
         @app.timer(interval=max(config.explain_interval, 0.1))
@@ -105,11 +105,11 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         topic = app.topic(getattr(config.topics, attribute), value_serializer="raw", key_serializer="raw")
         app.agent(topic, name=f"fairstream.{kind}")(_agent(batches, kind))
 
-    @app.on_partitions_revoked.connect
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # (Faust's stub: a handler of *args)
     async def on_revoked(app, revoked, **kwargs) -> None:
         await processor.forget()
 
-    @app.on_partitions_assigned.connect
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def on_assigned(app, assigned, **kwargs) -> None:
         # What this worker now consumes: the line an operator (or a test) waits for.
         inputs = set(config.topics.inputs)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from fairstream.core.model import Event
 from fairstream.streams.incoming import Incoming, UnreadableBatch
-from fairstream.wire.events import BadElement, BadInput, DeadLetter, decode_message, element_bytes
+from fairstream.wire.events import BadElement, BadInput, DeadLetter, Decoded, decode_message, element_bytes
 
 
 @dataclass
@@ -32,7 +32,7 @@ def decode_batch(messages: list[Incoming], applied: Mapping[str, int], max_bytes
             continue
         out.applying.append(message)
         out.offsets[message.position] = max(out.offsets.get(message.position, 0), message.offset + 1)
-        if message.raw.__class__ is UnreadableBatch:
+        if type(message.raw) is UnreadableBatch:
             out.dead.append(DeadLetter(message.topic, message.partition, message.offset, message.raw.reason, b""))
             continue
         try:
@@ -41,7 +41,7 @@ def decode_batch(messages: list[Incoming], applied: Mapping[str, int], max_bytes
             out.dead.append(DeadLetter(message.topic, message.partition, message.offset, str(exc), message.raw))
             continue
         for item in decoded:
-            if item.__class__ is BadElement:
+            if type(item) is BadElement:
                 out.dead.append(dead_letter(message, item.index, item.reason))
             elif message.key is not None and message.key != item.cluster.encode():
                 # Keyed by another cluster, it sits in that one's partition, which another
@@ -70,7 +70,7 @@ def first_time(message: Incoming, max_bytes: int) -> float:
         items = decode_message(message.kind, message.raw, max_bytes)
     except BadInput:
         return -math.inf
-    times = [item.event.time for item in items if item.__class__ is not BadElement]
+    times = [item.event.time for item in items if type(item) is Decoded]
     return min((-math.inf if t is None else t for t in times), default=-math.inf)
 
 
@@ -96,7 +96,7 @@ def held_items(held: object, max_bytes: int) -> list[tuple[Event, Incoming, int 
                                None if entry["key"] is None else str(entry["key"]).encode())
             index = entry["index"]
             decoded = decode_message(message.kind, message.raw, max_bytes)
-            event = next(item.event for item in decoded if item.__class__ is not BadElement and item.index == index)
+            event = next(item.event for item in decoded if type(item) is Decoded and item.index == index)
         except (BadInput, KeyError, TypeError, ValueError, StopIteration) as exc:
             raise ValueError(f"an entry does not decode ({exc.__class__.__name__}: {exc})") from None
         items.append((event, message, index))

@@ -34,7 +34,7 @@ from __future__ import annotations
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fairstream.streams.incoming import Incoming
@@ -110,7 +110,7 @@ def record_runs(record: object) -> list[tuple[str, int, int]] | None:
     return out
 
 
-async def unique_records(records: AsyncIterator[tuple[str, int, object]]) -> AsyncIterator[tuple[dict, list[tuple[str, int, int]], str, int]]:
+async def unique_records(records: AsyncIterator[tuple[str, int, Any]]) -> AsyncIterator[tuple[dict, list[tuple[str, int, int]], str, int]]:
     """``records`` as read from the journal (``InputLog.journal``: position, offset, record),
     each batch once (its first copy): ``(record, its runs, its position, its offset)``; what
     is not a journal record is left out."""

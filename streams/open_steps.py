@@ -19,11 +19,10 @@ from fairstream.streams.journal import held_from
 from fairstream.streams.prometheus import WorkerMetrics
 from fairstream.streams.publishing import Outputs
 from fairstream.streams.session import ClusterSession
-from fairstream.streams.stepping import Applied, BatchOutcome
+from fairstream.streams.stepping import Applied, BatchOutcome, Enqueued
 
 log = structlog.get_logger("fairstream.worker")
 
-Enqueued = tuple[BatchOutcome, list[tuple[str, dict]], list]  # a batch committed: outcome, outbox, acknowledgements
 
 
 class StepsHolder(Protocol):

@@ -41,7 +41,7 @@ from fairstream.streams.rebuild import owed_by_journal, read_again
 from fairstream.streams.session import ClusterSession, Sessions
 from fairstream.streams.snapshots import SnapshotRules, Snapshotting
 from fairstream.streams.stepper import StepRules
-from fairstream.streams.stepping import Applied, BatchOutcome, Stepping
+from fairstream.streams.stepping import Applied, BatchOutcome, Enqueued, Stepping
 from fairstream.wire.events import DeadLetter
 from fairstream.wire.topics import Topics
 from fairstream.wire.visibility import DEFAULT_MAX_ENTRIES
@@ -244,7 +244,7 @@ class Processor:
         return Applied(outcome, published)
 
     async def _rejected(self, message: Incoming, reason: str, journaled: tuple[str, int] | None = None,
-                        ) -> tuple[BatchOutcome, list[tuple[str, dict]], list]:
+                        ) -> Enqueued:
         """``reject`` with the lock held: commit and enqueue; returns the outcome, the outbox and
         the acknowledgements to wait for. ``journaled``: as for ``_handle``."""
         commit = BatchCommit()
@@ -268,7 +268,7 @@ class Processor:
         return None if session is None else session.engine.time
 
     async def _handle(self, messages: list[Incoming], journaled: tuple[str, int] | None = None,
-                      ) -> tuple[BatchOutcome, list[tuple[str, dict]], list]:
+                      ) -> Enqueued:
         """The pipeline, with the lock held: decode, step, persist, publish; returns the outcome,
         the outbox and the acknowledgements to wait for. ``journaled``: the batch is applied
         again from the journal (a rebuild), which is read up to this position and offset."""
@@ -283,7 +283,7 @@ class Processor:
         return await self._step_and_commit(decoded.by_cluster, decoded.dead, commit, outcome)
 
     async def _close(self, clusters: list[str], journaled: tuple[str, int] | None = None,
-                     ) -> tuple[BatchOutcome, list[tuple[str, dict]], list]:
+                     ) -> Enqueued:
         """Take the steps ``clusters`` hold open (held sessions), with the lock held: as a batch
         of no input, journaled as closing them (``journal.record_closes``)."""
         commit, outcome = BatchCommit(), BatchOutcome()
@@ -294,7 +294,7 @@ class Processor:
 
     async def _step_and_commit(self, by_cluster: dict[str, list], dead: list[DeadLetter], commit: BatchCommit,
                                outcome: BatchOutcome, closing: bool = False,
-                               ) -> tuple[BatchOutcome, list[tuple[str, dict]], list]:
+                               ) -> Enqueued:
         """Stages two to four of a batch (decoded: ``by_cluster``, ``dead``) into ``commit``:
         step, persist, enqueue the outputs; ``closing``: the steps held open are taken."""
         try:

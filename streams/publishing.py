@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 import structlog
 
@@ -111,7 +112,7 @@ class Outputs:
             await self._settle(outbox, acks, delays)
         self._count(outbox, outcome)
 
-    async def _settle(self, outbox: list[OutboxEntry], acks: list | None, delays) -> None:
+    async def _settle(self, outbox: list[OutboxEntry], acks: list | asyncio.Future | None, delays) -> None:
         acknowledged = False
         while True:
             try:
@@ -119,7 +120,7 @@ class Outputs:
                     acks = await self.enqueue(outbox)
                 elif isinstance(acks, asyncio.Future):  # being enqueued (``Outputs.enqueue_in_order``)
                     acks = await acks
-                await acknowledged_all(acks)
+                await acknowledged_all(cast(list, acks))  # (awaited above)
                 acknowledged = True
                 await self.clear_outbox([outbox])
                 break

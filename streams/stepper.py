@@ -18,8 +18,9 @@ synchronous (no Kafka, Redis or asyncio), so they are tested as they are.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Generic, Protocol, TypeVar
 
 from fairstream.core.engine import Engine
 from fairstream.core.model import Decision, Event, NodeLost, TaskCompleted, TaskSubmitted, TenantsChanged
@@ -33,6 +34,9 @@ class Sent(Protocol):
     produced: float
 
 
+M = TypeVar("M", bound=Sent)  # the messages the events came in, handed back as they were given
+
+
 @dataclass(frozen=True)
 class StepRules:
     max_lateness: float = 60.0
@@ -42,7 +46,7 @@ class StepRules:
 
 
 @dataclass
-class StepRun:
+class StepRun(Generic[M]):
     """What ``run_steps`` did: the log steps it took (``fairstream.wire.log``), their decisions,
     the tenants whose accounting an event or decision changed, the events it rejected as
     ``(message, index, reason)``, the latest ``produced`` of the events applied, and (with
@@ -52,19 +56,19 @@ class StepRun:
     steps: list[dict] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     touched: set[str] = field(default_factory=set)
-    rejected: list[tuple[Any, int | None, str]] = field(default_factory=list)
+    rejected: list[tuple[M, int | None, str]] = field(default_factory=list)
     produced: float = 0.0
-    open_items: list[tuple[Event, Sent, int | None]] = field(default_factory=list)
+    open_items: list[tuple[Event, M, int | None]] = field(default_factory=list)
 
 
-def run_steps(engine: Engine, items: list[tuple[Event, Sent, int | None]], produced: float,
-              rules: StepRules, hold_open: bool = False) -> StepRun:
+def run_steps(engine: Engine, items: Sequence[tuple[Event, M, int | None]], produced: float,
+              rules: StepRules, hold_open: bool = False) -> StepRun[M]:
     """Apply ``items`` (event, the message it came in, its index in that message) to ``engine``
     as steps; ``produced`` is the latest record timestamp the cluster applied before.
     ``hold_open``: the last group is handed back unstepped (``StepRun.open_items``); the
     engine is then left as the steps before it left it."""
-    out = StepRun()
-    group: list[tuple[Event, Sent, int | None]] = []
+    out: StepRun[M] = StepRun()
+    group: list[tuple[Event, M, int | None]] = []
     group_time: float | None = None  # the step's time: the latest event time in the group
     group_start: float | None = None
     produced_before_group = produced
@@ -72,6 +76,7 @@ def run_steps(engine: Engine, items: list[tuple[Event, Sent, int | None]], produ
     def flush() -> None:
         if not group:
             return
+        assert group_time is not None  # (set with the group's first event)
         events = [e for e, _, _ in group]
         step_events = silent_nodes(engine, group_time, rules.node_timeout) + events
         result = engine.step(group_time, step_events)
@@ -89,9 +94,10 @@ def run_steps(engine: Engine, items: list[tuple[Event, Sent, int | None]], produ
     admission = engine.admission()  # what the engine would reject, before it moves the clock
     for event, message, index in items:
         clock = engine.time if group_time is None else group_time
-        if event.time is None:  # a configuration without a time: at the clock, recorded so
-            event = replace(event, time=clock if clock is not None else 0.0)
         time = event.time
+        if time is None:  # a configuration without a time: at the clock, recorded so
+            time = clock if clock is not None else 0.0
+            event = replace(event, time=time)
         if clock is not None and time > clock + rules.max_ahead + max(0.0, message.produced - produced):
             out.rejected.append((message, index,
                                  f"time {time} is {time - clock:.3f} s ahead of the cluster clock {clock} "
@@ -107,7 +113,7 @@ def run_steps(engine: Engine, items: list[tuple[Event, Sent, int | None]], produ
                 continue
             event = replace(event, time=clock)  # late: applied now, recorded as applied
             time = clock
-        if group_time is not None and (time > group_start + rules.step_window
+        if group_time is not None and group_start is not None and (time > group_start + rules.step_window
                                        or (rules.step_window == 0 and time != group_time)):
             flush()  # the engine's clock is now the group's time
             group_start = group_time = None
@@ -131,7 +137,7 @@ def run_steps(engine: Engine, items: list[tuple[Event, Sent, int | None]], produ
     return out
 
 
-def _given(items: list[tuple[Event, Sent, int | None]], group: list[tuple[Event, Sent, int | None]]):
+def _given(items: Sequence[tuple[Event, M, int | None]], group: list[tuple[Event, M, int | None]]):
     """The items of ``group`` as ``items`` gave them (the group holds some with their time set
     at the clock), in order: matched by message and index."""
     wanted = {(id(message), index) for _, message, index in group}

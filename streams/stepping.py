@@ -20,6 +20,7 @@ from fairstream.streams import snapshots
 from fairstream.streams.decoding import dead_letter, held_step
 from fairstream.streams.incoming import Incoming
 from fairstream.streams.journal import held_from
+from fairstream.streams.prometheus import WorkerMetrics
 from fairstream.streams.session import ClusterSession, Sessions
 from fairstream.streams.snapshots import SnapshotRules
 from fairstream.streams.stepper import StepRules, run_steps
@@ -46,6 +47,11 @@ class BatchOutcome:
     held_since: float | None = None
 
 
+#: A batch committed, as the pipeline hands it on: its outcome, its outbox and the task that
+#: enqueues its outputs (``Outputs.enqueue_in_order``), which resolves to their acknowledgements.
+Enqueued = tuple[BatchOutcome, list[tuple[str, dict]], asyncio.Task]
+
+
 @dataclass(frozen=True)
 class Applied:
     """A batch applied and committed (``outcome``); ``published`` resolves once the broker has
@@ -63,7 +69,7 @@ class Stepping:
     pending entries per tenant (``fairstream.wire.visibility``)."""
 
     topics: Topics
-    metrics: object
+    metrics: WorkerMetrics
     rules: StepRules = field(default_factory=StepRules)
     snapshot_rules: SnapshotRules = field(default_factory=SnapshotRules)
     # Encode snapshots in a forked child (copy-on-write, as Redis's BGSAVE does), so the worker
@@ -84,7 +90,7 @@ class Stepping:
 
         A cluster's step held open is taken first; its last step is held open again (with
         ``step_wait``), unless ``closing``: the steps held open are taken now."""
-        fork_after_commit = []
+        fork_after_commit: list[tuple[ClusterSession, int, float]] = []
         for cluster, new_items in by_cluster.items():
             try:
                 session = await sessions.get(cluster)

@@ -10,7 +10,7 @@ from fairstream.wire.jsoncodec import dumps_text
 def touched_nodes(steps: list[dict]) -> set[str]:
     """Nodes whose registry entry (capacity, liveness, last heartbeat, labels) ``steps`` may
     have changed: those their events name (a placement changes none of these)."""
-    nodes = set()
+    nodes: set[str] = set()
     for step in steps:
         nodes.update(e["node"] for e in step["events"] if "node" in e)
     return nodes

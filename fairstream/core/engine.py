@@ -19,7 +19,7 @@ it is random.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -173,8 +173,8 @@ class Engine:
     def running_tasks(self) -> tuple[RunningTask, ...]:
         """What preemption may choose victims from: every running task."""
         node_row = self.registry.row
-        return tuple(RunningTask(task.id, task.job, task.tenant, node_row[task.node], task.demand, task.demand_map,
-                                 task.start, task.seq) for task in self.workload.running())
+        return tuple(RunningTask(task.id, task.job, task.tenant, node_row[cast(str, task.node)], task.demand, task.demand_map,
+                                 cast(float, task.start), task.seq) for task in self.workload.running())
 
     def snapshot(self, **pass_fields) -> Snapshot:
         """The state a pass reads (``SnapshotBuilder.build``)."""

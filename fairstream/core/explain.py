@@ -50,7 +50,7 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -220,6 +220,7 @@ def explain(engine: Engine, held: Iterable[HeldEntry] = (), max_entries: int | N
     acc = engine.accounting
     names = engine.resources.names
     live = snap.free[:, 0] >= 0 if len(snap.free) else np.zeros(0, dtype=bool)
+    node_capacity = cast(np.ndarray, snap.node_capacity)  # (the engine's snapshots have it)
 
     keys = {tenant: order.key(cycle, tenant) for tenant in snap.pending}
     ranked = sorted(snap.pending, key=lambda t: keys[t])
@@ -240,7 +241,7 @@ def explain(engine: Engine, held: Iterable[HeldEntry] = (), max_entries: int | N
         """The live nodes that could hold ``task`` and that its constraints allow, and (``now``)
         the reservation: the reserved node serves its reserved task first, the tenants behind
         its holder after it."""
-        mask = (live & cycle.eligible(task.constraints) & (snap.node_capacity >= task.demand - EPSILON).all(axis=1)
+        mask = (live & cycle.eligible(task.constraints) & (node_capacity >= task.demand - EPSILON).all(axis=1)
                 & cycle.below_job_limit(task.tenant, task))
         if (now and reserved_for is not None and reserved_for.shape != task.shape
                 and task.tenant not in ahead_of_holder):
@@ -457,7 +458,7 @@ def explain(engine: Engine, held: Iterable[HeldEntry] = (), max_entries: int | N
                                         f"{order.value(keys[tenant]):.4g}){pieces}", None, None)
         gap = order.value(keys[tenant]) - order.value(keys[first])
         ahead = room_limited.index(tenant)
-        partly = " on the nodes both may use" if partly else ""
+        on_both = " on the nodes both may use" if partly else ""
         # A tenant starved past its timeout is in the way whatever its tasks' size (``in_the_way``):
         # it takes the room only if its preemption stage can free the rest there, so "may". And
         # for a tenant starved past its timeout, one ahead at or above its fair share may be its
@@ -470,7 +471,7 @@ def explain(engine: Engine, held: Iterable[HeldEntry] = (), max_entries: int | N
                         f"{tenant}, starved past its preemption timeout")
         goes = "may go first" if first in overdue or victim else "goes first"
         return (WaitReason.BEHIND_TENANTS,
-                f"{nowhere} for {need}; freed room{partly} {goes} to {first} ({label} "
+                f"{nowhere} for {need}; freed room{on_both} {goes} to {first} ({label} "
                 f"{order.value(keys[first]):.4g} against {tenant}'s {order.value(keys[tenant]):.4g}{starved}; "
                 f"{ahead} waiting tenant{'s' if ahead != 1 else ''} ahead)", first, gap)
 
@@ -490,7 +491,7 @@ def explain(engine: Engine, held: Iterable[HeldEntry] = (), max_entries: int | N
         for shape, group in snap.pending[tenant].groups.items():
             if shape not in why:
                 continue
-            demand = dict(group.pending_at(0)[0].demand_map)
+            demand = dict(cast("Task", group.pending_at(0)[0]).demand_map)  # (a group listed has a pending head)
             if not held_jobs:  # the usual case: the whole shape waits for one reason
                 groups[tenant].append(PendingGroup(tenant, group.count, sum(1 for _ in _pending_entries(group)),
                                                    demand, *why[shape]))
@@ -504,7 +505,8 @@ def explain(engine: Engine, held: Iterable[HeldEntry] = (), max_entries: int | N
             if waiting_for_job:
                 groups[tenant].append(PendingGroup(tenant, sum(e.count for e in waiting_for_job), len(waiting_for_job),
                                                    demand, *held_jobs[waiting_for_job[0].job], None, None))
-        out, position = [], 0
+        out: list[PendingEntry] = []
+        position = 0
         # The tenant's queue in arrival order (its shapes' lists merged), or in its jobs' order
         # if it orders them (TenantSpec.ordering), as far as listed.
         if jobs is None or jobs.ordering == "fifo":
@@ -650,10 +652,12 @@ def _shape_verdict(engine: Engine, cycle: Cycle, quota, tenant: str, head: Task,
         return WaitReason.NEXT_PASS, "a node has room for it now: the next pass places it"
     held = cycle.reservation
     if cycle.backfill_node(head) is not None:
+        assert held is not None  # (backfilled onto the reserved node)
         return (WaitReason.NEXT_PASS, f"node {cycle.snapshot.node_ids[held.node]} has room for it, reserved for "
                                       f"{held.tenant}'s task {held.task}, and it is expected to end before that task "
                                       f"can start: the next pass backfills it there")
     if cycle.kept_off_reserved_room(head):
+        assert held is not None  # (kept off the reserved node's room)
         return (WaitReason.RESERVED_FOR_OTHER, f"node {cycle.snapshot.node_ids[held.node]} has room for it, but that "
                                                f"room is kept for {held.tenant}'s task {held.task}, reserved there"
                                                f"{_no_backfill(engine, cycle.snapshot, head)}")

@@ -10,6 +10,8 @@ C3, Tetris) the best-aligned node goes first instead (``alignment_scores``).
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from fairstream.core.model import EPSILON, Constraints, Task, event_time
@@ -186,7 +188,7 @@ class NodeFit:
             row = rows.get(node)
             if row is None:
                 row = rows[node] = self.free[node].tolist()
-            if all(have >= want for have, want in zip(row, need)) and (running is None or running.get(node, 0) < most):
+            if all(have >= want for have, want in zip(row, need)) and (running is None or running.get(node, 0) < cast(int, most)):
                 entry[1] = i
                 return node
             i += 1
@@ -227,7 +229,7 @@ class NodeFit:
                 usable, rows = self.usable(task), self.free_rows
                 for node in set(changed[seen:]):
                     row = rows[node]  # (made again by ``took`` and ``gave_back``)
-                    if all(have >= want for have, want in zip(row, need)) and (usable is True or usable[node]):
+                    if all(have >= want for have, want in zip(row, need)) and (usable is True or cast(np.ndarray, usable)[node]):
                         scores[node] = node_alignment(row, scale, weights)
                     else:
                         scores[node] = -np.inf
@@ -267,8 +269,9 @@ class NodeFit:
         """With backfill (``Snapshot.backfill_until`` set): the node reserved for another shape,
         if ``task`` fits its free room and is expected to end by the time the reserved task
         can start there (its estimate from now), so it does not delay it; else None."""
-        if self.ends_in_time(task) and self.fits_reserved_room(task):
-            return self.reservation.node
+        held = self.reservation
+        if held is not None and self.ends_in_time(task) and self.fits_reserved_room(task):
+            return held.node
         return None
 
     def ends_in_time(self, task: Task) -> bool:

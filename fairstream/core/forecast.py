@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import heapq
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from fairstream.core.model import DecisionKind, TaskCompleted, TaskState, event_time
 
@@ -45,7 +45,7 @@ def expected_starts(engine: Engine, wanted: Iterable[str], max_steps: int = MAX_
     if not wanted or engine.time is None or len(engine.tasks) > max_tasks or not has_estimates(engine):
         return {}
     future = copy.deepcopy(engine)
-    now = future.time
+    now = cast(float, future.time)  # (the engine's: checked set above)
     ends: list[tuple[float, int, str, float]] = []  # (end, seq, task, its start): stale if it started again
 
     def expect_end(task) -> None:

@@ -78,8 +78,8 @@ class QueueLimits:
                 named = {k: v for k, v in resources.as_dict(caps).items() if v != np.inf}
                 over = [r for r in map(resources.index, named) if with_task[r] > caps[r] + EPSILON]
                 using = {resources.names[r]: round(float(self.group_allocation[node][r]), 6) for r in over}
-                after = {resources.names[r]: round(float(with_task[r]), 6) for r in over}
-                return "max_resources", (f"{node} uses {using} and this task would take it to {after}, over its "
+                taken_to = {resources.names[r]: round(float(with_task[r]), 6) for r in over}
+                return "max_resources", (f"{node} uses {using} and this task would take it to {taken_to}, over its "
                                          f"max_resources {named}")
             jobs = self.job_limits.get(node)
             if new_job and jobs is not None and self.group_jobs[node] + 1 > jobs:

@@ -68,6 +68,7 @@ class ResourceSpace:
     """The ordered resource names of one cluster (e.g. ``("cpu", "mem")``)."""
 
     names: tuple[str, ...]
+    _position: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.names:
@@ -103,7 +104,7 @@ class ResourceSpace:
             values[i] = float(amount)
         return np.array(values)
 
-    def as_dict(self, vec: Sequence[float]) -> dict[str, float]:
+    def as_dict(self, vec: Sequence[float] | np.ndarray) -> dict[str, float]:
         values = vec.tolist() if isinstance(vec, np.ndarray) and vec.dtype == np.float64 else [float(v) for v in vec]
         return dict(zip(self.names, values))
 
@@ -303,7 +304,8 @@ class Task:
             return [self.id]
         if not self.cancelled:
             return [request_task_id(self.id, k) for k in range(self.index + skip, self.index + skip + n)]
-        out, k, cancelled = [], self.index, self.cancelled
+        out: list[str] = []
+        k, cancelled = self.index, self.cancelled
         while len(out) < n:
             if k not in cancelled:
                 if skip:
@@ -439,7 +441,7 @@ class Decision(NamedTuple):
     reason: str
     code: ReasonCode
     kind: DecisionKind = DecisionKind.PLACE
-    count: int = 1
+    count: int = 1  # type: ignore[assignment]  # (the wire's name; shadows tuple.count, never called on a decision)
     tasks: tuple[str, ...] = ()
     started: float | None = None
 
@@ -458,7 +460,7 @@ class Decision(NamedTuple):
         return self.tasks or (self.task,)
 
     def to_json(self) -> dict:
-        out = {
+        out: dict[str, Any] = {
             "id": self.id,
             "kind": self.kind.value,
             "time": self.time,

@@ -13,11 +13,13 @@ reserve, the accounting's usage integral, and the simulator's per-step metrics. 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 try:
-    from fairstream import _native as module
+    import fairstream._native as _built
 except ImportError:  # not built (no Rust toolchain at install time)
-    module = None
+    _built = None
+module: Any = _built  # (an extension module: no types to check its calls against)
 
 _enabled = module is not None and os.environ.get("FAIRSTREAM_NATIVE", "1") != "0"
 

@@ -14,9 +14,9 @@ therefore work-conserving for the order it is given: it stops only when no pendi
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cached_property
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -172,15 +172,16 @@ class Cycle:
         rows placed on since the last look are looked at then, together."""
         if self._room_later:
             self._room_later = False
-            grown = self.snapshot.grown_rows
-            self._room_rows = set(grown[room_for_any(self.free[grown], self.snapshot.grown_demands)].tolist())
+            grown, demands = self.snapshot.grown_rows, self.snapshot.grown_demands
+            assert grown is not None and demands is not None  # (a tenant-local pass: given both)
+            self._room_rows = set(grown[room_for_any(self.free[grown], demands)].tolist())
             self._room_lost.clear()
         rows = self._room_rows
         if rows is None or (self.decisions.blocked is None and self.snapshot.reserving):
             return False
         if self._room_lost:
             lost = np.fromiter(self._room_lost, dtype=np.int64, count=len(self._room_lost))
-            rows.difference_update(lost[~room_for_any(self.free[lost], self.snapshot.grown_demands)].tolist())
+            rows.difference_update(lost[~room_for_any(self.free[lost], cast(np.ndarray, self.snapshot.grown_demands))].tolist())
             self._room_lost.clear()
         return not rows
 
@@ -207,6 +208,7 @@ class Cycle:
         if node is None and self.snapshot.backfill_until is not None and self.nodes.fits_reserved_room(task):
             if self.nodes.ends_in_time(task):
                 held = self.reservation
+                assert held is not None and task.estimate is not None  # (room reserved; it ends in time)
                 self.commit(tenant, task, held.node, f"backfill: node {self.snapshot.node_ids[held.node]} is reserved "
                                                      f"for {held.tenant}'s task {held.task}, which can start there at "
                                                      f"{self.snapshot.backfill_until:g} by the estimates of the tasks "
@@ -263,7 +265,7 @@ class Cycle:
         the decision places the request's ``count`` tasks from there, listed in ``tasks``, as
         the engine publishes such a run (``engine._grouped``)."""
         if count == 1:
-            first, tasks = task.task_id(within), ()
+            first, tasks = task.task_id(within), cast(tuple[str, ...], ())
         else:
             ids = task.task_ids(within, count)
             first, tasks = ids[0], tuple(ids)
@@ -307,7 +309,7 @@ class Cycle:
         for entry, withdrawn in self._withdrawn_from.values():
             kept = [at for at, placed in enumerate(self.placed) if placed[2] is entry]
             ids = sorted([self.placed[at][0].task for at in kept] + withdrawn,
-                         key=lambda task: split_task_id(task)[1])  # (by the index in the request)
+                         key=lambda task: cast(tuple[str, int], split_task_id(task))[1])  # (by the index in the request)
             for at, task_id in zip(kept, ids):
                 decision, tenant, _, node = self.placed[at]
                 if decision.task != task_id:
@@ -340,7 +342,7 @@ class Cycle:
 
 KeyFn = Callable[[Cycle, str], tuple]
 ChargeFn = Callable[[Cycle, str, Task], None]
-ReasonFn = Callable[[Cycle, str, tuple], str]
+ReasonFn = Callable[[Cycle, str, Any], str]  # (the tenant's key: a FairKey, or a policy's own tuple)
 
 
 class TenantOrder(NamedTuple):
@@ -450,7 +452,7 @@ def serve_in_order(snapshot: Snapshot, policy: str, service: Service, cycle: Cyc
     if flat_key is not None:
         if initial_shares is None:
             initial_shares = flat_key.initial_shares(snapshot)
-    heap = []
+    heap: list[tuple[Any, str]] = []
     if initial_shares is not None and not cycle.capped:
         rows, arrival = snapshot.rows, snapshot.arrival
         shares = initial_shares.tolist()
@@ -517,6 +519,7 @@ def _ahead_of_holder(cycle: Cycle, key: KeyFn, holder_key, only: list[str] | Non
     snapshot = cycle.snapshot
     tenants = only if only is not None else (
         snapshot.pending if snapshot.candidates is None else [t for t in snapshot.pending if t in snapshot.candidates])
+    assert snapshot.reservation is not None  # (asked only while a node is reserved)
     holder = snapshot.reservation.tenant
     return any(tenant != holder and key(cycle, tenant) < holder_key for tenant in tenants)
 
@@ -588,7 +591,7 @@ def _first_blocked_of_all(cycle: Cycle, only: list[str], key: KeyFn, initial_sha
         shares = initial_shares[rows]
         arrival = snapshot.arrival[rows]
         order = np.lexsort((np.array(rest), arrival, shares)).tolist()
-        keyed = ((fair_key(float(shares[i]), float(arrival[i]), rest[i]), rest[i]) for i in order)
+        keyed: Iterator[tuple[Any, str]] = ((fair_key(float(shares[i]), float(arrival[i]), rest[i]), rest[i]) for i in order)
     else:
         keyed = iter(sorted((key(cycle, t), t) for t in rest))
     for tenant_key, tenant in keyed:
@@ -623,7 +626,7 @@ def order_code(key: tuple, code: ReasonCode = ReasonCode.FAIR_ORDER) -> ReasonCo
 def room_for_any(free: np.ndarray, demands: np.ndarray) -> np.ndarray:
     """Per row of ``free`` (node x resource free room): does some row of ``demands`` (demand x
     resource) fit in it?"""
-    return (demands[:, None, :] <= free[None, :, :] + EPSILON).all(axis=2).any(axis=0)
+    return cast(np.ndarray, (demands[:, None, :] <= free[None, :, :] + EPSILON).all(axis=2).any(axis=0))
 
 
 def leaf_arrival(snapshot: Snapshot, tenant: str) -> float:

@@ -242,7 +242,7 @@ class JobQueue:
                 return entry
         return None
 
-    def next_entry(self, failed: set[int], failed_here: set[int] | tuple) -> Task | None:
+    def next_entry(self, failed: set[int] | tuple[()], failed_here: set[int] | tuple[()]) -> Task | None:
         heap = self.heap
         while heap:
             key, job = heap[0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
@@ -124,7 +125,7 @@ class PendingQueue:
                     yield task
 
 
-EMPTY_MAPPING: Mapping[str, float] = MappingProxyType({})
+EMPTY_MAPPING: Mapping[str, Any] = MappingProxyType({})
 
 
 class Later:

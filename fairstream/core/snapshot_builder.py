@@ -89,7 +89,7 @@ class SnapshotBuilder:
         starved_since, running_tasks = EMPTY_MAPPING, None
         if starvation is not None and starvation.since:
             starved_since = MappingProxyType(dict(starvation.since))
-            if starved_past_timeout(starvation.since, now, engine.preemption):
+            if starved_past_timeout(starvation.since, now, starvation.rule):
                 running_tasks = engine.running_tasks()
         node_row = registry.row
         capacity, fractions, allocation, share = (acc.capacity.copy(), acc.fractions.copy(), acc.allocation.copy(),
@@ -150,6 +150,6 @@ class SnapshotBuilder:
 # The builder's defaults, as ``__init__`` gives them (a factory's value is a shared read-only
 # mapping), less those of the fields it gives as made on first read (``running`` has one): they must
 # not be in the snapshot's dict.
-_BUILT_DEFAULTS = {f.name: f.default if f.default is not MISSING else f.default_factory()
+_BUILT_DEFAULTS = {f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
                    for f in fields(Snapshot) if (f.default is not MISSING or f.default_factory is not MISSING)
                    and f.name not in ("accumulated", "pseudo_accumulated", "quantum", "waiting_since", "running")}

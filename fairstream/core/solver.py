@@ -135,7 +135,9 @@ def solve_packing(
     lp.col_upper_ = np.concatenate([upper, np.ones(columns - items)]).astype(float)
     lp.row_lower_ = np.array([lower for _, lower, _ in program.rows], dtype=float)
     lp.row_upper_ = np.array([upper_ for _, _, upper_ in program.rows], dtype=float)
-    starts, indices, coefficients = [0], [], []
+    starts: list[int] = [0]
+    indices: list[int] = []
+    coefficients: list[float] = []
     for terms, _, _ in program.rows:
         indices.extend(v for v, _ in terms)
         coefficients.extend(c for _, c in terms)
@@ -144,7 +146,7 @@ def solve_packing(
     lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = columns, len(program.rows)
     lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
     lp.a_matrix_.index_ = np.array(indices, dtype=np.int32)
-    lp.a_matrix_.value_ = np.array(coefficients, dtype=float)
+    lp.a_matrix_.value_ = np.array(coefficients, dtype=np.float64)
     if integer:
         lp.integrality_ = [highspy.HighsVarType.kInteger] * columns
 

@@ -44,7 +44,7 @@ class Workload:
         self._running_on: dict[int, dict[str, Task]] | None = None  # (``running_on``)
         self._job_rows: dict[tuple[str, str], dict[int, int]] | None = None  # (``job_rows``)
         # The last demand parsed and its parse (``admission.parsed_demand``), a cache:
-        self.last_demand: tuple[dict, tuple] | None = None
+        self.last_demand: tuple[dict, Any] | None = None  # (the raw demand, its ParsedDemand)
         self._finish_time: Any = None  # (``_shared_time``)
 
     # ------------------------------------------------------------ tasks in and out

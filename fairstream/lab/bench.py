@@ -30,7 +30,9 @@ import platform
 import resource
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -66,7 +68,7 @@ def bench_policy(policy: str, tenants: int, nodes: int, pending: int, steps: int
 
     def new_tasks(count: int, now: float) -> list[TaskSubmitted]:
         nonlocal counter
-        out = []
+        out: list[TaskSubmitted] = []
         while len(out) < count:
             owner = int(rng.integers(0, tenants))
             demand = {"cpu": float(rng.integers(1, 5)), "mem": float(rng.integers(1, 17))}
@@ -78,7 +80,7 @@ def bench_policy(policy: str, tenants: int, nodes: int, pending: int, steps: int
         return out
 
     started = time.perf_counter()
-    first = engine.step(0.0, heartbeats + new_tasks(pending, 0.0))
+    first = engine.step(0.0, [*heartbeats, *new_tasks(pending, 0.0)])
     initial_s = time.perf_counter() - started
     running = [d.task for d in first.decisions]
 
@@ -153,8 +155,8 @@ def bench_trace(path: Path, policy: str = "ltrf", progress: bool | None = None) 
 
 
 def bench_engine(tenants: int, nodes: int, pending: int, policies: list[str], trace: str | None = None,
-                 progress: bool | None = None, knob_policies: list[str] = ("qknobler", "tetris")) -> dict:
-    out = {
+                 progress: bool | None = None, knob_policies: Sequence[str] = ("qknobler", "tetris")) -> dict:
+    out: dict[str, Any] = {
         "benchmark": "engine",
         "machine": {**_machine(), "platform": platform.platform()},
         "setup": {"tenants": tenants, "nodes": nodes, "pending": pending, "node_capacity": {"cpu": 16, "mem": 64}},
@@ -204,7 +206,7 @@ def _day_run(paths: list[Path], scale: float, nodes: int, policy: str, progress:
     events = requests + scenario.task_count - summary["unfinished_tasks"] + nodes
     return {
         "policy": policy,
-        "jobs": scenario.tasks.jobs,
+        "jobs": cast(Any, scenario.tasks).jobs,  # (a trace read lazily: TableWorkload)
         "requests": requests,
         "tasks": scenario.task_count,
         "decisions": decisions,

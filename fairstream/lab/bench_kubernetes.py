@@ -265,14 +265,14 @@ async def _run(nodes: int, pods: int, rate: float, rate_seconds: float, fair_pod
     bench_id = uuid.uuid4().hex[:8]
     work = Path(tempfile.mkdtemp(prefix=f"fairstream-bench-kube-{bench_id}-"))
     namespace = f"bench-{bench_id}"
-    await client.create(Namespace.from_dict({"metadata": {"name": namespace}}))
+    await client.create(Namespace.from_dict({"metadata": {"name": namespace}}))  # type: ignore[call-overload]  # (lightkube's from_dict is typed as returning its base class)
     node_names = [f"bench-{bench_id}-{k}" for k in range(nodes)]
     allocatable = {"cpu": NODE_CPU, "memory": NODE_MEMORY, "pods": "110"}
     gate = asyncio.Semaphore(100)
 
     async def make_node(name: str) -> None:
         async with gate:
-            await client.create(Node.from_dict({
+            await client.create(Node.from_dict({  # type: ignore[call-overload]  # (lightkube's from_dict is typed as returning its base class)
                 "metadata": {"name": name, "labels": {"type": "kwok", "fairstream.dev/bench": bench_id},
                              "annotations": {"kwok.x-k8s.io/node": "fake"}},
                 "status": {"allocatable": allocatable, "capacity": allocatable}}))

@@ -23,6 +23,7 @@ import time
 import uuid
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -270,8 +271,8 @@ class _BatchSender:
         self.per_message = per_message
         self.partitioner = DefaultPartitioner()
         self.partition: dict[str, int] = {}
-        self.open: dict[str, object] = {}
-        self.ready: list[tuple[str, object]] = []
+        self.open: dict[str, Any] = {}  # per topic, aiokafka's batch being filled
+        self.ready: list[tuple[str, Any]] = []
         self.acks: list = []
         self.messages = 0
 

@@ -146,7 +146,8 @@ class RedisServer:
     """A Redis of the drill's own, persisted to ``dump.rdb`` in ``directory``."""
 
     def __init__(self, directory: Path) -> None:
-        self.directory, self.port, self.process = directory, free_port(), None
+        self.directory, self.port = directory, free_port()
+        self.process: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
@@ -180,17 +181,18 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         log_path = self.directory / f"worker-{len(self.logs)}.log"
         self.logs.append(log_path)
-        self.process = subprocess.Popen(
+        process = self.process = subprocess.Popen(
             [sys.executable, "-m", "fairstream.cli", "worker", "--policy", "drf", "--app-id", self.app_id,
              "--topic-prefix", self.app_id, "--broker", self.broker, "--redis", self.redis_url, "--metrics-port", "0",
              *self.extra], stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
-        _wait(lambda: "worker.partitions_assigned" in log_path.read_text() or self.process.poll() is not None,
+        _wait(lambda: "worker.partitions_assigned" in log_path.read_text() or process.poll() is not None,
               120, "the worker to be assigned its partitions")
-        if self.process.poll() is not None:
+        if process.poll() is not None:
             raise RuntimeError(f"the worker exited: {log_path.read_text()[-2000:]}")
         return self
 
     def kill9(self) -> None:
+        assert self.process is not None  # (started)
         self.process.send_signal(signal.SIGKILL)
         self.process.wait()
 
@@ -238,6 +240,12 @@ class Context:
     hostile: int = 0
     fault_ended: float | None = None  # wall clock
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def own_redis(self) -> RedisServer:
+        """The Redis server the drill started (a fault on Redis needs one)."""
+        assert self.redis is not None
+        return self.redis
 
 
 async def _publish_hostile(ctx: Context, messages: list[tuple[str, bytes]], spread: float = 3.0) -> None:
@@ -287,17 +295,17 @@ async def fault_kill_9(ctx: Context) -> None:
 
 async def fault_redis_empty(ctx: Context) -> None:
     await _after_decisions(ctx, 10)
-    ctx.redis.stop()
-    await asyncio.to_thread(ctx.redis.start)  # nothing saved: it comes back empty
+    ctx.own_redis.stop()
+    await asyncio.to_thread(ctx.own_redis.start)  # nothing saved: it comes back empty
     ctx.fault_ended = time.monotonic()
 
 
 async def fault_redis_older(ctx: Context) -> None:
     await _after_decisions(ctx, 10)
-    ctx.redis.command("SAVE")  # the file it is restored from
+    ctx.own_redis.command("SAVE")  # the file it is restored from
     await _after_decisions(ctx, ctx.sent() + 15)
-    ctx.redis.stop()
-    await asyncio.to_thread(ctx.redis.start)  # loads dump.rdb: the state of 15 decisions ago
+    ctx.own_redis.stop()
+    await asyncio.to_thread(ctx.own_redis.start)  # loads dump.rdb: the state of 15 decisions ago
     ctx.fault_ended = time.monotonic()
 
 
@@ -307,13 +315,13 @@ async def fault_kill_9_redis_lost(ctx: Context, older: bool = False) -> None:
     # saved 15 decisions before the kill.
     await _after_decisions(ctx, 10)
     if older:
-        ctx.redis.command("SAVE")
+        ctx.own_redis.command("SAVE")
         await _after_decisions(ctx, ctx.sent() + 15)
     ctx.worker.kill9()
-    ctx.redis.stop()
+    ctx.own_redis.stop()
     if not older:
         (ctx.directory / "dump.rdb").unlink(missing_ok=True)
-    await asyncio.to_thread(ctx.redis.start)
+    await asyncio.to_thread(ctx.own_redis.start)
     ctx.fault_ended = time.monotonic()
     await asyncio.to_thread(ctx.worker.start)
 

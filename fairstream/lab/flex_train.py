@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -97,7 +98,7 @@ def evaluate(args: tuple[int, float, str]) -> dict:
 
     seed, cpu_share, mix = args
     scenario = workload(seed, cpu_share, mix)
-    demands = {}
+    demands: dict[str, Any] = {}
     for task in scenario.tasks:
         demands[task.tenant] = demands.get(task.tenant, 0) + np.array([task.demand["cpu"], task.demand["mem"]])
     capacity = NODE
@@ -109,7 +110,7 @@ def evaluate(args: tuple[int, float, str]) -> dict:
                         "tenant_times": {t: v["makespan"] for t, v in summary["tenants"].items() if v.get("makespan")},
                         "degrees": {t: v["fairness_degree"] for t, v in summary["tenants"].items()}}
     base = runs["drf"]
-    out = {"seed": seed, "mix": mix, "cpu_share": cpu_share, "degree": degree, "candidates": {}}
+    out: dict[str, Any] = {"seed": seed, "mix": mix, "cpu_share": cpu_share, "degree": degree, "candidates": {}}
     for policy, run in runs.items():
         out["candidates"][policy] = {
             "E": makespan_reduction(base["makespan"], run["makespan"]),
@@ -155,7 +156,8 @@ def train(out: Path, workloads: int = 48, seed: int = 1, grid: bool = False, wor
     results = run_all(evaluate, plan, workers, progress, "simulating", unit="workload")
     (out / "training-data.json").write_text(json.dumps(results, indent=1))
     loss = "F_long_term" if long_term else "F"
-    classifiers, report = {}, {"workloads": len(results), "fairness_loss": loss, "parameters": {}, "per_sla": {}}
+    classifiers: dict[str, Any] = {}
+    report: dict[str, Any] = {"workloads": len(results), "fairness_loss": loss, "parameters": {}, "per_sla": {}}
     for kind in SLA_KINDS:
         x, y = dataset(results, kind, loss)
         params = dict(TABLE_4)

@@ -24,7 +24,7 @@ import numpy as np
 
 #: (label, policy, params): the memoryless baseline, F-LTMM, then one setting of each way of
 #: forgetting, at a scale comparable to the contention (600 s).
-VARIANTS = (
+VARIANTS: tuple[tuple[str, str, dict[str, str]], ...] = (
     ("fair (memoryless)", "fair", {}),
     ("ltrf, F-LTMM (remembers all)", "ltrf", {}),
     ("ltrf, round=400", "ltrf", {"round": "400"}),

@@ -81,7 +81,7 @@ class Cluster:
 
         allocatable = {"cpu": cpu, "memory": memory, "pods": "110", **(extra or {})}
         for name in names:
-            self.client.create(Node.from_dict({
+            self.client.create(Node.from_dict({  # type: ignore[call-overload]  # (lightkube's from_dict is typed as returning its base class)
                 "metadata": {"name": name, "labels": {"type": "kwok", **(labels or {})},
                              "annotations": {"kwok.x-k8s.io/node": "fake"}},
                 "status": {"allocatable": allocatable, "capacity": allocatable}}))
@@ -101,7 +101,7 @@ class Cluster:
     def make_namespace(self, name: str) -> str:
         from lightkube.resources.core_v1 import Namespace
 
-        self.client.create(Namespace.from_dict({"metadata": {"name": name}}))
+        self.client.create(Namespace.from_dict({"metadata": {"name": name}}))  # type: ignore[call-overload]  # (lightkube's from_dict is typed as returning its base class)
         return name
 
     def delete_namespace(self, name: str) -> None:
@@ -111,11 +111,14 @@ class Cluster:
         from lightkube.types import PatchType
 
         for pod in self.client.list(Pod, namespace=name):
+            meta = pod.metadata
+            if meta is None or meta.name is None:
+                continue
             try:
-                if pod.metadata.finalizers:  # (the connector's, with no connector left to take it off)
-                    self.client.patch(Pod, pod.metadata.name, {"metadata": {"finalizers": None}}, namespace=name,
+                if meta.finalizers:  # (the connector's, with no connector left to take it off)
+                    self.client.patch(Pod, meta.name, {"metadata": {"finalizers": None}}, namespace=name,
                                       patch_type=PatchType.MERGE)
-                self.client.delete(Pod, pod.metadata.name, namespace=name, grace_period=0)
+                self.client.delete(Pod, meta.name, namespace=name, grace_period=0)
             except ApiError:
                 pass
         try:
@@ -130,7 +133,7 @@ class Cluster:
         """A pod of one container requesting ``cpu``, ``memory`` and ``extra`` (``{"nvidia.com/gpu": "1"}``)."""
         from lightkube.resources.core_v1 import Pod
 
-        return self.client.create(Pod.from_dict(pod_manifest(namespace, name, scheduler, cpu, memory, run_seconds,
+        return self.client.create(Pod.from_dict(pod_manifest(namespace, name, scheduler, cpu, memory, run_seconds,  # type: ignore[call-overload]  # (lightkube's from_dict is typed as returning its base class)
                                                              labels, annotations, node_selector, extra))).to_dict()
 
     def pods(self, namespace: str) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ over the seeds and the range (min-max). Writes ``study.json`` (every run), ``tab
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,7 +149,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
 
 
 def study(out: Path, workloads: list[str], policies: list[str], timeouts: list[float], threshold: float = 0.5,
-          seeds: list[int] = (1, 2, 3), trace: str = str(DEFAULT_PHILLY), workers: int | None = None,
+          seeds: Sequence[int] = (1, 2, 3), trace: str = str(DEFAULT_PHILLY), workers: int | None = None,
           progress: bool | None = None) -> dict:
     """Run every setting of ``plan`` and write the study (module docstring); returns it."""
     from fairstream.core.model import ModelError
@@ -196,7 +197,7 @@ def write_tables(rows: list[dict], out: Path) -> None:
 
     def spread(row: dict, key: str, digits: int = 0) -> str:
         low, high = row[f"{key}_range"] or (None, None)
-        if low is None or row["seeds"] == 1 or round(low, digits) == round(high, digits):
+        if low is None or high is None or row["seeds"] == 1 or round(low, digits) == round(high, digits):
             return cell(row[key], digits)
         return f"{cell(row[key], digits)} ({cell(low, digits)}-{cell(high, digits)})"
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 # The knob parameter of the policies that have one (the paper's two).
 KNOBS = {"qknobler": "rho", "tetris": "f"}
@@ -74,7 +75,8 @@ def simulate(run: Run) -> dict:
     jcts = [t["mean_jct"] for t in summary["tenants"].values() if t.get("mean_jct") is not None]
     theta = None
     if run.policy == "qknobler":
-        theta = knob_theory(scenario, [run.knob])["theta"][f"{run.knob:g}"]
+        knob = cast(float, run.knob)  # (qknobler's runs have one)
+        theta = knob_theory(scenario, [knob])["theta"][f"{knob:g}"]
     return {
         "workload": run.workload, "users": run.users or len(scenario.tree.effective_share), "policy": run.policy,
         "knob": run.knob, "makespan": summary["makespan"], "mean_jct": float(np.mean(jcts)) if jcts else None,
@@ -94,9 +96,10 @@ def plan(workload: str, knobs: list[float], users: list[int], options: dict,
     fig_knob, fig_policies = ("fig6", "fig7") if workload == "macro" else ("fig8", "fig9")
     compared = ["static"] + [p for p in dict.fromkeys(policies) if p != "static"]
     runs = [(fig_knob, Run(workload, "qknobler", k, first, opts)) for k in knobs] if "qknobler" in compared else []
-    for count in (users if workload == "google" else [None]):
+    counts: list[int | None] = list(users) if workload == "google" else [None]
+    for count in counts:
         for policy in compared:
-            policy_knobs = ([0.2] if workload == "google" else knobs) if policy in KNOBS else [None]
+            policy_knobs: list[float | None] = ([0.2] if workload == "google" else list(knobs)) if policy in KNOBS else [None]
             runs += [(fig_policies, Run(workload, policy, knob, count, opts)) for knob in policy_knobs]
     return runs
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -26,7 +27,7 @@ from fairstream.sim.traces.macro import macro_benchmark
 
 POLICIES = ("static", "fair", "ltrf")
 # Part 2: 50 nodes of 4 GB; B alone from 0 s, A from 300 s, both until 900 s.
-COME_AND_GO = {"nodes": 50, "task_seconds": 10.0, "a_arrives": 300.0, "contended_until": 900.0}
+COME_AND_GO: dict[str, Any] = {"nodes": 50, "task_seconds": 10.0, "a_arrives": 300.0, "contended_until": 900.0}
 
 
 def come_and_go_part(out: Path, progress: bool | None) -> tuple[list[str], dict, Path]:

@@ -72,7 +72,8 @@ class MetricsRecorder:
         self._entitled_shares: tuple | None = None  # (tree's share table, tenants) -> S per row
         self._series: dict[str, TenantSeries] = {}  # (``series``: with the blocks not read yet)
         self._blocks: list[tuple[float, list[str], np.ndarray]] = []  # per sample: time, tenants, values
-        self.cluster = {"time": [], "psi": [], "omega": [], "soft_fairness": [], **{f"util_{r}": [] for r in names}}
+        self.cluster: dict[str, list[float]] = {"time": [], "psi": [], "omega": [], "soft_fairness": [],
+                                                **{f"util_{r}": [] for r in names}}
         self.soft_fairness_integral = 0.0
         self.soft_fairness_time = 0.0
         self.soft_fairness_max = 0.0
@@ -248,6 +249,7 @@ class MetricsRecorder:
         self.soft_fairness_max = max(self.soft_fairness_max, degree)
 
     def _sample(self, at: float, state, soft_fairness: float) -> None:
+        assert self.clock is not None  # (set by the first ``advance``)
         dt = at - self.clock
         engine = self.engine
         g, d, entitled, counted = state

@@ -287,9 +287,9 @@ def parse_scenario(document: Any) -> Scenario:
     nodes: list[NodeSpec] = []
     for i, raw in enumerate(document["nodes"]):
         capacity = check_vector(raw["capacity"], f"nodes[{i}].capacity")
-        ids = [raw["id"]] if "count" not in raw else [f"{raw['id']}-{k}" for k in range(raw["count"])]
+        node_ids = [raw["id"]] if "count" not in raw else [f"{raw['id']}-{k}" for k in range(raw["count"])]
         weights = check_vector(raw["weights"], f"nodes[{i}].weights") if "weights" in raw else {}
-        nodes.extend(NodeSpec(node_id, dict(capacity), dict(raw.get("labels", {})), dict(weights)) for node_id in ids)
+        nodes.extend(NodeSpec(node_id, dict(capacity), dict(raw.get("labels", {})), dict(weights)) for node_id in node_ids)
     seen: set[str] = set()
     for node in nodes:
         if node.id in seen:
@@ -302,9 +302,9 @@ def parse_scenario(document: Any) -> Scenario:
     else:
         specs = [TenantSpec(id=name) for name in dict.fromkeys(task_tenants)]
     tree = TenantTree.from_specs(specs)
-    for spec in specs:
-        if spec.max_resources:
-            check_vector(spec.max_resources, f"tenants[{spec.id}].max_resources")
+    for tenant_spec in specs:
+        if tenant_spec.max_resources:
+            check_vector(tenant_spec.max_resources, f"tenants[{tenant_spec.id}].max_resources")
 
     # A tenant a later ``tenants`` event adds is a tenant too (its tasks should come after it).
     later_leaves = set()
@@ -363,8 +363,8 @@ def parse_scenario(document: Any) -> Scenario:
             raise ModelError(f"events[{i}].node: required for {raw['type']}")
         if raw["node"] not in seen:
             raise ModelError(f"events[{i}].node: unknown node {raw['node']!r}")
-        capacity = check_vector(raw["capacity"], f"events[{i}].capacity") if "capacity" in raw else None
-        if raw["type"] == "node_heartbeat" and capacity is None:
+        given = check_vector(raw["capacity"], f"events[{i}].capacity") if "capacity" in raw else None
+        if raw["type"] == "node_heartbeat" and given is None:
             raise ModelError(f"events[{i}].capacity: required for node_heartbeat")
-        events.append(NodeEventSpec(float(raw["time"]), raw["type"], raw["node"], capacity, raw.get("labels")))
+        events.append(NodeEventSpec(float(raw["time"]), raw["type"], raw["node"], given, raw.get("labels")))
     return Scenario(resources, tree, nodes, tasks, events, name=str(document.get("name", "scenario")))

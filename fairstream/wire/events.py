@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from importlib import resources as package_files
-from typing import Any
+from typing import Any, final
 
 import jsonschema
 import orjson
@@ -130,6 +130,7 @@ def _parse(raw: bytes, max_bytes: int):
         raise BadInput(f"malformed JSON: {exc}") from None
 
 
+@final  # (so ``type(item) is Decoded`` tells a type checker it is not a BadElement)
 @dataclass(frozen=True)
 class Decoded:
     """One event of a message; ``index`` is its position in a batch (None: a single event)."""
@@ -139,6 +140,7 @@ class Decoded:
     index: int | None = None
 
 
+@final
 @dataclass(frozen=True)
 class BadElement:
     """One event of a batch message that cannot be applied: the reason and its position."""
@@ -208,6 +210,7 @@ def _element_spans(raw: bytes) -> tuple[tuple[int, int], ...]:
                     spans.append((start, _trimmed(raw, i)))
                 break
         elif c == 0x2C and depth == 1:  # the comma after an element
+            assert start is not None  # (JSON that parsed: an element came before the comma)
             spans.append((start, _trimmed(raw, i)))
             start = None
     return tuple(spans)
@@ -324,7 +327,7 @@ def _original(raw: bytes) -> dict[str, Any]:
     the full length and its SHA-256 when longer, so the input can still be found in Kafka."""
     try:
         text = raw.decode("utf-8")
-        kept = {"original": text[:MAX_ORIGINAL]}
+        kept: dict[str, Any] = {"original": text[:MAX_ORIGINAL]}
         cut = len(text) > MAX_ORIGINAL
     except UnicodeDecodeError:
         kept = {"original_base64": base64.b64encode(raw[:MAX_ORIGINAL]).decode("ascii")}

@@ -25,7 +25,7 @@ def backoff(first: float, longest: float) -> Iterator[float]:
         delay = min(2 * delay, longest)
 
 
-async def waiting_for(action: Callable[[], Awaitable[T]], log_event: str | None, retry_on: type | tuple = Exception,
+async def waiting_for(action: Callable[[], Awaitable[T]], log_event: str | None, retry_on: type[BaseException] | tuple[type[BaseException], ...] = Exception,
                       delays: tuple[float, float] = (0.5, 10.0), give_up_after: float | None = None, **fields) -> T:
     """``await action()`` until it succeeds: for a service that is not up yet. Each failure of
     ``retry_on`` is logged as ``log_event`` (with ``fields``, the error and the wait; None: not

@@ -154,7 +154,8 @@ def queues_document(cluster: str, status: dict, pending: Mapping[str, dict]) -> 
     for row in rows.values():
         resources = row.pop("resources")
         row["share"] = max(resources.values(), default=0.0)
-        row["waiting"] = dict(sorted(row["waiting"].items(), key=lambda item: (-item[1], item[0])))
+        waiting: dict[str, float] = row["waiting"]
+        row["waiting"] = dict(sorted(waiting.items(), key=lambda item: (-item[1], item[0])))
         row["held_by"] = next(iter(row["waiting"]), None)
         out.append(row)
     return {"api": API_VERSION, "cluster": cluster, "time": status["time"], "policy": status["policy"],

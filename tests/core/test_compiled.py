@@ -77,7 +77,7 @@ def test_a_builds_stamp_covers_every_module_the_compiled_ones_import_transitivel
     seen, todo = set(), [compiled._module_name(path) for path in compiled.MODULES]
     while todo:
         module = todo.pop()
-        if module in seen:
+        if module in seen or module == "fairstream._native":  # (Rust: built by the install, not by mypyc)
             continue
         seen.add(module)
         path = by_module.get(module) or by_module.get(module + ".__init__")
@@ -137,6 +137,7 @@ def _run_all(tmp_path: Path, name: str, runs: list, scenario: Path, day: Path, c
     return [line for line in done.stdout.splitlines() if line.startswith(("RUN ", "compiled:"))]
 
 
+@pytest.mark.slow
 def test_a_run_with_the_compiled_modules_decides_and_measures_to_the_bit_as_the_sources(tmp_path):
     document = busy_cluster(tenants=8, nodes=30, jobs=40, tasks_per_job=12, arrival_s=200.0).to_json()
     document["events"] = [{"time": 60.0, "type": "node_lost", "node": "n03"},

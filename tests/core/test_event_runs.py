@@ -85,6 +85,7 @@ def steps(draw):
                        TaskSubmitted(0.0, "t2", "j0", "A", {"cpu": 1.0, "mem": 0.3}),
                        TaskSubmitted(0.0, "t3", "j0", "A", {"cpu": True, "mem": 0.3})])],
          policy="drf")
+@pytest.mark.slow
 def test_events_applied_in_runs_leave_the_state_one_at_a_time_leaves(steps, policy):
     in_runs = engine(tree("A", "B"), policy, resources=("cpu", "mem"))
     reference = engine(tree("A", "B"), policy, resources=("cpu", "mem"))

@@ -496,6 +496,7 @@ def test_explain_changes_nothing_in_the_engine():
     assert (before[0] == after[0]).all() and before[1:] == after[1:]
 
 
+@pytest.mark.slow
 def test_a_tenant_of_100000_single_tasks_is_listed_up_to_the_cap_and_explained_whole_by_its_groups():
     store = MemoryStore()
     processor = worker_with(store, explain_interval=0.0, explain_max_entries=100)
@@ -708,6 +709,7 @@ def first_starts(document: dict, policy: str, params: dict | None = None) -> tup
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(document=scenarios(), policy=st.sampled_from(["drf", "fair", "ltrf", "fifo", "hltrf", "tsf"]))
+@pytest.mark.slow
 def test_with_exact_estimates_and_nothing_more_arriving_the_expected_start_is_the_start(document, policy):
     # Everything is submitted at t = 0: the forecast's one assumption left (tasks end at their
     # estimates) holds, so it must name the instant each waiting task really starts.

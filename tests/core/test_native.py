@@ -94,6 +94,7 @@ def mostly_flat_scenarios(draw):
 PARAMS = st.sampled_from([{}, {"reservation": "off"}, {"reservation": "backfill"}])
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(document=mostly_flat_scenarios(), policy=st.sampled_from(COMPILED_POLICIES), params=PARAMS)
 def test_the_compiled_pass_decides_exactly_as_the_python_pass(document, policy, params, counted):
@@ -114,6 +115,7 @@ def requests_on_roomy_nodes(draw):
     return {"resources": ["cpu", "mem"], "nodes": nodes, "tenants": tenants, "tasks": tasks}
 
 
+@pytest.mark.slow
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(document=st.one_of(requests_on_roomy_nodes(), mostly_flat_scenarios()), policy=st.sampled_from(COMPILED_POLICIES),
        params=PARAMS)
@@ -136,6 +138,7 @@ def test_the_compiled_passs_runs_in_one_decision_leave_the_state_of_the_python_p
     assert steps(True) == steps(False)
 
 
+@pytest.mark.slow
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(document=mostly_flat_scenarios(), policy=st.sampled_from(ALL), params=PARAMS)
 def test_every_policy_decides_and_measures_exactly_alike_with_the_compiled_scans(document, policy, params):

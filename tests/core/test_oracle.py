@@ -48,6 +48,8 @@ from test_properties import (
     runs_its_most,
 )
 
+pytestmark = pytest.mark.slow  # (long properties: the fast part, `scripts/test.sh --fast`, leaves them out)
+
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # Policies that preempt toward the fair share; the others still compose every other feature.
 PREEMPTING = ["fair", "drf", "ltrf", "hltrf"]

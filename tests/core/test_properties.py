@@ -24,6 +24,8 @@ from fairstream.sim.simulator import Simulator
 
 from builders import compiled_path
 
+pytestmark = pytest.mark.slow  # (long properties: the fast part, `scripts/test.sh --fast`, leaves them out)
+
 WORK_CONSERVING = ["fifo", "fair", "drf", "ltrf", "hltrf", "qknobler", "tetris", "tsf", "pmdrf", "drfh", "cdrf",
                    "perf", "flex"]
 ALL = WORK_CONSERVING + ["static"]

@@ -73,6 +73,7 @@ def recent_tasks(starts: list[float], values: list[float]) -> tuple[RecentTasks,
 
 @settings(max_examples=200, deadline=None)
 @given(data=st.data(), n=st.integers(1, 200))
+@pytest.mark.slow
 def test_tasks_retired_in_runs_leave_the_recent_sums_of_one_at_a_time_to_the_bit(data, n):
     # ``RecentTasks.retire`` takes a run of completions (``Accounting.on_finish``); the list is
     # compacted, and the sums made again, once most of it has ended, checked after each task:

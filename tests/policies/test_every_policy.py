@@ -139,6 +139,7 @@ def test_the_registry_is_what_fairstream_policies_lists(capsys):
     assert listed == list(REGISTRY)
 
 
+@pytest.mark.slow
 def test_bench_day_plays_the_swim_samples_as_one_day_and_reports_time_and_peak_memory(capsys):
     from fairstream.lab.bench import DAY_TRACES
 

@@ -163,6 +163,7 @@ def test_with_no_fairness_loss_allowed_every_decision_is_drfs():
     assert all(d.reason.startswith("flex: degree") for d in result.decisions)
 
 
+@pytest.mark.slow
 def test_a_complementary_workload_with_a_generous_threshold_runs_perf_and_finishes_sooner_than_drf():
     flex, drf = run("flex", max_fairness_loss=1.0), run("drf")
     assert "perf" in {d.policy for d in flex.decisions}

@@ -78,6 +78,7 @@ def test_a_half_life_must_be_positive():
         engine(tree("A"), "ltrf", half_life=0)
 
 
+@pytest.mark.slow
 def test_compare_forgetting_orders_the_ways_of_forgetting_between_fair_and_f_ltmm(tmp_path, capsys):
     import json
 

@@ -14,6 +14,8 @@ from fairstream.sim.output import speedups
 from fairstream.sim.simulator import Simulator
 from fairstream.sim.traces.macro import macro_benchmark
 
+pytestmark = pytest.mark.slow  # (long properties: the fast part, `scripts/test.sh --fast`, leaves them out)
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTES = ROOT / "docs" / "paper-notes.md"
 QUEUES = ("Facebook", "Purdue", "Spark", "TPC-H")  # the table's order

@@ -10,6 +10,8 @@ import pytest
 
 from fairstream.lab.sweep import Run, simulate
 
+pytestmark = pytest.mark.slow  # (long properties: the fast part, `scripts/test.sh --fast`, leaves them out)
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTES = ROOT / "docs" / "paper-notes.md"
 

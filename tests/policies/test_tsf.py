@@ -98,6 +98,7 @@ def failures(rule: str) -> dict[str, str]:
     # not define it; docs/tsf.md) it also fails SI: a job confined to few machines counts as rich.
     pytest.param("cdrf", {"SP", "EF", "SI"}, id="CDRF fails strategy-proofness and envy-freeness (and SI as we read it)"),
 ])
+@pytest.mark.slow
 def test_each_rule_breaks_exactly_the_properties_table_1_says_with_a_counterexample(rule, fails):
     found = failures(rule)
     assert set(found) == fails, found

@@ -78,6 +78,7 @@ def test_simulate_runs_the_philly_workload_and_plots_preemptions(tmp_path, capsy
     assert (out / "preemption.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_compare_preemption_writes_the_table_the_runs_and_a_figure_per_workload(tmp_path, capsys):
     out = tmp_path / "study"
     assert main(["compare-preemption", "--workloads", "long-tasks", "--policies", "drf", "--timeouts", "60",

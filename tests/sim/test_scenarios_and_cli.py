@@ -397,6 +397,7 @@ def test_generated_macro_benchmark_is_seeded_and_round_trips(tmp_path):
     assert load_scenario(path).to_json() == a.to_json()
 
 
+@pytest.mark.slow
 def test_demo_prints_the_per_queue_table_and_writes_figures(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path), "--scale", "0.05", "--no-progress"]) == 0
     out = capsys.readouterr().out
@@ -597,6 +598,7 @@ def test_a_reader_that_went_away_ends_the_command_quietly():
     assert (done.returncode, done.stderr) == (0, "")
 
 
+@pytest.mark.slow
 def test_a_command_runs_with_the_workers_collector_settings_and_leaves_them_as_they_were(monkeypatch, tmp_path):
     # The engine runs alike in both drivers: a command that simulates freezes what is loaded
     # and makes full collections rare, as the worker does (fairstream/collector.py), and the

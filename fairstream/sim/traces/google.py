@@ -130,7 +130,7 @@ class GoogleWorkload:
                 running[key] = (running[key][0], time_s)
             elif event in TERMINAL and key in running and running[key][1] is not None:
                 ordinal, start = running.pop(key)
-                if ordinal >= 0:
+                if ordinal >= 0 and start is not None:  # (checked above)
                     durations[ordinal] = max(time_s - start, 0.0)
         self.origin = origin or 0.0
         ended = ~np.isnan(np.frombuffer(durations, dtype=np.float64)) if durations else np.zeros(0, bool)
@@ -146,7 +146,7 @@ class GoogleWorkload:
             kept = kept[np.isin(codes[kept], list(kept_users))]
         if limit is not None:
             kept = kept[:limit]
-        first = {}
+        first: dict[int, None] = {}
         for code in codes[kept]:
             first.setdefault(int(code), None)
         self.users = [names[code] for code in first]

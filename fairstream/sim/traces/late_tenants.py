@@ -104,10 +104,10 @@ def late_tenants(runtimes: np.ndarray | None = None, name: str = "long-tasks", s
             jobs.append((round(submit, 3), tenant, number, int(g), max(float(seconds), 1.0)))
     jobs.sort()
     specs = []
-    for submit, tenant, number, gpus, seconds in jobs:
+    for submit, tenant, number, workers, seconds in jobs:
         job = f"vc{tenant}-j{number}"
         demand = {"gpu": 1.0, "mem": MEM_PER_GPU}
-        specs.append(TaskSpec(job, job, f"vc{tenant}", submit, seconds, demand, count=gpus if gpus > 1 else None))
+        specs.append(TaskSpec(job, job, f"vc{tenant}", submit, seconds, demand, count=workers if workers > 1 else None))
     tree = TenantTree.from_specs([TenantSpec(f"vc{k}") for k in range(tenants)])
     cluster = uniform_nodes(nodes, {"gpu": float(gpus_per_node), "mem": MEM_PER_GPU * gpus_per_node})
     return Scenario(ResourceSpace(("gpu", "mem")), tree, cluster, specs,

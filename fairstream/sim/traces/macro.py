@@ -111,7 +111,7 @@ def macro_benchmark(seed: int = 1, weights: tuple[float, ...] = (1, 1, 1, 1), sc
         raise ValueError(f"weights: need {len(QUEUES)} values, got {len(weights)}")
     tree = TenantTree.from_specs([TenantSpec(q, weight=float(w)) for q, w in zip(QUEUES, weights)])
     capacity = {"cpu": 12.0, "mem": 24.0}
-    resources = ("cpu", "mem")
+    resources: tuple[str, ...] = ("cpu", "mem")
     if memory_only:
         resources, capacity = ("mem",), {"mem": 24.0}
         for task in tasks:

@@ -31,7 +31,7 @@ from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -317,6 +317,9 @@ class TaskMapping:
         # Without a job column every row is a job of its own, named by its line number.
         self.job = cols.index(mapping["job"], "job") if "job" in mapping else None
         self.task = cols.index(mapping["task"], "task") if "task" in mapping else None
+        self.submit: _Quantity | None = None  # (None: rows ``interval`` seconds apart)
+        self.interval: float | None = None
+        self.origin: float | str = "min"
         self._tenant(mapping.get("tenant"), cols)
         self._submit(mapping.get("submit"), cols)
         self.events = self._events(mapping.get("events"), cols)
@@ -397,7 +400,7 @@ class TaskMapping:
         if not isinstance(spec, dict) or "column" not in spec:
             raise ModelError("mapping.events: an object with column, submit, start and end (lists of codes)")
         _only(spec, {"column", "submit", "start", "end"}, "mapping.events")
-        out = {"column": cols.index(spec["column"], "events.column")}
+        out: dict[str, Any] = {"column": cols.index(spec["column"], "events.column")}
         for kind in ("submit", "start", "end"):
             codes = spec.get(kind)
             if not isinstance(codes, list) or not codes:
@@ -545,7 +548,7 @@ class TableWorkload:
                 if m.task is not None:
                     m.cell(cells, m.task, "task")
                 tenant = m.tenant_of(cells)
-                submit = m.submit.of(cells) if m.submit is not None else len(lines) * m.interval
+                submit = m.submit.of(cells) if m.submit is not None else len(lines) * cast(float, m.interval)
                 value = m.duration.of(cells)
                 if value < submit if m.end_is_time else value < 0:
                     raise _Skip("ends before it is submitted" if m.end_is_time else "negative duration")
@@ -587,6 +590,7 @@ class TableWorkload:
     # One row per task event (Google's task_events).
     def _scan_events(self) -> None:
         m, ev = self.map, self.map.events
+        assert ev is not None and m.submit is not None  # (a mapping with events: checked with a submit column)
         lines, submits, durations = array("q"), array("d"), array("d")
         seen: set[tuple[str, str]] = set()
         running: dict[tuple[str, str], tuple[int, float | None]] = {}  # not ended: (ordinal, start)
@@ -628,7 +632,7 @@ class TableWorkload:
                 running[key] = (running[key][0], time)
             elif code in ev["end"] and key in running and running[key][1] is not None:
                 ordinal, start = running.pop(key)
-                if ordinal >= 0:
+                if ordinal >= 0 and start is not None:  # (checked above)
                     durations[ordinal] = max(time - start, 0.0)
         for ordinal, start in running.values():
             if ordinal >= 0:
@@ -659,8 +663,8 @@ class TableWorkload:
             self.tenants = [f"q{k}" for k in range(m.round_robin)]
         else:  # in order of first task
             names = list(self._names)
-            first: dict[int, None] = dict.fromkeys(int(c) for c in codes[order])
-            self.tenants = [names[c] for c in first]
+            first: dict[int, None] = dict.fromkeys(int(c) for c in cast(np.ndarray, codes)[order])  # (given with tenant names)
+            self.tenants = [cast(str, names[c]) for c in first]
         del self._tenant_codes, self._names
 
     def __len__(self) -> int:
@@ -690,9 +694,9 @@ class TableWorkload:
             wanted = {int(line): k for k, line in enumerate(lines[start:start + WINDOW], start)}
             found: dict[int, TaskSpec] = {}
             for number, cells in _rows(self.path, self.format):
-                k = wanted.get(number)
-                if k is not None:
-                    found[k] = self._spec(cells, number, k)
+                at = wanted.get(number)
+                if at is not None:
+                    found[at] = self._spec(cells, number, at)
                     if len(found) == len(wanted):
                         break
             for k in range(start, start + len(wanted)):
@@ -706,7 +710,7 @@ class TableWorkload:
             if m.tenant_fixed is not None:
                 tenant = m.tenant_fixed
             else:
-                tenant = self.round_robin.setdefault(job, f"q{len(self.round_robin) % m.round_robin}")
+                tenant = self.round_robin.setdefault(job, f"q{len(self.round_robin) % cast(int, m.round_robin)}")
         return TaskSpec(id=m.task_id(cells, number, job), job=job, tenant=tenant,
                         submit=round(float(self._submits[k]) - self._origin, 6), duration=float(self._durations[k]),
                         demand=m.demand_of(cells), constraints=m.constraints_of(cells), count=m.count_of(cells))
