@@ -71,8 +71,8 @@ def fix_mmap_threshold() -> bool:
     so that later blocks that large come from the heap instead; the worker's large blocks (a
     snapshot of several MB as it is read and sent to Redis, Kafka's fetch buffers) then leave
     holes in the heap that its small objects pin. Issue 60, at 5,000 events/s for ten minutes:
-    the worker's RSS rose 14 % from its first minute (116.8 -> 133.2 MB) with the default, 9 %
-    (115.2 -> 125.5 MB, flat from minute 5.5) with the threshold held."""
+    the worker's RSS rose 14 % from its first minute (116.8 -> 133.2 MB) with the default,
+    8.7-9.1 % in three runs (115-116 -> 126-127 MB, flat from minute 6) with the threshold held."""
     libc = _libc()
     return bool(libc is not None and libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 

@@ -7,26 +7,21 @@
 # workloads: `-m "not live and not slow"`), without starting Kafka, Redis or Kubernetes.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-fast=0
+selected=()
 if [ "${1:-}" = "--fast" ]; then
-  fast=1
+  selected=(-m "not live and not slow")
   shift
 fi
 bash "$root/scripts/bootstrap.sh" || exit 1
-if [ "$fast" = 1 ]; then
-  cd "$root"
-  "$root/.venv/bin/python" -m pytest -m "not live and not slow" "$@"
-  status=$?
-  [ "$status" -eq 5 ] && { echo "test.sh: pytest collected no tests: failing" >&2; exit 1; }
-  exit "$status"
+if [ "${#selected[@]}" -eq 0 ]; then
+  # Real Kafka (KRaft) and Redis for the worker's tests: installed and started if not running.
+  bash "$root/scripts/services.sh" start || exit 1
+  # A real Kubernetes control plane for the connector's tests (etcd, kube-apiserver, kwok): built
+  # with `go` into a cache outside the checkout the first time (about 7.5 minutes), then started.
+  bash "$root/scripts/kube.sh" start || exit 1
 fi
-# Real Kafka (KRaft) and Redis for the worker's tests: installed and started if not running.
-bash "$root/scripts/services.sh" start || exit 1
-# A real Kubernetes control plane for the connector's tests (etcd, kube-apiserver, kwok): built
-# with `go` into a cache outside the checkout the first time (about 7.5 minutes), then started.
-bash "$root/scripts/kube.sh" start || exit 1
 cd "$root"
-"$root/.venv/bin/python" -m pytest "$@"
+"$root/.venv/bin/python" -m pytest "${selected[@]}" "$@"
 status=$?
 if [ "$status" -eq 5 ]; then
   echo "test.sh: pytest collected no tests: failing" >&2

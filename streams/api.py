@@ -126,7 +126,7 @@ def with_initial_data(page: bytes, visibility: Visibility, cluster: str | None) 
     ``<`` escaped, so no value can end the element); unchanged if the store cannot be read."""
     try:
         data = json.dumps(visibility.page_data(cluster)).replace("<", "\\u003c")
-    except Exception:
+    except Exception:  # Redis down: the page loads and its fetches say why
         return page
     return page.replace(INITIAL, b'<script id="initial" type="application/json">' + data.encode() + b"</script>")
 
@@ -197,7 +197,7 @@ async def _document(read: Callable[..., dict], *args) -> web.Response:
         return _error(404, str(exc))
     except DocumentError as exc:
         return _error(400, str(exc))
-    except Exception as exc:
+    except Exception as exc:  # Redis down or unreachable: say so, keep serving
         return _error(503, f"the state store cannot be read: {exc}")
 
 

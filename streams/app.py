@@ -94,7 +94,7 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
             # last state too; a store that is down is tried again at the next tick.
             try:
                 await processor.flush_explanations()
-            except Exception as exc:
+            except Exception as exc:  # the view waits for the next tick
                 log.warning("worker.explain_unwritten", error=str(exc))
 
     # One feed for the three agents: what one fetch brought of each topic goes as one batch (one
@@ -106,11 +106,11 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         app.agent(topic, name=f"fairstream.{kind}")(_agent(batches, kind))
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # (Faust's stub: a handler of *args)
-    async def on_revoked(app, revoked, **kwargs) -> None:
+    async def on_revoked(app, revoked, **kwargs) -> None:  # Faust's signal signature
         await processor.forget()
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
-    async def on_assigned(app, assigned, **kwargs) -> None:
+    async def on_assigned(app, assigned, **kwargs) -> None:  # Faust's signal signature
         # What this worker now consumes: the line an operator (or a test) waits for.
         inputs = set(config.topics.inputs)
         log.info("worker.partitions_assigned",

@@ -24,7 +24,6 @@ from fairstream.streams.stepping import Applied, BatchOutcome, Enqueued
 log = structlog.get_logger("fairstream.worker")
 
 
-
 class StepsHolder(Protocol):
     """What closing held steps uses of the worker's processor (``Processor`` is one): its
     sessions, its lock and the steps of its pipeline that run under it."""
@@ -126,7 +125,7 @@ class OpenSteps:
                     await asyncio.shield(applied.published)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
+            except Exception as exc:  # tried again: the steps stay open meanwhile
                 log.warning("worker.open_steps_unclosed", error=str(exc))
                 await asyncio.sleep(max(self.step_wait, 0.5))
 

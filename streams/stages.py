@@ -146,5 +146,5 @@ class _Metered:
             except GeneratorExit:
                 inner.close()
                 raise
-            except BaseException as exc:
+            except BaseException as exc:  # handed to the coroutine, as a Task would
                 sent, thrown = None, exc

@@ -219,7 +219,7 @@ def recent_config_rejected(letter: DeadLetter, clock=lambda cluster: None) -> tu
     ``time: null``)."""
     try:
         body = loads(letter.raw)
-    except Exception:
+    except Exception:  # not JSON: no cluster to show it under
         return None
     cluster = body.get("cluster") if isinstance(body, dict) else None
     if not isinstance(cluster, str):

@@ -106,7 +106,7 @@ class ReadableRecords:
         crc_valid = batch.validate_crc()
         try:
             return _Decompressed(batch, list(batch), crc_valid)
-        except Exception as exc:
+        except Exception as exc:  # whatever the codec raises, the batch is one dead letter
             # (As one record at its last offset, an ``UnreadableBatch``.)
             return _Decompressed(batch, [unreadable_record(self.topic, self.partition, batch, exc)], crc_valid)
 

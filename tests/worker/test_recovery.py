@@ -542,7 +542,7 @@ def test_a_rebuild_cut_short_by_the_store_goes_on_from_the_journal_record_it_had
             try:
                 await p.handle([t1_done])
                 break
-            except Exception:
+            except Exception:  # the log found shorter, then the store gone once
                 continue
         return p
 
