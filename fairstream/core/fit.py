@@ -183,12 +183,13 @@ class NodeFit:
         # With a max_per_node, its job's tasks on a node only grow in a pass: a node where the job
         # runs its most is passed over for good, as one without room.
         running = self.job_rows(task.tenant, task.job) if most is not None else None
+        most_here = most if most is not None else 0  # (read only with ``running``)
         while i < len(candidates):
             node = candidates[i]
             row = rows.get(node)
             if row is None:
                 row = rows[node] = self.free[node].tolist()
-            if all(have >= want for have, want in zip(row, need)) and (running is None or running.get(node, 0) < cast(int, most)):
+            if all(have >= want for have, want in zip(row, need)) and (running is None or running.get(node, 0) < most_here):
                 entry[1] = i
                 return node
             i += 1
@@ -227,9 +228,10 @@ class NodeFit:
             scores, seen, need, scale, weights = entry
             if seen < len(changed):
                 usable, rows = self.usable(task), self.free_rows
+                allowed = None if usable is True else cast(np.ndarray, usable)  # (None: every node)
                 for node in set(changed[seen:]):
                     row = rows[node]  # (made again by ``took`` and ``gave_back``)
-                    if all(have >= want for have, want in zip(row, need)) and (usable is True or cast(np.ndarray, usable)[node]):
+                    if all(have >= want for have, want in zip(row, need)) and (allowed is None or allowed[node]):
                         scores[node] = node_alignment(row, scale, weights)
                     else:
                         scores[node] = -np.inf
