@@ -216,21 +216,12 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def non_negative_seconds(text: str) -> float:
-    """An argparse type: a number of seconds, zero or more."""
-    value = _seconds(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be 0 seconds or more, got {text}")
-    return value
-
-
-def session_seconds(text: str) -> float:
-    """An argparse type: a Kafka session timeout in seconds, within what a broker allows by
-    default (group.min.session.timeout.ms 6 s, group.max.session.timeout.ms 30 min)."""
-    value = _seconds(text)
-    if not 6.0 <= value <= 1800.0:
-        raise argparse.ArgumentTypeError(f"must be from 6 to 1800 seconds (the broker's default bounds), got {text}")
-    return value
+def _whole(text: str) -> int:
+    """An argparse type: a whole number (its range is the setting's to check)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
 
 
 def positive_int(text: str) -> int:
@@ -969,6 +960,7 @@ def build_parser() -> argparse.ArgumentParser:
     env_broker = os.environ.get("FAIRSTREAM_BROKER", worker_defaults.broker)
     env_redis = os.environ.get("FAIRSTREAM_REDIS_URL", worker_defaults.redis_url)
 
+    # (Each option is parsed here and its range checked by WorkerConfig, once: streams/config.py.)
     worker = sub.add_parser("worker", help="the streaming worker: Kafka in, decisions out, state in Redis")
     worker.add_argument("--policy", required=True)
     worker.add_argument("--param", action="append", metavar="NAME=VALUE")
@@ -978,54 +970,54 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--broker", default=None, help=f"Kafka bootstrap server (env FAIRSTREAM_BROKER, default {env_broker})")
     worker.add_argument("--redis", default=None, help="Redis URL (env FAIRSTREAM_REDIS_URL); rediss:// for TLS")
     worker.add_argument("--app-id", default=worker_defaults.app_id, help="Kafka consumer group and Redis key prefix")
-    worker.add_argument("--node-timeout", type=float, default=None, help="seconds of event time without heartbeat before a node is lost")
-    worker.add_argument("--max-lateness", type=float, default=worker_defaults.max_lateness, help="seconds an event may lag the cluster clock")
-    worker.add_argument("--max-ahead", type=positive_seconds, default=worker_defaults.max_ahead,
+    worker.add_argument("--node-timeout", type=_seconds, default=None, help="seconds of event time without heartbeat before a node is lost")
+    worker.add_argument("--max-lateness", type=_seconds, default=worker_defaults.max_lateness, help="seconds an event may lag the cluster clock")
+    worker.add_argument("--max-ahead", type=_seconds, default=worker_defaults.max_ahead,
                         help="seconds an event may be ahead of its cluster's clock, beyond how far its producer's clock "
                              "moved since the cluster's latest event (default a day); one further ahead is a dead letter")
     worker.add_argument("--topic-prefix", default="", help="prefix every topic name with PREFIX.")
-    worker.add_argument("--partitions", type=positive_int, default=worker_defaults.partitions,
+    worker.add_argument("--partitions", type=_whole, default=worker_defaults.partitions,
                         help="partitions of each topic the worker creates at start (existing topics are left as they are)")
-    worker.add_argument("--step-window", type=float, default=worker_defaults.step_window,
+    worker.add_argument("--step-window", type=_seconds, default=worker_defaults.step_window,
                         help="events within this many seconds of event time make one scheduling step (0: exact times)")
-    worker.add_argument("--step-wait", type=non_negative_seconds, default=worker_defaults.step_wait,
+    worker.add_argument("--step-wait", type=_seconds, default=worker_defaults.step_wait,
                         help="seconds a step stays open for events of its window that come in the next batch, after "
                              "its last ones came (at most --step-window + this after its first); 0: a batch's end "
                              "ends its steps")
-    worker.add_argument("--fetch-max-wait", type=float, default=worker_defaults.fetch_max_wait,
+    worker.add_argument("--fetch-max-wait", type=_seconds, default=worker_defaults.fetch_max_wait,
                         help="seconds the broker may hold a fetch for more data (Faust's own 1.5 s delays "
                              "busy partitions under load; docs/architecture.md)")
-    worker.add_argument("--fetch-min-bytes", type=int, default=worker_defaults.fetch_min_bytes,
+    worker.add_argument("--fetch-min-bytes", type=_whole, default=worker_defaults.fetch_min_bytes,
                         help="bytes of records the broker gathers before it answers a fetch (within --fetch-max-wait); "
                              "1 answers at the first record, at the cost of many small fetches under load")
-    worker.add_argument("--session-timeout", type=session_seconds, default=worker_defaults.session_timeout,
+    worker.add_argument("--session-timeout", type=_seconds, default=worker_defaults.session_timeout,
                         help="seconds without the worker's heartbeats before Kafka gives its partitions to the group's "
                              "other workers: how long a worker killed without leaving holds them (Kafka's "
                              "session.timeout.ms; the broker allows 6 to 1,800 by default)")
-    worker.add_argument("--batch-window", type=float, default=worker_defaults.batch_window,
+    worker.add_argument("--batch-window", type=_seconds, default=worker_defaults.batch_window,
                         help="longest a batch waits for input Kafka already holds for the agent (a batch goes as soon as "
                              "the previous one is applied, with what arrived meanwhile, up to 500 messages)")
-    worker.add_argument("--finished-retention", type=float, default=worker_defaults.finished_retention,
+    worker.add_argument("--finished-retention", type=_seconds, default=worker_defaults.finished_retention,
                         help="seconds of event time a finished task's id is remembered (duplicate detection)")
-    worker.add_argument("--metrics-port", type=int, default=worker_defaults.metrics_port,
+    worker.add_argument("--metrics-port", type=_whole, default=worker_defaults.metrics_port,
                         help="HTTP on ADDRESS:PORT: Prometheus /metrics, the /v1 visibility API and the web page at / "
                              "(0: off)")
     worker.add_argument("--metrics-address", default=worker_defaults.metrics_address, help="address of the metrics endpoint (0.0.0.0 in containers)")
-    worker.add_argument("--explain-interval", type=positive_seconds, default=worker_defaults.explain_interval,
+    worker.add_argument("--explain-interval", type=_seconds, default=worker_defaults.explain_interval,
                         help="seconds of wall time between writes of each cluster's explanation (why tasks wait, "
                              "tenants' status) to Redis; inf: never")
-    worker.add_argument("--explain-max-entries", type=positive_int, default=worker_defaults.explain_max_entries,
+    worker.add_argument("--explain-max-entries", type=_whole, default=worker_defaults.explain_max_entries,
                         help="pending entries kept per tenant in the explanation (a request counts once)")
-    worker.add_argument("--log-retention", type=positive_seconds, default=None,
+    worker.add_argument("--log-retention", type=_seconds, default=None,
                         help="seconds of event time of input log kept in Redis (default: all); older steps are "
                              "trimmed to a checkpoint that export-log --snapshot-out writes")
-    worker.add_argument("--max-engines", type=positive_int, default=worker_defaults.max_engines,
+    worker.add_argument("--max-engines", type=_whole, default=worker_defaults.max_engines,
                         help="cluster engines kept in memory; the least recently used is dropped beyond it and "
                              "recovered from Redis when its cluster is heard from again")
     worker.add_argument("--snapshot-inline", action="store_true",
                         help="encode engine snapshots in the worker process, pausing it, rather than in a forked child "
                              "(for platforms where fork is unwelcome)")
-    worker.add_argument("--stop-timeout", type=positive_seconds, default=worker_defaults.stop_timeout,
+    worker.add_argument("--stop-timeout", type=_seconds, default=worker_defaults.stop_timeout,
                         help="seconds a stop (SIGTERM, SIGINT) may take to leave the group and commit offsets; then "
                              "the worker exits at once, which loses nothing (its state is committed in Redis)")
     worker.add_argument("--data-dir", default=None,

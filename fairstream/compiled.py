@@ -40,6 +40,9 @@ MODULES = (
     "fairstream/core/verdicts.py",
     "fairstream/core/reservation.py",
     "fairstream/core/accounting.py",
+    "fairstream/core/placement.py",
+    "fairstream/core/fit.py",
+    "fairstream/core/queues.py",
 )
 
 ROOT = Path(__file__).resolve().parent.parent

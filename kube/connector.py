@@ -44,7 +44,7 @@ from fairstream.kube.mirror import (
     Publish,
 )
 from fairstream.kube.translate import DEFAULT_SCHEDULER, QUEUE_LABEL
-from fairstream.wire.retry import backoff
+from fairstream.wire.retry import backoff, waiting_for
 from fairstream.wire.topics import Topics
 
 log = structlog.get_logger("fairstream.kubernetes")
@@ -138,15 +138,13 @@ class Connector:
 
     async def _retrying(self, what: str, make):
         """``await make()`` until the API server answers (it may be away for a while)."""
-        waits = backoff(0.5, 10.0)
-        while True:
-            try:
-                async with self.in_flight:
-                    return await make()
-            except Unreachable as exc:
-                delay = next(waits)
-                log.warning("kubernetes.api_unreachable", call=what, error=str(exc), retry_in_s=delay)
-                await asyncio.sleep(delay)
+
+        async def call():
+            async with self.in_flight:
+                return await make()
+
+        return await waiting_for(call, "kubernetes.api_unreachable", retry_on=Unreachable, logger=log,
+                                 call=what)
 
     async def _call(self, call: Action) -> Publish | None:
         """Makes ``call``; returns the message to send after it (a submission whose pod now has

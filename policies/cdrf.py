@@ -33,10 +33,10 @@ def order(snapshot: Snapshot, params: Mapping[str, Any]) -> TenantOrder:
         """The capacity of the live servers its pending tasks may use (all live ones if it
         has none pending: its key is then read, not served by)."""
         if tenant not in pools:
-            heads = cycle.shape_heads(tenant)
+            heads = cycle.queues.shape_heads(tenant)
             allowed = np.zeros(len(snapshot.node_ids), dtype=bool) if heads else np.ones(len(snapshot.node_ids), bool)
             for task in heads:
-                allowed |= cycle.eligible(task.constraints)
+                allowed |= cycle.nodes.eligible(task.constraints)
             pools[tenant] = cast(np.ndarray, snapshot.node_capacity)[allowed & live].sum(axis=0)
         return pools[tenant]
 

@@ -15,14 +15,16 @@ from fairstream.policies.base import Ordering, PolicySpec, Traits
 
 
 def _key(cycle: Cycle, tenant: str) -> tuple:
-    task = cycle.next_task(tenant)
+    task = cycle.queues.next_task(tenant)
     return (task.seq if task is not None else float("inf"), tenant)
 
 
 def _reason(cycle: Cycle, tenant: str, key: tuple) -> str:
     # The task being placed, not the key: the key was taken when the tenant went into the heap,
     # and its head may since have been passed over as fitting nowhere (a shape found too big).
-    return f"fifo: earliest pending task (arrival #{cycle.next_task(tenant).seq})"
+    task = cycle.queues.next_task(tenant)
+    assert task is not None  # (asked as it is placed)
+    return f"fifo: earliest pending task (arrival #{task.seq})"
 
 
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:

@@ -98,8 +98,9 @@ class _TreeWalk:
 
     def earliest_waiting(self, node: str):
         tree = self.snapshot.tree
-        seqs = [self.cycle.next_task(leaf).seq for leaf in self.demanding
-                if self.demanding_below.get(leaf, 0) > 0 and node in tree.path(leaf)]
+        heads = [self.cycle.queues.next_task(leaf) for leaf in self.demanding
+                 if self.demanding_below.get(leaf, 0) > 0 and node in tree.path(leaf)]
+        seqs = [head.seq for head in heads if head is not None]  # (all: ``demanding`` has a next task each)
         return (min(seqs), node)
 
     def child_key(self, parent: str):
@@ -128,7 +129,7 @@ def tree_walk_order(snapshot: Snapshot, params: Mapping[str, Any]) -> TenantOrde
     def walk_of(cycle: Cycle) -> _TreeWalk:
         walk = walks.get(id(cycle))
         if walk is None:
-            demanding = [leaf for leaf in snapshot.demanding() if cycle.next_task(leaf) is not None]
+            demanding = [leaf for leaf in snapshot.demanding() if cycle.queues.next_task(leaf) is not None]
             walk = walks[id(cycle)] = _TreeWalk(snapshot, cycle, usage, demanding)
             starved = None
             if demanding and not math.isinf(params["t_wait"]):
@@ -173,7 +174,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     tree, rows, now = snapshot.tree, snapshot.rows, snapshot.time
     cycle = Cycle(snapshot, "hltrf")
     usage = LongTermUsage(snapshot)
-    demanding = [leaf for leaf in snapshot.demanding() if cycle.next_task(leaf) is not None]
+    demanding = [leaf for leaf in snapshot.demanding() if cycle.queues.next_task(leaf) is not None]
     walk = _TreeWalk(snapshot, cycle, usage, demanding)
     node_key, demanding_below, orderings = walk.node_key, walk.demanding_below, walk.orderings
     group_vector = walk.group_vector
@@ -234,7 +235,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
         if held is not None and not ahead_of_holder(leaf, code):
             cycle.nodes.resume_reservation()  # (the walk's keys only grow: behind the holder from here on)
             held = None
-        task = cycle.next_task(leaf)
+        task = cycle.queues.next_task(leaf)
         if task is None:
             drop(leaf)
             continue
@@ -245,7 +246,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
                 group_vector[node] = group_vector[node] + added
             waiting_since[leaf] = now
             heapq.heappush(lowest, (node_key(leaf), leaf))
-        if cycle.next_task(leaf) is None:
+        if cycle.queues.next_task(leaf) is None:
             drop(leaf)
     if held is not None:
         cycle.nodes.resume_reservation()

@@ -42,7 +42,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
         heapq.heapify(heap)
         while heap:
             tenant_key, tenant = heapq.heappop(heap)
-            task = next((t for t in cycle.shape_heads(tenant) if fits(cycle, t, node)), None)
+            task = next((t for t in cycle.queues.shape_heads(tenant) if fits(cycle, t, node)), None)
             if task is None:
                 continue  # nothing of this tenant fits this node any more
             if not cycle.within_caps(tenant, task):
@@ -71,8 +71,8 @@ def nodes_with_room(snapshot: Snapshot) -> list[int]:
 
 
 def fits(cycle: Cycle, task, node: int) -> bool:
-    return (bool(cycle.eligible(task.constraints)[node]) and bool((cycle.free[node] >= task.demand - EPSILON).all())
-            and cycle.job_may_use(task, node))
+    return (bool(cycle.nodes.eligible(task.constraints)[node]) and bool((cycle.free[node] >= task.demand - EPSILON).all())
+            and cycle.nodes.job_may_use(task, node))
 
 
 SPEC = PolicySpec("pmdrf", decide, "per-machine DRF: each node shared by DRF on its own (TSF baseline)",

@@ -153,7 +153,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
         tenant_key, tenant = heapq.heappop(heap)
         if tenant_key.share >= limit - 1e-12:
             break  # the lowest is at its bound, so every tenant is
-        task = cycle.next_task(tenant)
+        task = cycle.queues.next_task(tenant)
         if task is None:
             continue
         cycle.try_place(tenant, task, lambda: f"qknobler: fairness stage (s/w {tenant_key.share:.4g} < rho/phi {limit:.4g})",  # noqa: B023 (called before the loop moves on)
@@ -178,7 +178,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
         heap = heap_of([t for t in tenants if quotas.get(t, 0) > 0])
         while heap:
             _, tenant = heapq.heappop(heap)
-            task = cycle.next_task(tenant)
+            task = cycle.queues.next_task(tenant)
             if task is None:
                 continue
             if cycle.try_place(tenant, task, lambda: f"qknobler: efficiency stage ({status} integer program: "

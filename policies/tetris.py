@@ -74,7 +74,7 @@ class DrfOrder:
         """Every tenant's key and what it has left, made again."""
         self.keys = {t: self.key(t) for t in self.tenants}
         self.order = sorted(self.tenants, key=self.keys.__getitem__)
-        self.left = {t: self.cycle.pending_left(t) for t in self.order}
+        self.left = {t: self.cycle.queues.pending_left(t) for t in self.order}
         self.total = sum(self.left.values())
 
     def key(self, tenant: str):
@@ -93,7 +93,7 @@ class DrfOrder:
         self.keys[tenant] = self.key(tenant)
         bisect.insort(self.order, tenant, key=self.keys.__getitem__)
         self.total -= self.left[tenant]
-        self.left[tenant] = self.cycle.pending_left(tenant)
+        self.left[tenant] = self.cycle.queues.pending_left(tenant)
         self.total += self.left[tenant]
 
 
@@ -105,11 +105,11 @@ def candidates_in_window(cycle: Cycle, order: list[str], left: dict[str, int], w
     for tenant in order:
         if before >= window:
             break
-        heads = cycle.shape_heads(tenant)
+        heads = cycle.queues.shape_heads(tenant)
         if before + left[tenant] <= window:
             out.extend((tenant, task) for task in heads)
         else:
-            out.extend((tenant, task) for task in heads if before + cycle.rank_in_queue(tenant, task) < window)
+            out.extend((tenant, task) for task in heads if before + cycle.queues.rank_in_queue(tenant, task) < window)
         before += left[tenant]
     return out
 
@@ -141,7 +141,7 @@ def best_pair(cycle: Cycle, candidates: list[tuple[str, Task]], best_nodes: dict
             else:
                 fits = (cycle.free >= task.demand - EPSILON).all(axis=1)
                 if not task.constraints.empty:
-                    fits &= cycle.eligible(task.constraints) & cycle.below_job_limit(tenant, task)
+                    fits &= cycle.nodes.eligible(task.constraints) & cycle.nodes.below_job_limit(tenant, task)
                 if not fits.any():
                     cycle.skip_for(tenant, task)  # free room (and room under a max_per_node) only shrinks in a pass
                     continue

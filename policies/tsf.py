@@ -71,7 +71,7 @@ def task_share_order(snapshot: Snapshot, params: Mapping[str, Any], cycle: Cycle
 
     def h(tenant: str) -> int:
         if tenant not in monopoly:
-            task = cycle.next_task(tenant)
+            task = cycle.queues.next_task(tenant)
             monopoly[tenant] = monopoly_tasks(task.demand, capacities) if task is not None else 0
         return monopoly[tenant]
 
@@ -81,11 +81,11 @@ def task_share_order(snapshot: Snapshot, params: Mapping[str, Any], cycle: Cycle
     def k(tenant: str) -> int:
         """Tasks the tenant's dedicated pool would run, on the nodes it may use."""
         if tenant not in pool_tasks:
-            task = cycle.next_task(tenant)
+            task = cycle.queues.next_task(tenant)
             if task is None:
                 pool_tasks[tenant] = 0
             else:
-                usable = cycle.eligible(task.constraints) & live
+                usable = cycle.nodes.eligible(task.constraints) & live
                 pool_tasks[tenant] = monopoly_tasks(task.demand, node_capacity[usable] * pools[tenant])
         return pool_tasks[tenant]
 
@@ -111,8 +111,8 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     contention = np.zeros(len(snapshot.node_ids))
     for tenant in tenants:
         allowed = np.zeros(len(snapshot.node_ids), dtype=bool)
-        for task in cycle.shape_heads(tenant):
-            allowed |= cycle.eligible(task.constraints)
+        for task in cycle.queues.shape_heads(tenant):
+            allowed |= cycle.nodes.eligible(task.constraints)
         contention += allowed & live
 
     order, h = task_share_order(snapshot, params, cycle, placed)

@@ -25,7 +25,7 @@ from fairstream.streams.stepping import Applied
 from fairstream.streams.transport import kafka_transport
 from fairstream.wire.events import MAX_REASON
 from fairstream.wire.jsoncodec import dumps, loads
-from fairstream.wire.retry import backoff, waiting_for
+from fairstream.wire.retry import Retry, waiting_for
 
 log = structlog.get_logger("fairstream.worker")
 
@@ -71,20 +71,7 @@ def create_app(config: WorkerConfig, store, **app_options) -> tuple[faust.App, P
         # the processor waits for all of a batch's before it clears them from the outbox.
         return await app.producer.send(topic, key.encode(), dumps(message), None, None, None)
 
-    processor = Processor(
-        store, config.make_engine, publish, config.topics, max_lateness=config.max_lateness,
-        node_timeout=config.node_timeout, snapshot_every=config.snapshot_every, snapshot_ratio=config.snapshot_ratio,
-        max_bytes=config.max_bytes,
-        log_retention=config.log_retention,
-        step_window=config.step_window,
-        step_wait=config.step_wait,
-        background_snapshots=config.background_snapshots,
-        max_engines=config.max_engines,
-        max_ahead=config.max_ahead,
-        input_log=KafkaInputLog(config),
-        explain_interval=config.explain_interval,
-        explain_max_entries=config.explain_max_entries,
-    )
+    processor = Processor(store, publish, config, input_log=KafkaInputLog(config))
     app.consumer.on_seek = processor.consuming_from  # type: ignore[attr-defined]  # (our consumer's: streams/transport.py)
 
     if config.explain_interval != float("inf"):
@@ -362,22 +349,20 @@ class GroupCommit:
         applied one by one, and one that still fails ``MAX_FAULTS`` times on its own (``alone``)
         is dead-lettered as ``internal error: ...`` (``Processor.reject``), so one message
         cannot stall its partition and the others go on."""
-        delays, faults = backoff(*self.retry_delays), 0
+        retry, faults = Retry("worker.batch_failed", self.retry_delays, level="error", topic=batch[0].topic,
+                              messages=len(batch)), 0
         while True:
             try:
                 return await self.processor.apply(batch)
             except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
                 if not _unavailable(exc):
                     faults += 1
+                    error = f"{type(exc).__name__}: {exc}"
                     if faults >= MAX_FAULTS and alone:
                         return await self.processor.reject(batch[0], f"internal error: {error}"[:MAX_REASON])
                     if faults >= MAX_FAULTS and len(batch) > 1:
                         return await self._apply_one_by_one(batch)
-                delay = next(delays)
-                log.error("worker.batch_failed", topic=batch[0].topic, messages=len(batch), error=error,
-                          faults=faults, retry_in_s=delay)
-                await asyncio.sleep(delay)
+                await retry.after(exc, faults=faults)
 
     async def _apply_one_by_one(self, batch: list[Incoming]):
         """``batch`` as batches of one message, in order (to find the one a fault comes from);

@@ -1,7 +1,8 @@
-"""The worker's settings, ``WorkerConfig``: the one place their defaults are written (the
-command line reads them from here; this module imports nothing heavy, so building the command
-line's parser does not import Faust or the engine). Topic names are part of the wire format
-(``fairstream.wire.topics``)."""
+"""The worker's settings, ``WorkerConfig``: the one place their defaults are written and their
+ranges checked (the command line reads the defaults from here and reports a setting out of its
+range in the words ``WorkerConfig`` raises; this module imports nothing heavy, so building the
+command line's parser does not import Faust or the engine). The worker's parts take the
+configuration whole. Topic names are part of the wire format (``fairstream.wire.topics``)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,57 @@ if TYPE_CHECKING:
     from fairstream.core.tenants import TenantTree
 
 
+class ConfigError(ValueError):
+    """A worker setting out of its range; the message names the setting as the command line does."""
+
+
+# The command line's name of a setting, where it is not the field's with dashes; None: a setting
+# made in code alone (named as the field).
+_OPTION: dict[str, str | None] = {"redis_url": "--redis", "background_snapshots": "--snapshot-inline",
+                                  "batch_size": None, "snapshot_every": None, "snapshot_ratio": None, "max_bytes": None}
+
+# Per numeric setting: (lowest, highest, whether the lowest is allowed itself). Checked on every
+# WorkerConfig made, from the command line or in code.
+_RANGES: dict[str, tuple[float, float, bool]] = {
+    "partitions": (1, math.inf, True),
+    "batch_size": (1, math.inf, True),
+    "batch_window": (0, math.inf, True),
+    "fetch_max_wait": (0, math.inf, True),
+    "fetch_min_bytes": (0, math.inf, True),  # (0 is taken as 1: transport.kafka_transport)
+    # Within the broker's default bounds (group.min/max.session.timeout.ms: 6 s, 30 min).
+    "session_timeout": (6, 1800, True),
+    "max_lateness": (0, math.inf, True),
+    "max_ahead": (0, math.inf, False),
+    "node_timeout": (0, math.inf, False),
+    "snapshot_every": (1, math.inf, True),
+    "snapshot_ratio": (0, math.inf, True),
+    "max_bytes": (1024, math.inf, True),  # (a message smaller than a heartbeat's JSON is no limit)
+    "step_window": (0, math.inf, True),
+    "step_wait": (0, math.inf, True),
+    "finished_retention": (0, math.inf, True),
+    "log_retention": (0, math.inf, False),
+    "max_engines": (1, math.inf, True),
+    "metrics_port": (0, 65535, True),
+    "explain_interval": (0, math.inf, True),
+    "explain_max_entries": (1, math.inf, True),
+    "stop_timeout": (0, math.inf, False),
+}
+_WHOLE = {"partitions", "batch_size", "fetch_min_bytes", "snapshot_every", "max_bytes", "max_engines", "metrics_port",
+          "explain_max_entries"}
+
+
+def option_name(setting: str) -> str:
+    """The command line's option for a ``WorkerConfig`` field (``step_window``: ``--step-window``),
+    or the field's name if the command line has none."""
+    option = _OPTION.get(setting, "--" + setting.replace("_", "-"))
+    return setting if option is None else option
+
+
 @dataclass
 class WorkerConfig:
+    """Every setting of the worker, checked when made (``ConfigError`` names the first out of
+    its range). ``Processor``, the Faust app and the worker's process read it whole."""
+
     policy: str = "ltrf"
     params: dict[str, str] = field(default_factory=dict)
     resources: tuple[str, ...] = ("cpu", "mem")
@@ -64,6 +114,24 @@ class WorkerConfig:
     # Faust's local directory; it holds nothing of ours (state is in Redis), so by default it
     # goes to the temporary directory rather than "<app-id>-data" in the working directory.
     data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        for name, (lowest, highest, lowest_allowed) in _RANGES.items():
+            value = getattr(self, name)
+            whole = name in _WHOLE
+            if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)) or math.isnan(value):
+                raise ConfigError(f"{option_name(name)} must be {'a whole number' if whole else 'a number'}, not {value!r}")
+            if not (lowest <= value if lowest_allowed else lowest < value) or value > highest:
+                above = f"at least {lowest:g}" if lowest_allowed else f"above {lowest:g}"
+                within = f" and at most {highest:g}" if highest != math.inf else ""
+                raise ConfigError(f"{option_name(name)} must be {above}{within}, not {value:g}")
+        names = [r for r in self.resources]
+        if not names or any(not isinstance(r, str) or not r for r in names) or len(set(names)) != len(names):
+            raise ConfigError(f"--resources must name one or more distinct resources, not {','.join(map(str, names)) or 'none'}")
+        if not self.policy:
+            raise ConfigError("--policy must name a policy")
+        if not self.app_id:
+            raise ConfigError("--app-id must not be empty")
 
     def faust_data_dir(self) -> str:
         import tempfile

@@ -21,17 +21,16 @@ When the store lost writes, what it lost is read again from Kafka first (``rebui
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import structlog
 
-from fairstream.core.engine import Engine
 from fairstream.state.store import BatchCommit, StaleLog, StateStore, republishing_order
 from fairstream.streams import snapshots
+from fairstream.streams.config import WorkerConfig
 from fairstream.streams.decoding import decode_batch
 from fairstream.streams.incoming import Incoming, InputLog
 from fairstream.streams.journal import held_from, journal_commit
@@ -43,8 +42,6 @@ from fairstream.streams.snapshots import SnapshotRules, Snapshotting
 from fairstream.streams.stepper import StepRules
 from fairstream.streams.stepping import Applied, BatchOutcome, Enqueued, Stepping
 from fairstream.wire.events import DeadLetter
-from fairstream.wire.topics import Topics
-from fairstream.wire.visibility import DEFAULT_MAX_ENTRIES
 
 __all__ = ["Applied", "BatchOutcome", "Incoming", "InputLog", "Processor"]
 
@@ -52,43 +49,31 @@ log = structlog.get_logger("fairstream.worker")
 
 
 class Processor:
-    def __init__(
-        self,
-        store: StateStore,
-        make_engine: Callable[[], Engine],
-        publish: Publish,
-        topics: Topics = Topics(),
-        max_lateness: float = 60.0,
-        node_timeout: float = math.inf,
-        snapshot_every: int = 500,
-        snapshot_ratio: float = 2.0,
-        max_bytes: int = 64 * 1024,
-        metrics=None,
-        step_window: float = 0.0,
-        log_retention: float = math.inf,
-        background_snapshots: bool = False,
-        max_engines: int = 1000,
-        max_ahead: float = 86400.0,
-        input_log: InputLog | None = None,
-        explain_interval: float = 5.0,
-        explain_max_entries: int = DEFAULT_MAX_ENTRIES,
-        step_wait: float = 0.0,
-    ) -> None:
+    def __init__(self, store: StateStore, publish: Publish, config: WorkerConfig, metrics=None,
+                 input_log: InputLog | None = None) -> None:
+        """``store``: the state store; ``publish``: sends one output message; ``config``: the
+        worker's settings, whole (its engine comes from ``config.make_engine``); ``metrics``: the
+        worker's Prometheus metrics (new ones if None); ``input_log``: reads the input again
+        (Kafka's journal), or None where the input cannot be read again (then nothing is
+        journaled)."""
         from fairstream.streams.prometheus import WorkerMetrics
 
         self.metrics = metrics or WorkerMetrics()
-        self.topics = topics
-        self.max_bytes = max_bytes
+        self.config = config
+        self.topics = topics = config.topics
+        self.max_bytes = config.max_bytes
         # The stages: sessions and stepping (2), the outputs (4); the store is the persist stage (3).
-        self.sessions_held = Sessions(store, make_engine, self.metrics, max_engines, max_bytes)
+        self.sessions_held = Sessions(store, config.make_engine, self.metrics, config.max_engines, config.max_bytes)
         self.stepping = Stepping(
             topics, self.metrics,
-            StepRules(max_lateness=max_lateness, max_ahead=max_ahead, step_window=step_window, node_timeout=node_timeout),
-            SnapshotRules(every=snapshot_every, ratio=snapshot_ratio, log_retention=log_retention),
+            StepRules(max_lateness=config.max_lateness, max_ahead=config.max_ahead, step_window=config.step_window,
+                      node_timeout=config.node_timeout),
+            SnapshotRules(every=config.snapshot_every, ratio=config.snapshot_ratio, log_retention=config.log_retention),
             # Encoded in a forked child where the platform has fork().
-            background_snapshots=background_snapshots and hasattr(os, "fork"),
-            explain_interval=explain_interval, explain_max_entries=explain_max_entries, step_wait=step_wait)
-        self.open_steps = OpenSteps(self, step_wait, step_window)
+            background_snapshots=config.background_snapshots and hasattr(os, "fork"),
+            explain_interval=config.explain_interval, explain_max_entries=config.explain_max_entries,
+            step_wait=config.step_wait)
+        self.open_steps = OpenSteps(self, config.step_wait, config.step_window)
         self.outputs = Outputs(publish, topics, self.metrics, lambda batches: self.store.clear_outbox(batches))
         self._store = store
         self.applied: dict[str, int] = {}  # per position ("topic:partition"): the next offset to apply

@@ -16,7 +16,7 @@ import structlog
 from fairstream.state.store import OutboxEntry
 from fairstream.streams.journal import JOURNAL_KEY
 from fairstream.wire.jsoncodec import loads
-from fairstream.wire.retry import backoff, waiting_for
+from fairstream.wire.retry import Retry, waiting_for
 from fairstream.wire.topics import Topics
 
 log = structlog.get_logger("fairstream.worker")
@@ -107,12 +107,12 @@ class Outputs:
         """Wait for the broker to have a batch's outputs, then clear them from the outbox; if
         either fails, enqueue the outputs again (decisions are idempotent by id) and retry.
         Then count them (``outcome``: the batch's ``BatchOutcome``)."""
-        delays = backoff(*self.retry_delays)
         with self.metrics.stages.stage("settle"):
-            await self._settle(outbox, acks, delays)
+            await self._settle(outbox, acks)
         self._count(outbox, outcome)
 
-    async def _settle(self, outbox: list[OutboxEntry], acks: list | asyncio.Future | None, delays) -> None:
+    async def _settle(self, outbox: list[OutboxEntry], acks: list | asyncio.Future | None) -> None:
+        retry = Retry("worker.publish_failed", self.retry_delays, level="error", messages=len(outbox))
         acknowledged = False
         while True:
             try:
@@ -123,12 +123,9 @@ class Outputs:
                 await acknowledged_all(cast(list, acks))  # (awaited above)
                 acknowledged = True
                 await self.clear_outbox([outbox])
-                break
+                return
             except Exception as exc:
-                delay = next(delays)
-                log.error("worker.publish_failed", messages=len(outbox), error=f"{type(exc).__name__}: {exc}",
-                          acknowledged=acknowledged, retry_in_s=delay)
-                await asyncio.sleep(delay)
+                await retry.after(exc, acknowledged=acknowledged)
                 if not acknowledged:
                     acks = None
 

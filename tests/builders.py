@@ -13,6 +13,7 @@ from fairstream.core.model import NodeHeartbeat, ResourceSpace, TaskCompleted, T
 from fairstream.core.tenants import TenantTree
 from fairstream.policies import get as get_policy
 from fairstream.sim.scenario import parse_scenario
+from fairstream.streams.config import WorkerConfig
 
 
 @contextmanager
@@ -24,6 +25,12 @@ def compiled_path(on: bool) -> Iterator[None]:
         yield
     finally:
         native.set_enabled(before)
+
+
+def worker_config(policy: str = "ltrf", **settings) -> WorkerConfig:
+    """The worker's settings as a test without Kafka wants them: a batch's steps taken at once
+    (no step window, no wait) and snapshots encoded in the process; ``settings`` override."""
+    return WorkerConfig(policy=policy, **{"step_window": 0.0, "step_wait": 0.0, "background_snapshots": False, **settings})
 
 
 def tree(*specs: str | TenantSpec) -> TenantTree:

@@ -280,7 +280,7 @@ class Engine:
         def held(tenant: str) -> bool:
             if not cycle:
                 cycle.append(Cycle(self.snapshot(), self.policy))
-            return not any(cycle[0].within_caps(tenant, task) for task in cycle[0].shape_heads(tenant, every_shape=True))
+            return not any(cycle[0].within_caps(tenant, task) for task in cycle[0].queues.shape_heads(tenant, every_shape=True))
 
         return held
 

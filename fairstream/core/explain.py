@@ -241,8 +241,8 @@ def explain(engine: Engine, held: Iterable[HeldEntry] = (), max_entries: int | N
         """The live nodes that could hold ``task`` and that its constraints allow, and (``now``)
         the reservation: the reserved node serves its reserved task first, the tenants behind
         its holder after it."""
-        mask = (live & cycle.eligible(task.constraints) & (node_capacity >= task.demand - EPSILON).all(axis=1)
-                & cycle.below_job_limit(task.tenant, task))
+        mask = (live & cycle.nodes.eligible(task.constraints) & (node_capacity >= task.demand - EPSILON).all(axis=1)
+                & cycle.nodes.below_job_limit(task.tenant, task))
         if (now and reserved_for is not None and reserved_for.shape != task.shape
                 and task.tenant not in ahead_of_holder):
             mask = mask.copy()
@@ -253,8 +253,8 @@ def explain(engine: Engine, held: Iterable[HeldEntry] = (), max_entries: int | N
     heads: dict[str, dict[int, Task]] = {}  # per tenant, per shape: the entry its pass tries first
     for tenant in ranked:
         limited = False
-        held_by_limit[tenant] = held_jobs = _jobs_over_max_running(cycle, tenant, cycle.job_queue(tenant))
-        heads[tenant] = tenant_heads = _heads(snap.pending[tenant].groups, cycle.job_queue(tenant), held_jobs)
+        held_by_limit[tenant] = held_jobs = _jobs_over_max_running(cycle, tenant, cycle.queues.job_queue(tenant))
+        heads[tenant] = tenant_heads = _heads(snap.pending[tenant].groups, cycle.queues.job_queue(tenant), held_jobs)
         for shape, head in tenant_heads.items():
             verdicts[(tenant, shape)] = verdict = _shape_verdict(engine, cycle, quota, tenant, head, live)
             # Waiting for room: none has any, or the only room is kept for another's reserved task
@@ -484,7 +484,7 @@ def explain(engine: Engine, held: Iterable[HeldEntry] = (), max_entries: int | N
         for shape, head in heads[tenant].items():
             verdict = verdicts.get((tenant, shape))
             why[shape] = room_reason(tenant, head) if verdict is None else (*verdict, None, None)
-        jobs = cycle.job_queue(tenant)
+        jobs = cycle.queues.job_queue(tenant)
         # Jobs that may not start (a max_running above the leaf is reached): their tasks wait
         # for that, whatever the rest of their shape waits for.
         groups[tenant] = []
@@ -582,7 +582,7 @@ def _jobs_over_max_running(cycle: Cycle, tenant: str, jobs) -> dict[str, tuple[W
         return {}
     out = {}
     for job, entries in jobs.entries.items():
-        over = cycle.over_cap(tenant, entries[0])
+        over = cycle.limits.over_cap(tenant, entries[0])
         if over is not None and over[0] == "max_running":
             out[job] = (WaitReason.MAX_RUNNING, over[1])
     return out
@@ -643,27 +643,27 @@ def _shape_verdict(engine: Engine, cycle: Cycle, quota, tenant: str, head: Task,
     unschedulable = engine.verdicts.reason(head.shape)
     if unschedulable is not None:
         return WaitReason.UNSCHEDULABLE, unschedulable
-    over = cycle.over_cap(tenant, head) if cycle.capped else None
+    over = cycle.limits.over_cap(tenant, head) if cycle.capped else None
     if over is not None:
         return WaitReason(over[0]), over[1]
     if quota is not None and not quota(cycle, tenant, head):
         return WaitReason.PARTITION, f"{tenant}'s partition is full: it waits for its own tasks to finish"
-    if cycle.find_node(head) is not None:
+    if cycle.nodes.find_node(head) is not None:
         return WaitReason.NEXT_PASS, "a node has room for it now: the next pass places it"
     held = cycle.reservation
-    if cycle.backfill_node(head) is not None:
+    if cycle.nodes.backfill_node(head) is not None:
         assert held is not None  # (backfilled onto the reserved node)
         return (WaitReason.NEXT_PASS, f"node {cycle.snapshot.node_ids[held.node]} has room for it, reserved for "
                                       f"{held.tenant}'s task {held.task}, and it is expected to end before that task "
                                       f"can start: the next pass backfills it there")
-    if cycle.kept_off_reserved_room(head):
+    if cycle.nodes.kept_off_reserved_room(head):
         assert held is not None  # (kept off the reserved node's room)
         return (WaitReason.RESERVED_FOR_OTHER, f"node {cycle.snapshot.node_ids[held.node]} has room for it, but that "
                                                f"room is kept for {held.tenant}'s task {held.task}, reserved there"
                                                f"{_no_backfill(engine, cycle.snapshot, head)}")
-    if cycle.held_by_job_limit(head):
+    if cycle.nodes.held_by_job_limit(head):
         most = head.constraints.max_per_node
-        full = int(cycle.nodes_held_by_job_limit(head).sum())
+        full = int(cycle.nodes.nodes_held_by_job_limit(head).sum())
         return (WaitReason.MAX_PER_NODE, f"{full} node{'s' if full != 1 else ''} its constraints allow "
                                          f"{'have' if full != 1 else 'has'} room for it, but job {head.job} runs its "
                                          f"max_per_node {most} task{'s' if most != 1 else ''} on "

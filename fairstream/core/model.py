@@ -480,3 +480,16 @@ class Decision(NamedTuple):
         if self.started is not None:
             out["started"] = self.started
         return out
+
+
+class DecisionList(list):
+    """A scheduling pass's decisions, in order, and ``blocked``: the first (tenant, entry) the
+    pass tried that fitted no node's free room (not one held by a limit), or None. A policy
+    returns it as its list of decisions; the engine reserves a node for ``blocked`` when the policy has
+    ``reservation=on``. ``withdrawn``: placements a later stage took back (``Cycle.withdraw``):
+    room they held that the stage did not use goes in another pass at once."""
+
+    blocked: tuple[str, Task] | None = None
+    withdrawn: int = 0
+    # (A plain Python class beside the compiled modules, not in them: mypyc compiles no
+    # subclass of ``list``.)

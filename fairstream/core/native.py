@@ -7,7 +7,8 @@ policies (``drf``, ``fair``, ``ltrf``) when none of the pass's other features is
 (``placement.serve_in_order``), the engine's candidate-shape scan and choice of a node to
 reserve, the accounting's usage integral, and the simulator's per-step metrics. The Python stays the reference:
 ``tests/core/test_native.py`` checks the two decide and measure alike.
-``FAIRSTREAM_NATIVE=0`` in the environment, or ``set_enabled(False)``, turns it off.
+``FAIRSTREAM_NATIVE=0`` in the environment, or ``set_enabled(False)``, turns it off;
+``FAIRSTREAM_NATIVE_PASS=0`` turns off the pass alone.
 """
 
 from __future__ import annotations
@@ -22,11 +23,20 @@ except ImportError:  # not built (no Rust toolchain at install time)
 module: Any = _built  # (an extension module: no types to check its calls against)
 
 _enabled = module is not None and os.environ.get("FAIRSTREAM_NATIVE", "1") != "0"
+# ``FAIRSTREAM_NATIVE_PASS=0``: every pass in Python, the rest compiled (how the compiled pass's
+# gain is measured, and must stay measured: docs/architecture.md, "The compiled path").
+_pass = os.environ.get("FAIRSTREAM_NATIVE_PASS", "1") != "0"
 
 
 def enabled() -> bool:
     """Whether passes may use the compiled path."""
     return _enabled
+
+
+def pass_enabled() -> bool:
+    """Whether a flat pass may run compiled (``serve_flat``): the compiled path is on and
+    ``FAIRSTREAM_NATIVE_PASS=0`` is not set."""
+    return _enabled and _pass
 
 
 def set_enabled(flag: bool) -> bool:
@@ -36,4 +46,4 @@ def set_enabled(flag: bool) -> bool:
     return before
 
 
-__all__ = ["enabled", "set_enabled", "module"]
+__all__ = ["enabled", "pass_enabled", "set_enabled", "module"]

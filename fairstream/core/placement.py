@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator
-from functools import cached_property
 from typing import Any, NamedTuple, cast
 
 import numpy as np
+from numpy import ndarray
 
 from fairstream.core import native
 from fairstream.core.fairness import BELOW_MIN_SHARE, FairKey, dominant_share, fair_key, resource_shares
@@ -28,6 +28,7 @@ from fairstream.core.model import (
     EPSILON,
     Decision,
     DecisionKind,
+    DecisionList,
     ReasonCode,
     Task,
     TaskState,
@@ -36,24 +37,6 @@ from fairstream.core.model import (
 )
 from fairstream.core.queues import QueueWalk, ordering_resource
 from fairstream.core.snapshot import Snapshot
-
-
-class DecisionList(list):
-    """A pass's decisions, in order, and ``blocked``: the first (tenant, entry) the pass tried
-    that fitted no node's free room (not one held by a limit), or None. A policy returns it as
-    its list of decisions; the engine reserves a node for ``blocked`` when the policy has
-    ``reservation=on``. ``withdrawn``: placements a later stage took back (``Cycle.withdraw``):
-    room they held that the stage did not use goes in another pass at once."""
-
-    blocked: tuple[str, Task] | None = None
-    withdrawn: int = 0
-
-
-def _asked_of(part: str, name: str) -> property:
-    """``Cycle.<name>``: the method ``name`` of the cycle's part ``part`` (``queues``,
-    ``limits`` or ``nodes``)."""
-    return property(lambda cycle: getattr(getattr(cycle, part), name),
-                    doc=f"``{part}.{name}`` (the Cycle's part answers it).")
 
 
 class Cycle:
@@ -98,48 +81,44 @@ class Cycle:
         # The working copies (``free``, ``allocation``) and the parts that walk the queues and
         # fit nodes (``queues``, ``nodes``) are made on first use, below: the compiled pass
         # (``_serve_compiled``) reads none of them.
+        self._free: np.ndarray | None = None
+        self._allocation: np.ndarray | None = None
+        self._queues: QueueWalk | None = None
+        self._nodes: NodeFit | None = None
 
-    @cached_property
+    @property
     def free(self) -> np.ndarray:
         """The pass's free room per node row (a copy of the snapshot's, less this pass's placements)."""
-        return self.snapshot.free.copy()
+        if self._free is None:
+            self._free = self.snapshot.free.copy()
+        return self._free
 
     def made(self, part: str) -> bool:
         """Whether the pass has made ``part`` (``free``, ``allocation``, ``queues``, ``nodes``)
         yet: what reads a part only if it exists asks this, not the part (which would make it)."""
-        return part in self.__dict__
+        made = {"free": self._free, "allocation": self._allocation, "queues": self._queues, "nodes": self._nodes}
+        return made[part] is not None
 
-    @cached_property
+    @property
     def allocation(self) -> np.ndarray:
         """Per tenant row, its allocation with this pass's placements (a copy of the snapshot's)."""
-        return self.snapshot.allocation.copy()
+        if self._allocation is None:
+            self._allocation = self.snapshot.allocation.copy()
+        return self._allocation
 
-    @cached_property
+    @property
     def queues(self) -> QueueWalk:
         """The pass's walk over the tenants' queues (``core/queues.py``)."""
-        return QueueWalk(self.snapshot, self._failed_shapes, self._failed_for, self.limits.job_limits)
+        if self._queues is None:
+            self._queues = QueueWalk(self.snapshot, self._failed_shapes, self._failed_for, self.limits.job_limits)
+        return self._queues
 
-    @cached_property
+    @property
     def nodes(self) -> NodeFit:
         """Which node a task may take (``core/fit.py``), over the pass's ``free``."""
-        return NodeFit(self.snapshot, self.free, self.placed, self.affinity)
-
-    # What the parts answer that a pass asks per task tried: bound once, at the first ask (the
-    # others below are looked up on the part when asked: a pass asks them seldom).
-    next_task = cached_property(lambda cycle: cycle.queues.next_task)
-    find_node = cached_property(lambda cycle: cycle.nodes.find_node)
-    eligible = cached_property(lambda cycle: cycle.nodes.eligible)
-
-    # What the parts answer, asked of the pass.
-    job_queue, first_entry = _asked_of("queues", "job_queue"), _asked_of("queues", "first_entry")
-    shape_heads, pending_left = _asked_of("queues", "shape_heads"), _asked_of("queues", "pending_left")
-    rank_in_queue, over_cap = _asked_of("queues", "rank_in_queue"), _asked_of("limits", "over_cap")
-    best_aligned_node, job_rows = _asked_of("nodes", "best_aligned_node"), _asked_of("nodes", "job_rows")
-    below_job_limit, job_may_use = _asked_of("nodes", "below_job_limit"), _asked_of("nodes", "job_may_use")
-    held_by_job_limit = _asked_of("nodes", "held_by_job_limit")
-    nodes_held_by_job_limit = _asked_of("nodes", "nodes_held_by_job_limit")
-    usable, backfill_node = _asked_of("nodes", "usable"), _asked_of("nodes", "backfill_node")
-    kept_off_reserved_room = _asked_of("nodes", "kept_off_reserved_room")
+        if self._nodes is None:
+            self._nodes = NodeFit(self.snapshot, self.free, self.placed, self.affinity)
+        return self._nodes
 
     @property
     def node_order(self) -> np.ndarray | None:
@@ -156,8 +135,8 @@ class Cycle:
         """This tenant may not run tasks of this shape in this pass (a quota or cap); a task held
         only because its job may not start (max_running) holds back its job alone: the running
         jobs' tasks of the same shape may still go."""
-        if self.job_limits and (jobs := self.job_queue(tenant)) is not None:
-            over = self.over_cap(tenant, task)
+        if self.job_limits and (jobs := self.queues.job_queue(tenant)) is not None:
+            over = self.limits.over_cap(tenant, task)
             if over is not None and over[0] == "max_running":
                 jobs.block(task.job)
                 return
@@ -190,7 +169,7 @@ class Cycle:
     def within_caps(self, tenant: str, task: Task) -> bool:
         """True unless the task would lift the tenant or one of its queues over max_share or
         max_resources, or start a job beyond max_running."""
-        return not self.capped or self.over_cap(tenant, task) is None
+        return not self.capped or self.limits.over_cap(tenant, task) is None
 
     def try_place(self, tenant: str, task: Task, reason: str | Callable[[], str], code: ReasonCode) -> bool:
         """Place ``task`` if caps and some node allow it; otherwise remember why not. ``reason``
@@ -204,7 +183,7 @@ class Cycle:
                 self._failed_shapes.add(task.shape)
                 self._blocked(tenant, task)
                 return False
-        node = self.find_node(task)
+        node = self.nodes.find_node(task)
         if node is None and self.snapshot.backfill_until is not None and self.nodes.fits_reserved_room(task):
             if self.nodes.ends_in_time(task):
                 held = self.reservation
@@ -222,7 +201,7 @@ class Cycle:
         if node is None:
             self._failed_shapes.add(task.shape)
             self._blocked(tenant, task)
-            if task.constraints.empty and not self.kept_off_reserved_room(task):
+            if task.constraints.empty and not self.nodes.kept_off_reserved_room(task):
                 # (Not when a reservation kept it off a node's room: a larger task of the reserved
                 # shape may still fit there.)
                 # Nothing in the list is below this demand (it would have been caught above);
@@ -244,7 +223,7 @@ class Cycle:
         """Whether ``task``, which fitted no node it may take, waits for room: False when it is
         kept off the reserved node's room, or off nodes with room by its job's max_per_node
         (held by those, not short of room, it is not first in line for a reservation)."""
-        return not (self.kept_off_reserved_room(task) or self.held_by_job_limit(task))
+        return not (self.nodes.kept_off_reserved_room(task) or self.nodes.held_by_job_limit(task))
 
     def commit(self, tenant: str, task: Task, node: int, reason: str, code: ReasonCode) -> None:
         self.free[node] -= task.demand
@@ -385,10 +364,11 @@ class FlatKey(NamedTuple):
     reads the pass's working state or what its charges left, nor when the charge is not
     linear in the demand): its placements are recorded as decisions, not replayed."""
 
-    vectors: np.ndarray
+    # (``ndarray`` by its own name: the compiled module makes the tuple type from names it looks up.)
+    vectors: ndarray
     resource: int | None
-    charge: np.ndarray | None = None
-    extra: np.ndarray | None = None
+    charge: ndarray | None = None
+    extra: ndarray | None = None
     compiled: bool = True
 
     def initial_shares(self, snapshot: Snapshot) -> np.ndarray:
@@ -443,7 +423,7 @@ def serve_in_order(snapshot: Snapshot, policy: str, service: Service, cycle: Cyc
     # A reservation holds room only against tenants behind its holder in line: those whose key
     # comes before the holder's are served first with it open (``NodeFit.suspend_reservation``).
     holder_key = _holder_key(cycle, key)
-    if (flat_key is not None and flat_key.compiled and native.enabled() and admit is None and not key_reads_queue
+    if (flat_key is not None and flat_key.compiled and native.pass_enabled() and admit is None and not key_reads_queue
             and not _ahead_of_holder(cycle, key, holder_key, only)
             and _serve_compiled(cycle, flat_key, reason, initial_shares, only, code)):
         return cycle.decisions
@@ -482,7 +462,7 @@ def serve_in_order(snapshot: Snapshot, policy: str, service: Service, cycle: Cyc
         # charges, which only a placement changes), so it stays the smallest: its next task is
         # tried at once, without a trip through the heap. Not so if the key reads the queue's
         # head (``key_reads_queue``): then it goes back with its new key.
-        while (task := cycle.next_task(tenant)) is not None:  # None: nothing of it fits any more
+        while (task := cycle.queues.next_task(tenant)) is not None:  # None: nothing of it fits any more
             if admit is not None and not admit(cycle, tenant, task):
                 cycle.skip_for(tenant, task)
             elif cycle.try_place(tenant, task, lambda: reason(cycle, tenant, tenant_key), order_code(tenant_key, code)):  # noqa: B023 (called before the loop moves on)
@@ -611,7 +591,7 @@ def _first_short_of_room(cycle: Cycle, tenant: str) -> Task | None:
     failing only for it. Shapes that failed for the candidates are tried again (``first_entry``):
     they failed after its turn (an earlier failure that was short of room would have been the
     first blocked; one that was not is not short of room for this tenant either)."""
-    while (task := cycle.first_entry(tenant)) is not None:
+    while (task := cycle.queues.first_entry(tenant)) is not None:
         if cycle.within_caps(tenant, task) and cycle.short_of_room(task):
             return task
         cycle.skip_for(tenant, task)  # (its shape, or its job over max_running, passed over for it alone)

@@ -150,7 +150,7 @@ def reclaim(cycle, rule: PreemptionRule, victim_key: VictimKey | None = None) ->
             continue  # the pass's own placements lifted it: not starved any more
         waited = snap.time - snap.starved_since[tenant]
         while ratios(cycle.allocation)[row] < 1.0 - EPSILON:
-            heads = [task for task in cycle.shape_heads(tenant, every_shape=True) if cycle.within_caps(tenant, task)]
+            heads = [task for task in cycle.queues.shape_heads(tenant, every_shape=True) if cycle.within_caps(tenant, task)]
             if not any(_make_room(cycle, tenant, task, by_node, taken, victim_key, ratios, waited) for task in heads):
                 break  # nothing of it fits anywhere, even with every allowed victim gone
     cycle.settle()  # (a request's placements left take its first ids)
@@ -169,8 +169,8 @@ def _make_room(cycle, tenant: str, task: Task, by_node: dict[int, list[RunningTa
     # so from the same state; its own placement there in this pass is a victim like any other.)
     reserved = cycle.reservation
     holder_owed = reserved is not None and ratios(snap.allocation)[snap.rows[reserved.tenant]] < 1.0 - EPSILON
-    eligible = (cycle.eligible(task.constraints) & (snap.free > -0.5).all(axis=1)
-                & (cycle.usable(task) if holder_owed else True) & cycle.below_job_limit(tenant, task))
+    eligible = (cycle.nodes.eligible(task.constraints) & (snap.free > -0.5).all(axis=1)
+                & (cycle.nodes.usable(task) if holder_owed else True) & cycle.nodes.below_job_limit(tenant, task))
     need = task.demand - EPSILON
     room = np.flatnonzero(eligible & (cycle.free >= need).all(axis=1))
     if len(room):  # left by an earlier victim of this stage: no victim needed

@@ -250,7 +250,7 @@ def _machine() -> dict:
     from fairstream.core import native
 
     return {"python": platform.python_version(), "python_shared_library": _shared_libpython(),
-            "cpus": os.cpu_count(), "compiled_path": native.enabled(), "compiled_modules": len(compiled.active())}
+            "cpus": os.cpu_count(), "compiled_path": native.enabled(), "compiled_pass": native.pass_enabled(), "compiled_modules": len(compiled.active())}
 
 
 def _shared_libpython(maps: Path = Path("/proc/self/maps")) -> bool | None:

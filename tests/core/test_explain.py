@@ -16,7 +16,6 @@ from fairstream.sim.scenario import parse_scenario
 from fairstream.sim.simulator import Simulator
 from fairstream.state.store import MemoryStore
 from fairstream.streams.api import Visibility, http_app
-from fairstream.streams.config import WorkerConfig
 from fairstream.streams.processor import Incoming, Processor
 from fairstream.wire.topics import Topics
 from fairstream.wire.visibility import (
@@ -27,6 +26,7 @@ from fairstream.wire.visibility import (
     queues_document,
     tenant_pending,
 )
+from tests.builders import worker_config
 
 from test_oracle import (
     A_HOLDER_HELD_BY_MAX_RUNNING,
@@ -370,8 +370,7 @@ async def published(topic, key, value):
 
 
 def worker_with(store: MemoryStore, **options) -> Processor:
-    config = WorkerConfig(policy="drf", resources=("cpu",))
-    return Processor(store, config.make_engine, published, Topics(), **options)
+    return Processor(store, published, worker_config("drf", resources=("cpu",), **options))
 
 
 def big_request_cluster(store: MemoryStore, **options) -> Processor:
@@ -632,8 +631,9 @@ def test_the_worker_keeps_recent_preemptions_and_configuration_changes_for_the_p
     # first by event time (the last recorded first among equal times), a rejected configuration
     # with its reason.
     store = MemoryStore()
-    config = WorkerConfig(policy="drf", params={"preemption": "on", "preemption_timeout": "1"}, resources=("cpu",))
-    processor = Processor(store, config.make_engine, published, Topics(), explain_interval=0.0)
+    config = worker_config("drf", params={"preemption": "on", "preemption_timeout": "1"}, resources=("cpu",),
+                           explain_interval=0.0)
+    processor = Processor(store, published, config)
 
     def config_message(offset, body):
         return Incoming("config", json.dumps(body).encode(), Topics().config, 0, offset, 0.0, None)

@@ -12,6 +12,9 @@ requests, a lost node, reservations and backfill."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -60,6 +63,24 @@ def counted(monkeypatch):
     counting = CountingModule(native.module)
     monkeypatch.setattr(native, "module", counting)
     return counting
+
+
+def test_FAIRSTREAM_NATIVE_PASS_0_makes_every_pass_in_python_and_leaves_the_rest_compiled(counted, monkeypatch):
+    # How the compiled pass's gain is measured (docs/benchmarks.md, issue 61): the same
+    # decisions, no pass made by the compiled module, its scans still on.
+    document = {"resources": ["cpu", "mem"], "nodes": [{"id": "n0", "capacity": {"cpu": 4, "mem": 8}}],
+                "tenants": [{"id": "A"}, {"id": "B"}],
+                "tasks": [{"id": f"{t}{k}", "tenant": t, "submit": k, "duration": 3, "demand": {"cpu": 1, "mem": 2}}
+                          for t in "AB" for k in range(4)]}
+    with_pass = decisions_of(document, "drf", {}, compiled=True)
+    passes = counted.passes
+    monkeypatch.setattr(native, "_pass", False)
+    assert decisions_of(document, "drf", {}, compiled=True) == with_pass
+    assert passes > 0 and counted.passes == passes and native.enabled()
+    code = "from fairstream.core import native; print(native.enabled(), native.pass_enabled())"
+    read = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FAIRSTREAM_NATIVE_PASS": "0"},
+                          capture_output=True, text=True, check=True)
+    assert read.stdout.split() == ["True", "False"]
 
 
 def run(document: dict, policy: str, params: dict, compiled: bool) -> tuple[list, dict, dict]:

@@ -265,10 +265,10 @@ def no_starved_tenant_left_while_a_node_could_be_freed_for_it(engine: Engine, re
         if task.state.name == "RUNNING":
             on_node.setdefault(engine.node_row[task.node], {}).setdefault(task.tenant, []).append(task)
     for tenant in starved:
-        for head in cycle.shape_heads(tenant, every_shape=True):
+        for head in cycle.queues.shape_heads(tenant, every_shape=True):
             if not cycle.within_caps(tenant, head):
                 continue
-            usable = cycle.eligible(head.constraints) & cycle.usable(head)
+            usable = cycle.nodes.eligible(head.constraints) & cycle.nodes.usable(head)
             for row, by_tenant in on_node.items():
                 if not engine.nodes[row].alive or not usable[row] or runs_its_most(engine, head, engine.nodes[row].id):
                     continue

@@ -22,7 +22,7 @@ from fairstream.policies import get as get_policy
 from fairstream.sim.scenario import parse_scenario
 from fairstream.sim.simulator import Simulator
 
-from builders import compiled_path
+from builders import compiled_path, worker_config
 
 pytestmark = pytest.mark.slow  # (long properties: the fast part, `scripts/test.sh --fast`, leaves them out)
 
@@ -345,7 +345,6 @@ def test_any_message_among_valid_traffic_leaves_the_worker_deciding(message):
     import json
 
     from fairstream.state.store import MemoryStore
-    from fairstream.streams.config import WorkerConfig
     from fairstream.streams.processor import Incoming, Processor
     from fairstream.wire.topics import Topics
 
@@ -365,7 +364,7 @@ def test_any_message_among_valid_traffic_leaves_the_worker_deciding(message):
     batch.append(Incoming(after[0], json.dumps(after[1]).encode(), topic_of[after[0]], 0, len(valid)))
 
     async def run():
-        processor = Processor(MemoryStore(), WorkerConfig(policy="drf").make_engine, publish, topics)
+        processor = Processor(MemoryStore(), publish, worker_config("drf", topics=topics))
         await processor.handle(batch)
 
     asyncio.run(run())

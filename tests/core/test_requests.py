@@ -24,7 +24,7 @@ from fairstream.sim.traces.come_and_go import come_and_go
 from fairstream.sim.traces.google import load_google
 from fairstream.sim.traces.swim import load_swim
 from fairstream.state.engine_snapshot import decode_engine, encode_engine
-from tests.builders import engine, node, tree
+from tests.builders import engine, node, tree, worker_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SWIM = ROOT / "tests" / "data" / "FB-2009_samples_24_times_1hr_1.head60.tsv"
@@ -124,15 +124,13 @@ def test_a_request_of_100000_tasks_costs_the_worker_memory_for_its_running_tasks
     import tracemalloc
 
     from fairstream.state.store import MemoryStore
-    from fairstream.streams.app import WorkerConfig
     from fairstream.streams.processor import Incoming, Processor
-    from fairstream.wire.topics import Topics
 
     async def publish(topic, key, message):
         pass
 
     async def scenario():
-        p = Processor(MemoryStore(), WorkerConfig(policy="drf").make_engine, publish, Topics(), background_snapshots=False)
+        p = Processor(MemoryStore(), publish, worker_config("drf"))
         await p.handle([Incoming("heartbeat", json.dumps({"cluster": "c1", "node": "n1", "time": 0,
                                                           "capacity": {"cpu": 16, "mem": 64}}).encode(),
                                  "nodes.heartbeats", 0, 0, 0.0, None)])

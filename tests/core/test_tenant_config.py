@@ -17,11 +17,10 @@ from fairstream.core.model import TenantsChanged, TenantSpec
 from fairstream.sim.scenario import parse_scenario
 from fairstream.sim.simulator import Simulator
 from fairstream.state.store import MemoryStore
-from fairstream.streams.config import WorkerConfig
 from fairstream.streams.processor import Incoming, Processor
 from fairstream.wire.topics import Topics
 
-from builders import engine, node, submit, tree
+from builders import engine, node, submit, tree, worker_config
 
 TWO_TENANTS = {
     # One node of 100 GB; A and B each keep a backlog of 1 GB tasks of 10 s from t = 0.
@@ -132,7 +131,7 @@ def test_the_worker_applies_a_new_tree_at_its_clock_records_it_and_replays_to_th
         published.append((topic, body))
 
     store = MemoryStore()
-    processor = Processor(store, WorkerConfig(policy="fair", params={"resource": "mem"}).make_engine, publish, Topics())
+    processor = Processor(store, publish, worker_config("fair", params={"resource": "mem"}))
     first = [message("heartbeat", 0, {"cluster": "c1", "node": "n", "time": 0, "capacity": {"cpu": 8, "mem": 8}})]
     tasks = [(f"A{k}", "A") for k in range(12)] + [(f"B{k}", "B") for k in range(8)]
     first += [message("submitted", k, {"cluster": "c1", "task": task, "tenant": tenant, "time": 0,

@@ -17,9 +17,9 @@ import pytest
 from fairstream.cli import main
 from fairstream.policies import REGISTRY
 from fairstream.state.store import MemoryStore
-from fairstream.streams.config import WorkerConfig
 from fairstream.streams.processor import Incoming, Processor
 from fairstream.wire.topics import Topics
+from tests.builders import worker_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "examples" / "two-tenants.json"
@@ -87,7 +87,7 @@ def test_the_worker_decides_with_every_policy_and_its_log_replays_to_the_same_de
         published.append((topic, body))
 
     store = MemoryStore()
-    processor = Processor(store, WorkerConfig(policy=policy).make_engine, publish, Topics())
+    processor = Processor(store, publish, worker_config(policy))
     nodes = [message("heartbeat", k, {"cluster": "c1", "node": f"n{k}", "time": 0, "capacity": {"cpu": 4, "mem": 8}})
              for k in range(2)]
     tasks = [message("submitted", k, {"cluster": "c1", "task": f"t{k}", "tenant": "AB"[k % 2], "time": 1 + k // 4,

@@ -7,9 +7,9 @@ import json
 from types import SimpleNamespace
 
 from fairstream.state.store import MemoryStore
-from fairstream.streams.app import WorkerConfig
 from fairstream.streams.processor import Incoming, Processor
 from fairstream.wire.topics import Topics
+from tests.builders import worker_config
 
 TOPIC = {"submitted": "tasks.submitted", "completed": "tasks.completed", "heartbeat": "nodes.heartbeats"}
 
@@ -57,9 +57,10 @@ def done(name, time, cluster="c1"):
     return {"cluster": cluster, "task": name, "time": time, "status": "succeeded"}
 
 
-def processor(store=None, wire=None, **options):
-    config = WorkerConfig(policy="ltrf", params={"resource": "mem"})
-    return Processor(store or MemoryStore(), config.make_engine, wire.publish, Topics(), **options)
+def processor(store=None, wire=None, input_log=None, **settings):
+    """A processor of ``ltrf`` on memory, publishing to ``wire``; ``settings``: ``WorkerConfig``'s."""
+    config = worker_config("ltrf", params={"resource": "mem"}, **settings)
+    return Processor(store or MemoryStore(), wire.publish, config, input_log=input_log)
 
 
 async def until(condition, timeout: float = 5.0) -> None:

@@ -11,6 +11,7 @@ from fairstream.state.store import MemoryStore
 from fairstream.streams.app import WorkerConfig, create_app
 from fairstream.streams.processor import Incoming, Processor
 from fairstream.wire.topics import Topics
+from tests.builders import worker_config
 
 from offline import Wire, heartbeat, processor, run, task, until
 
@@ -271,8 +272,7 @@ def test_the_worker_counts_preemptions_work_lost_and_config_changes_for_its_metr
     # pass that takes 2 tasks back from A, the youngest first (started at 1): 2 x (5 - 1) = 8
     # task-seconds lost.
     wire = Wire()
-    config = WorkerConfig(policy="drf", params={"preemption": "on", "preemption_timeout": "1"})
-    p = Processor(MemoryStore(), config.make_engine, wire.publish, Topics())
+    p = Processor(MemoryStore(), wire.publish, worker_config("drf", params={"preemption": "on", "preemption_timeout": "1"}))
     config_topic = Topics().config
 
     def config_message(offset, body):

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from fairstream.state.store import MemoryStore
-from fairstream.streams.app import WorkerConfig
 from fairstream.streams.processor import Processor
 from fairstream.wire.topics import Topics
+from tests.builders import worker_config
 
 from offline import Wire, done, heartbeat, processor, run, task, until
 
@@ -593,8 +593,7 @@ def test_a_batch_is_in_the_journal_before_any_of_its_decisions_is_published():
         return await Wire.publish(wire, topic, key, message)
 
     async def scenario():
-        p = Processor(MemoryStore(), WorkerConfig(policy="drf").make_engine, publish, Topics(),
-                      input_log=kafka.input_log())
+        p = Processor(MemoryStore(), publish, worker_config("drf"), input_log=kafka.input_log())
         handled = asyncio.create_task(p.handle([*kafka.messages["nodes.heartbeats:0"], *kafka.messages["tasks.submitted:0"]]))
         await until(lambda: journaling and not handled.done())
         for _ in range(20):  # event-loop turns: the batch is committed and waits for the record
@@ -642,10 +641,10 @@ def test_pending_batches_are_republished_in_event_time_order():
 def test_the_multi_resource_policies_run_in_the_worker_and_survive_a_restart(policy, params):
     # Example 1 in small: <20 cpu, 100 GB>, A <1, 6>, B <1, 2>, 30 tasks each.
     store, wire = MemoryStore(), Wire()
-    config = WorkerConfig(policy=policy, params=params)
+    config = worker_config(policy, params=params, snapshot_every=1)
 
     async def life():
-        p = Processor(store, config.make_engine, wire.publish, Topics(), snapshot_every=1)
+        p = Processor(store, wire.publish, config)
         batch = [wire.msg("heartbeat", heartbeat(cpu=20, mem=100))]
         batch += [wire.msg("submitted", task(f"{t}{i}", t, 0, cpu=1, mem=m)) for t, m in (("A", 6), ("B", 2)) for i in range(30)]
         await p.handle(batch)
@@ -657,7 +656,7 @@ def test_the_multi_resource_policies_run_in_the_worker_and_survive_a_restart(pol
     assert used[0] <= 100 and used[1] <= 20 and len(placed) >= 18
 
     async def restarted():
-        p = Processor(store, config.make_engine, wire.publish, Topics(), snapshot_every=1)
+        p = Processor(store, wire.publish, config)
         await p.start()
         return (await p.session("c1")).engine
 
