@@ -401,6 +401,14 @@ def explain(engine: Engine, held: Iterable[HeldEntry] = (), max_entries: int | N
                 return tenant, False
             nodes = in_the_way(other, task, mask)
             if nodes is not None:
+                # What the pass gives ``other`` there may be taken back for a tenant starved past
+                # its timeout that waits for that room too (``other`` at or above its fair share:
+                # ``preemption._make_room``): the room may end with that tenant, named instead.
+                for starved in overdue:
+                    if starved not in (tenant, other) and may_be_victim(other, starved, task.demand):
+                        taken = in_the_way(starved, task, mask)
+                        if taken is not None and (taken & nodes).any():
+                            return starved, bool((mask & ~taken).any())
                 return other, bool((mask & ~nodes).any())
         return tenant, False
 
