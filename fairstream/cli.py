@@ -16,6 +16,7 @@ from pathlib import Path
 
 from fairstream.collector import tuned_gc
 from fairstream.core.model import ModelError
+from fairstream.sim.traces.files import whole_or_excerpt
 
 ALLOW_PARTIAL = ("table: a gzipped file cut short runs with the rows before the cut (without it, the command "
                  "refuses it, exit 2, so a script notices)")
@@ -64,8 +65,8 @@ def _scenario_from_args(args):
 
 
 DEFAULT_KNOBS = [0.0, 0.2, 0.5, 0.8, 1.0]
-DEFAULT_GOOGLE = (Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "google-clusterdata-2011-2"
-                  / "task_events" / "part-00000-of-00500.csv.gz")
+DEFAULT_GOOGLE = whole_or_excerpt("google-clusterdata-2011-2/task_events/part-00000-of-00500.csv.gz",
+                                  "google-task_events-part-00001.head3000.csv.gz")
 
 
 def run_theory(scenario, result) -> dict:
@@ -567,15 +568,32 @@ def cmd_status(args) -> int:
     if args.json:
         print(json.dumps(document, indent=1))
         return 0
-    print(f"cluster {document['cluster']} at event time {document['time']:g}, policy {document['policy']}, "
-          f"order: {document['order']} (smaller first)")
+    print(status_table(document))
+    return 0
+
+
+def status_table(document: dict) -> str:
+    """``fairstream status``'s table of a ``/v1`` tenants document: a row per tenant, its limits
+    as configured and since when it is starved (with preemption on)."""
+
+    def limits(t: dict) -> str:
+        return ", ".join(f"{name} {_text_limit(value)}" for name, value in t.get("limits", {}).items()) or "-"
+
     rows = [[t["tenant"], t["rank"] or "-", _num(t["weight"], 3), _num(t["fair_share"]),
              _num(max(t["share"].values(), default=0.0)), _num(t["order_value"]), t["running"], t["pending"],
-             _num(t["quantum"]), "starved" if t["starved_since"] is not None else ""]
+             _num(t["quantum"]), limits(t), "-" if t["starved_since"] is None else f"{t['starved_since']:g}"]
             for t in document["tenants"]]
-    print(_table(rows, ["tenant", "rank", "weight", "fair share", "share", "key", "running", "pending", "quantum",
-                        ""]))
-    return 0
+    return (f"cluster {document['cluster']} at event time {document['time']:g}, policy {document['policy']}, "
+            f"order: {document['order']} (smaller first)\n"
+            + _table(rows, ["tenant", "rank", "weight", "fair share", "share", "key", "running", "pending", "quantum",
+                            "limits", "starved since"]))
+
+
+def _text_limit(value) -> str:
+    """A limit as the tenants file writes it: a number, or resources (``max_resources``)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{r}: {_num(v)}" for r, v in value.items()) + "}"
+    return _num(value) if isinstance(value, float) else str(value)
 
 
 def cmd_pending(args) -> int:
@@ -900,7 +918,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="policies compared with static partitioning (Figures 7 and 9; any of `fairstream policies`)")
     sweep.add_argument("--scale", type=float, default=1.0, help="macro: shrink task counts")
     sweep.add_argument("--seed", type=int, default=1, help="macro: generator seed")
-    sweep.add_argument("--trace", default=str(DEFAULT_GOOGLE), help="google: a task_events part")
+    sweep.add_argument("--trace", default=str(DEFAULT_GOOGLE), help="google: a task_events part (default: part 00000 "
+                                                                    "in ../shared/traces if there, else the excerpt "
+                                                                    "of part 00001 in tests/data)")
     sweep.add_argument("--nodes", type=int, default=500, help="google: machines of <0.5, 0.5, 0.5> (500: the sample "
                                                                "contends; see docs/workloads.md)")
     sweep.add_argument("--users", default="20,60,100,137", help="google: user counts for Figure 9 (Figure 8 uses 100, "
@@ -918,7 +938,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--timeouts", default="60,600", help="preemption_timeout values (seconds) to run with")
     compare.add_argument("--threshold", type=float, default=0.5, help="preemption_threshold")
     compare.add_argument("--seeds", default="1,2,3", help="workload seeds; the table gives the mean and range")
-    compare.add_argument("--trace", help="philly: the run-time file (default: the Philly file in ../shared/traces)")
+    compare.add_argument("--trace", help="philly: the run-time file (default: the whole Philly file in ../shared/traces "
+                                         "if there, else its first 100 values in tests/data)")
     compare.add_argument("--workers", type=int, help="parallel simulations (default: one per core)")
     compare.set_defaults(func=cmd_compare_preemption)
 
@@ -949,7 +970,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="write a generated workload as a scenario file (macro: the four-queue "
                                           "macro-benchmark; philly, long-tasks: tenants arriving to a busy cluster)")
     gen.add_argument("workload", choices=["macro", "philly", "long-tasks"])
-    gen.add_argument("--trace", help="philly: the run-time file (default: the Philly file in ../shared/traces)")
+    gen.add_argument("--trace", help="philly: the run-time file (default: the whole Philly file in ../shared/traces if "
+                                     "there, else its first 100 values in tests/data)")
     gen.add_argument("--seed", type=int, default=1)
     gen.add_argument("--weights", default="1:1:1:1", help="queue weights Facebook:Purdue:Spark:TPC-H")
     gen.add_argument("--scale", type=float, default=1.0)
@@ -1209,7 +1231,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--policies", default="ltrf,drf,fair")
     bench.add_argument("--knob-policies", default="qknobler,tetris",
                        help="engine: policies measured at 100 tenants x 3 resources x 100 nodes ('' to skip)")
-    bench.add_argument("--trace", help="SWIM trace to time a whole simulation of (default: the FB-2009 sample if found)")
+    bench.add_argument("--trace", help="engine: SWIM trace to time a whole simulation of (default: the FB-2009 sample "
+                                       "if found; none: skip it)")
     bench.set_defaults(func=cmd_bench)
     return parser
 

@@ -37,6 +37,8 @@ from fairstream.wire.topics import Topics
 
 log = structlog.get_logger("fairstream.emulator")
 
+PROGRESS_EVERY = 10.0  # wall seconds between the emulator's progress lines (on a terminal or not)
+
 
 @dataclass
 class EmulatorReport:
@@ -159,10 +161,16 @@ async def run_emulator(
         started = max(decision["time"], (wall.monotonic() - origin) * speed)
         return started + spec.duration, "complete", (task_id, attempts[task_id])
 
+    said_at = wall.monotonic()  # when the last progress line was logged
     try:
         async with Publisher(broker, topics, delivery_timeout) as pub:
             while report.completed < total:
                 now_event = (wall.monotonic() - origin) * speed
+                if wall.monotonic() - said_at >= PROGRESS_EVERY:  # a run of minutes says how far it is
+                    said_at = wall.monotonic()
+                    log.info("emulator.progress", submitted=report.submitted, placed=report.placed,
+                             completed=report.completed, tasks=total, event_time=round(now_event, 1),
+                             elapsed_s=round(said_at - origin, 1))
                 while heap and heap[0][0] <= now_event:
                     at, _, kind, payload = heapq.heappop(heap)
                     if kind == "heartbeat":

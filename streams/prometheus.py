@@ -83,6 +83,14 @@ class WorkerMetrics:
         self.tenant_accumulated = Gauge("fairstream_tenant_accumulated_usage",
                                         "The tenant's normalised accumulated usage in the current round",
                                         labels, registry=self.registry)
+        # Starvation (with preemption on: below its threshold x fair share), beside the
+        # preemption counters: what an operator is paged on.
+        self.starved_tenants = Gauge("fairstream_starved_tenants",
+                                     "Tenants of the cluster starved now (below preemption_threshold x their fair "
+                                     "share with work waiting; preemption on)", ["cluster"], registry=self.registry)
+        self.tenant_starved_seconds = Gauge("fairstream_tenant_starved_seconds",
+                                            "Seconds of event time the tenant has been starved (0: not starved)",
+                                            labels, registry=self.registry)
 
     def observe_tenants(self, cluster: str, status: dict) -> None:
         """Set the per-tenant gauges from an explanation's ``status_json()``."""
@@ -93,6 +101,9 @@ class WorkerMetrics:
             self.tenant_running.labels(*labels).set(t["running"])
             self.tenant_pending.labels(*labels).set(t["pending"])
             self.tenant_accumulated.labels(*labels).set(t["accumulated"])
+            since = t.get("starved_since")
+            self.tenant_starved_seconds.labels(*labels).set(0.0 if since is None else max(status["time"] - since, 0.0))
+        self.starved_tenants.labels(cluster).set(sum(t.get("starved_since") is not None for t in status["tenants"]))
 
     def count_published(self, topics: list[str], received: float, published) -> None:
         """A batch's messages (their ``topics``) published (the future ``published`` done):

@@ -166,6 +166,12 @@ def _worker_class(base, stop_timeout: float):
     class Worker(base):
         _stop_deadline: threading.Timer | None = None
 
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            # No terminal spinner: our lines are structlog's, and its end wrote the terminal's
+            # show-cursor escape (ESC[?25h) into log files.
+            self.spinner = None
+
         def _stop_within_deadline(self, signum: int) -> None:
             if self._stop_deadline is None and math.isfinite(stop_timeout):
                 self._stop_deadline = threading.Timer(stop_timeout, force_exit, (signum,))

@@ -38,16 +38,17 @@ import numpy as np
 
 from fairstream.collector import tuned_gc
 from fairstream.core.engine import Engine
-from fairstream.core.model import NodeHeartbeat, ResourceSpace, TaskCompleted, TaskSubmitted, TenantSpec
+from fairstream.core.model import ModelError, NodeHeartbeat, ResourceSpace, TaskCompleted, TaskSubmitted, TenantSpec
 from fairstream.core.tenants import TenantTree
 from fairstream.policies import get as get_policy
 from fairstream.sim.output import DecisionWriter, write_run
 from fairstream.sim.scenario import load_scenario
 from fairstream.sim.simulator import Simulator
 from fairstream.sim.traces.busy import busy_cluster
+from fairstream.sim.traces.files import EXCERPTS, WORKSPACE_TRACES
 from fairstream.sim.traces.swim import load_swim, swim_day
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "swim" / "FB-2009_samples_24_times_1hr_0.tsv"
+DEFAULT_TRACE = WORKSPACE_TRACES / "swim" / "FB-2009_samples_24_times_1hr_0.tsv"
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -156,6 +157,11 @@ def bench_trace(path: Path, policy: str = "ltrf", progress: bool | None = None) 
 
 def bench_engine(tenants: int, nodes: int, pending: int, policies: list[str], trace: str | None = None,
                  progress: bool | None = None, knob_policies: Sequence[str] = ("qknobler", "tetris")) -> dict:
+    """``fairstream bench engine``; ``trace``: the SWIM trace to time a whole simulation of (the
+    FB-2009 sample if None and found; "none": skip it). A trace named but not found is refused
+    before anything runs."""
+    if trace and trace != "none" and not Path(trace).exists():
+        raise ModelError(f"--trace {trace}: not found")
     out: dict[str, Any] = {
         "benchmark": "engine",
         "machine": {**_machine(), "platform": platform.platform()},
@@ -171,14 +177,19 @@ def bench_engine(tenants: int, nodes: int, pending: int, policies: list[str], tr
                                                         resources=("cpu", "mem", "disk"))
                                 for policy in knob_policies}
     path = Path(trace) if trace else DEFAULT_TRACE
-    if path.exists():
+    if trace == "none":
+        out["trace_simulation"] = {"skipped": "--trace none"}
+    elif path.exists():
         out["trace_simulation"] = bench_trace(path, progress=progress)
     else:
-        out["trace_simulation"] = {"skipped": f"{path} not found (pass --trace FILE)"}
+        out["trace_simulation"] = {"skipped": f"{path} not found (pass --trace FILE, or --trace none)"}
     return out
 
 
 DAY_TRACES = [DEFAULT_TRACE, DEFAULT_TRACE.with_name("FB-2009_samples_24_times_1hr_1.tsv")]
+# Where the workspace's whole samples are not beside the checkout (a user's clone): the excerpt
+# every clone has, so that the day runs there too (``setup.traces`` names what was played).
+DAY_EXCERPT = [EXCERPTS / "FB-2009_samples_24_times_1hr_1.head60.tsv"]
 
 
 def _day_run(paths: list[Path], scale: float, nodes: int, policy: str, progress: bool | None,
@@ -225,10 +236,11 @@ def _day_run(paths: list[Path], scale: float, nodes: int, policy: str, progress:
 def bench_day(policies: list[str], scale: float = 1.0, nodes: int = 50, paths: list[Path] | None = None,
               progress: bool | None = None, hours: float | None = None) -> dict:
     """``fairstream bench day``: the SWIM FB-2009 samples played as one 24-hour day
-    (``traces.swim.swim_day``), byte counts times ``scale``, on ``nodes`` nodes of <12 cpu,
+    (``traces.swim.swim_day``; the excerpt in tests/data where the workspace's samples are not
+    beside the checkout), byte counts times ``scale``, on ``nodes`` nodes of <12 cpu,
     24 GB>, each policy simulated whole in a fresh process: wall time, tasks per second and
     peak memory (``ru_maxrss``, the trace loaded included)."""
-    paths = paths or DAY_TRACES
+    paths = paths or (DAY_TRACES if all(Path(p).exists() for p in DAY_TRACES) else DAY_EXCERPT)
     missing = [str(p) for p in paths if not Path(p).exists()]
     if missing:
         return {"benchmark": "day", "skipped": f"{', '.join(missing)} not found"}

@@ -70,10 +70,16 @@ def clusters_document(rows: list[dict]) -> dict[str, Any]:
     return {"api": API_VERSION, "clusters": rows}
 
 
+_LIMITS = ("min_share", "max_share", "max_resources", "max_running")
+
+
 def tenants_document(cluster: str, status: dict) -> dict[str, Any]:
     """``/v1/clusters/{c}/tenants``: every tenant's status, in the policy's order (those with
-    pending work by rank, then the others by name)."""
-    tenants = sorted(status["tenants"], key=lambda t: (t["rank"] is None, t["rank"] or 0, t["tenant"]))
+    pending work by rank, then the others by name), with ``limits``: its own ``min_share``,
+    ``max_share``, ``max_resources`` and ``max_running`` as configured (those set)."""
+    specs = {spec["id"]: spec for spec in status.get("tree") or ()}
+    tenants = sorted(({**t, "limits": {k: specs[t["tenant"]][k] for k in _LIMITS if k in specs.get(t["tenant"], {})}}
+                      for t in status["tenants"]), key=lambda t: (t["rank"] is None, t["rank"] or 0, t["tenant"]))
     return {"api": API_VERSION, "cluster": cluster, "time": status["time"], "policy": status["policy"],
             "order": status["order"], "tenants": tenants}
 
@@ -104,9 +110,6 @@ def grouped_entries(entries: list[dict]) -> list[dict]:
         else:
             rows.append({**entry, "entries": 1, "last": entry["id"]})
     return rows
-
-
-_LIMITS = ("min_share", "max_share", "max_resources", "max_running")
 
 
 def queues_document(cluster: str, status: dict, pending: Mapping[str, dict]) -> dict[str, Any]:

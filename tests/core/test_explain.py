@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -624,6 +625,31 @@ def test_the_queue_tree_shows_weights_limits_shares_and_what_holds_each_queue():
     assert (rows["C"]["waiting"], rows["C"]["held_by"]) == ({"max_share": 2}, "max_share")
     assert rows["g"]["waiting"] == {"behind_tenants": 1, "reservation": 1}
     assert rows["A"]["waiting"] == {"reservation": 1} and rows["B"]["waiting"] == {"behind_tenants": 1}
+
+
+def test_status_shows_each_tenants_limits_and_since_when_it_is_starved():
+    # 4 cpu; A runs 4 unit tasks from 0; B (min_share 0.5, max_running 3) asks for 2 at 1 and
+    # is starved from 1 (preemption on, timeout 100: nothing taken back by 5). C has max_share
+    # 0.25 and nothing to run.
+    from fairstream.cli import status_table
+    from fairstream.wire.visibility import tenants_document
+
+    document = {"resources": ["cpu"], "nodes": [{"id": "n1", "capacity": {"cpu": 4}}],
+                "tenants": [{"id": "A"}, {"id": "B", "min_share": 0.5, "max_running": 3},
+                            {"id": "C", "max_share": 0.25, "max_resources": {"cpu": 2}}],
+                "tasks": [{"id": "a", "job": "ja", "tenant": "A", "submit": 0, "duration": 100, "demand": {"cpu": 1},
+                           "count": 4},
+                          {"id": "b", "job": "jb", "tenant": "B", "submit": 1, "duration": 100, "demand": {"cpu": 1},
+                           "count": 2}]}
+    explanation = explained(document, "drf", at=5, params={"preemption": "on", "preemption_timeout": "100"})
+    tenants = {t["tenant"]: t for t in tenants_document("c", explanation.status_json())["tenants"]}
+    assert tenants["A"]["limits"] == {} and tenants["B"]["limits"] == {"min_share": 0.5, "max_running": 3}
+    assert tenants["C"]["limits"] == {"max_share": 0.25, "max_resources": {"cpu": 2}}
+    header, *rows = status_table(tenants_document("c", explanation.status_json())).splitlines()[1:]
+    assert header.split()[-4:] == ["quantum", "limits", "starved", "since"]
+    last_two = {row.split()[0]: re.split(r"\s{2,}", row.rstrip())[-2:] for row in rows}  # (columns: 2+ spaces apart)
+    assert last_two == {"B": ["min_share 0.5, max_running 3", "1"],
+                        "C": ["max_share 0.25, max_resources {cpu: 2}", "-"], "A": ["-", "-"]}
 
 
 def test_the_worker_keeps_recent_preemptions_and_configuration_changes_for_the_page():

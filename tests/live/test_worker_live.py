@@ -159,6 +159,8 @@ def test_events_from_our_client_and_from_kcat_and_batch_messages_are_decided_and
     assert any("malformed JSON" in r for r in reasons) and any("completion of an unknown task" in r for r in reasons)
     [bad_element] = [d for d in dead if "index" in d]
     assert bad_element["index"] == 1 and json.loads(bad_element["original"])["task"] == "m1"
+    # Its log file holds its lines and nothing for a terminal (Faust's spinner wrote ESC[?25h).
+    assert "\x1b" not in worker.log_path.read_text()
 
 
 def kcat_batch(topic: str, messages: list[dict], codec: str) -> None:
@@ -510,7 +512,10 @@ def test_the_input_log_reads_ranges_of_the_input_topics_again_and_says_what_rete
     assert sorted(finished) == sorted(read) + ([f"{topics.heartbeats}:0"] if f"{topics.heartbeats}:0" not in read else [])
 
 
-def test_a_fb2009_sample_through_kafka_with_the_emulator_matches_the_simulator(tmp_path):
+def test_a_fb2009_sample_through_kafka_with_the_emulator_matches_the_simulator(tmp_path, monkeypatch):
+    import structlog
+
+    from fairstream.producers import emulator
     from fairstream.producers.emulator import run_emulator
     from fairstream.sim.traces import load_trace
     from fairstream.state.store import RedisStore, redis_client
@@ -520,12 +525,18 @@ def test_a_fb2009_sample_through_kafka_with_the_emulator_matches_the_simulator(t
     scenario = load_trace(str(ROOT / "tests" / "data" / "FB-2009_samples_24_times_1hr_1.head60.tsv"), "swim",
                           limit=12, nodes=2, tenants=3)
     worker = Worker(app_id, tmp_path, "--max-lateness", "1e9").start()
+    monkeypatch.setattr(emulator, "PROGRESS_EVERY", 0.5)  # (10 s by default: the run is shorter)
     try:
-        report = asyncio.run(run_emulator(scenario, "fb", BROKER, topics, speed=50, timeout=240))
+        with structlog.testing.capture_logs() as logs:
+            report = asyncio.run(run_emulator(scenario, "fb", BROKER, topics, speed=50, timeout=240))
     finally:
         worker.stop()
     assert report.completed == report.placed == scenario.task_count, report.to_json()
     assert report.over_committed == []
+    # A run of minutes says how far it is, on a terminal or not (it was silent for 140 s).
+    progress = [line for line in logs if line["event"] == "emulator.progress"]
+    assert progress and all(line["tasks"] == scenario.task_count for line in progress)
+    assert [line["completed"] for line in progress] == sorted(line["completed"] for line in progress)
 
     # The worker's accumulated usage in Redis equals the simulator's on the same (recorded) input.
     log = tmp_path / "input.jsonl"

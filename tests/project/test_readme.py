@@ -1,10 +1,9 @@
 """The README's examples are tests: every command block of its Simulate, Policies, Scenario files,
 Benchmarks and Streaming sections runs as written (its two set-up commands run in CI's own script), in a clean copy of the repository (the files git tracks
 and the ones it does not ignore: nothing a developer's tree has besides), with the installed
-``fairstream`` first on PATH as ``source .venv/bin/activate`` puts it, and ``../shared`` beside
-the copy where this checkout has it. A README change that breaks an example fails here.
-
-A command that reads ``../shared/traces`` is skipped, saying so, where that folder is absent.
+``fairstream`` first on PATH as ``source .venv/bin/activate`` puts it, and nothing beside the
+copy (a user's clone has no ``../shared``: the examples read the excerpts in ``tests/data``).
+A README change that breaks an example fails here.
 The Streaming block runs whole, in the README's order (services, worker, then the producers),
 against a Kafka broker and Redis server that ``scripts/services.sh`` of the copy starts on
 ports of their own, so that nothing else on the machine shares its topics or keys.
@@ -53,13 +52,9 @@ def bare(command: str) -> str:
     return re.sub(r"\s+#.*$", "", command)
 
 
-def shared_paths(command: str) -> list[str]:
-    return re.findall(r"\.\./shared/\S+", command)
-
-
 @pytest.fixture(scope="module")
 def clean_copy(tmp_path_factory) -> Path:
-    """The repository as a fresh clone has it, with ``../shared`` beside it where we have one."""
+    """The repository as a fresh clone has it, alone in its folder (no ``../shared``)."""
     base = tmp_path_factory.mktemp("clone")
     copy = base / "fairstream"
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
@@ -69,8 +64,6 @@ def clean_copy(tmp_path_factory) -> Path:
         if source.is_file():  # a tracked file deleted in the working tree is not there
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, copy / name)
-    if (ROOT.parent / "shared").is_dir():
-        (base / "shared").symlink_to(ROOT.parent / "shared")
     return copy
 
 
@@ -80,9 +73,6 @@ def user_env(**extra: str) -> dict[str, str]:
 
 
 def run_as_written(command: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
-    missing = [p for p in shared_paths(command) if not (cwd / p).exists()]
-    if missing:
-        pytest.skip(f"needs {missing[0]}: ../shared/traces is not beside this checkout")
     done = subprocess.run(["bash", "-c", command], cwd=cwd, env=user_env(), capture_output=True, text=True,
                           timeout=timeout)
     assert done.returncode == 0, f"{command}\nexit {done.returncode}\n{done.stderr[-3000:]}"
@@ -120,6 +110,12 @@ def test_every_command_the_readme_quotes_runs_as_written_in_a_test_or_in_ci():
     unaccounted = [c for c in quoted if c not in run_here and c not in RUN_BY_CI]
     assert not unaccounted, f"README commands no test runs as written: {unaccounted}"
     assert RUN_BY_CI <= set(quoted), "the README's two commands are not quoted as RUN_BY_CI has them"
+
+
+def test_no_command_the_readme_quotes_reads_what_a_users_clone_lacks():
+    # ``../shared`` is this project's workspace, not part of the repository: a user's clone has
+    # none, and the examples failed there (the excerpts in tests/data work from any clone).
+    assert [c for c in quoted_commands() if "../shared" in c] == []
 
 
 def test_ci_runs_the_readmes_two_commands_as_written():
@@ -217,9 +213,6 @@ def test_the_streaming_example_runs_as_written_in_the_readmes_order(clean_copy):
             queries = [q for q in queries if not q.startswith("curl")]
     # Then Seeing why's queries, as a user runs them once the emulator has played (all done by then).
     script = "\n".join(commands(block) + queries)
-    missing = [p for p in shared_paths(script) if not (clean_copy / p).exists()]
-    if missing:
-        pytest.skip(f"needs {missing[0]}: ../shared/traces is not beside this checkout")
     kafka, controller, sasl, ssl, sasl_ssl, redis = free_ports(6)
     services = {"FAIRSTREAM_KAFKA_PORT": str(kafka), "FAIRSTREAM_KAFKA_CONTROLLER_PORT": str(controller),
                 "FAIRSTREAM_KAFKA_SASL_PORT": str(sasl), "FAIRSTREAM_KAFKA_SSL_PORT": str(ssl),

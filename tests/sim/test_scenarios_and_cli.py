@@ -576,6 +576,21 @@ def test_bench_help_says_what_each_of_its_benches_measures(capsys):
         assert any(line.startswith(f"  {bench} ") and says in line + text for line in text.splitlines()), bench
 
 
+@pytest.mark.parametrize("trace, expected", [
+    pytest.param("none", {"skipped": "--trace none"}, id="--trace none skips the trace's simulation"),
+    pytest.param("missing.tsv", "fairstream: error: --trace missing.tsv: not found\n",
+                 id="a trace named but not found is one line, before anything runs"),
+])
+def test_bench_engine_trace_is_a_file_or_none(capsys, trace, expected):
+    code = main(["bench", "engine", "--tenant-count", "2", "--nodes", "2", "--pending", "4", "--policies", "drf",
+                 "--knob-policies", "", "--trace", trace])
+    out, err = capsys.readouterr()
+    if isinstance(expected, dict):
+        assert code == 0 and json.loads(out)["trace_simulation"] == expected
+    else:
+        assert code == 2 and err == expected and not out
+
+
 def test_a_reader_that_went_away_ends_the_command_quietly():
     # `fairstream policies | head -1`: the reader has what it wanted; no error line, exit 0.
     import os

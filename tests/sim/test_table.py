@@ -35,7 +35,8 @@ def test_the_alibaba_2017_mapping_reads_batch_task_with_the_2018_machines_as_nod
     tasks = list(scenario.tasks)
     # 300 rows: 265 Terminated (kept), 35 Failed, Running or Waiting (left out by keep).
     assert len(tasks) == 265 and scenario.tasks.left_out == {"not kept (keep)": 35}
-    assert "265 tasks; left out: 35 not kept (keep)" in scenario.name
+    # (A row is a request: its instance_num tasks, 118,699 in all, not 265.)
+    assert "265 requests of 118699 tasks; left out: 35 not kept (keep)" in scenario.name
     first = tasks[0]
     # Row "6457,6533,3,5,1,Terminated,50,0.004395206": the earliest creation in the excerpt, so
     # submit 0; runs 6533 - 6457 = 76 s; 50 hundredths of a core = 0.5; memory 0.0043952 of a
@@ -312,3 +313,28 @@ def test_max_per_node_from_a_column_or_one_value_for_every_task(tmp_path):
     every = load_table(table, {**mapping, "max_per_node": {"value": 1}}).tasks
     assert [t.constraints for t in every] == [{"labels": {"zone": "a"}, "max_per_node": 1}, {"max_per_node": 1},
                                               {"max_per_node": 1}]
+
+
+SWIM = DATA / "FB-2009_samples_24_times_1hr_1.head60.tsv"
+
+
+@pytest.mark.parametrize("fmt, source, options", [
+    pytest.param("swim", SWIM, {}, id="a SWIM trace"),
+    pytest.param("google", GOOGLE, {}, id="a Google task_events part (shipped gzip-compressed)"),
+    pytest.param("philly", PHILLY, {"limit": 3}, id="the Philly run times"),
+    pytest.param("table", ALIBABA, {"mapping": "alibaba-2017"}, id="a table through a mapping"),
+])
+def test_a_gzip_compressed_trace_is_read_as_such_whatever_its_name(tmp_path, fmt, source, options):
+    # A gzip copy saved without ".gz" once failed with "'utf-8' codec can't decode byte 0x8b":
+    # the loaders open a trace by its first bytes (fairstream/sim/traces/files.py), not its name.
+    from fairstream.sim.traces import load_trace
+
+    text = gzip.decompress(source.read_bytes()) if source.suffix == ".gz" else source.read_bytes()
+    plain, packed = tmp_path / "plain.trace", tmp_path / "packed.trace"
+    plain.write_bytes(text)
+    packed.write_bytes(gzip.compress(text))
+
+    def tasks(path):
+        return [(t.id, t.tenant, t.submit, t.duration, t.demand) for t in load_trace(str(path), fmt, **options).tasks]
+
+    assert tasks(packed) == tasks(plain) and tasks(plain)

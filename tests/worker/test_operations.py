@@ -297,6 +297,26 @@ def test_the_worker_counts_preemptions_work_lost_and_config_changes_for_its_metr
     assert metric(p, "fairstream_config_changes_total", outcome="accepted") == 1
 
 
+def test_the_worker_shows_starved_tenants_and_how_long_each_has_been_starved():
+    # One node of 4 cpu under drf with preemption after 100 s: A fills it at t = 0; B asks for
+    # 4 at t = 2 (fair share 2, holds 0): starved from 2. At t = 7 one tenant is starved, for
+    # 7 - 2 = 5 s; A is not (0).
+    wire = Wire()
+    p = Processor(MemoryStore(), wire.publish, worker_config("drf", params={"preemption": "on", "preemption_timeout": "100"},
+                                                              explain_interval=0.0))
+
+    async def scenario():
+        await p.handle([wire.msg("heartbeat", heartbeat())] + [wire.msg("submitted", task(f"a{k}", "A", 0))
+                                                               for k in range(4)])
+        await p.handle([wire.msg("submitted", task(f"b{k}", "B", 2)) for k in range(4)])
+        await p.handle([wire.msg("heartbeat", heartbeat(time=7))])
+
+    run(scenario())
+    assert metric(p, "fairstream_starved_tenants", cluster="c1") == 1
+    assert metric(p, "fairstream_tenant_starved_seconds", cluster="c1", tenant="B") == 5.0
+    assert metric(p, "fairstream_tenant_starved_seconds", cluster="c1", tenant="A") == 0.0
+
+
 def test_the_metrics_page_describes_the_fair_share_it_shows():
     # It once described the old flat definition ("its weight over the tenants with work").
     from prometheus_client import generate_latest

@@ -5,8 +5,12 @@ cluster). Each returns a ``Scenario``."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fairstream.core.model import ModelError
-from fairstream.sim.scenario import Scenario
+
+if TYPE_CHECKING:  # (a command's parser imports ``traces.files``: the package stays light)
+    from fairstream.sim.scenario import Scenario
 
 FORMATS = ("swim", "google", "philly", "table")
 

@@ -37,6 +37,7 @@ import numpy as np
 from fairstream.core.model import ModelError, ResourceSpace, TenantSpec
 from fairstream.core.tenants import TenantTree
 from fairstream.sim.scenario import Scenario, TaskSpec, uniform_nodes
+from fairstream.sim.traces.files import open_text
 
 SUBMIT, SCHEDULE = 0, 1
 TERMINAL = {2, 3, 4, 5, 6}
@@ -66,18 +67,13 @@ def load_google(
 
 def _rows(path: str) -> Iterator[tuple[int, list[str]]]:
     """``(line number, columns)`` of a task_events part, checked as read."""
-    opener = gzip.open if path.endswith(".gz") else open
-    try:
-        handle = opener(path, "rt", newline="")
-    except OSError as exc:
-        raise ModelError(f"{path}: cannot read ({exc.strerror})") from None
-    with handle:
+    with open_text(path, newline="") as handle:
         try:
             for number, row in enumerate(csv.reader(handle), 1):
                 if len(row) != 13:
                     raise ModelError(f"{path}:{number}: expected 13 columns of task_events, got {len(row)}")
                 yield number, row
-        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as exc:
             raise ModelError(f"{path}: cannot read ({exc})") from None
 
 

@@ -33,6 +33,7 @@ import numpy as np
 from fairstream.core.model import ModelError, ResourceSpace, TenantSpec
 from fairstream.core.tenants import TenantTree
 from fairstream.sim.scenario import Scenario, TaskSpec, uniform_nodes
+from fairstream.sim.traces.files import open_text, whole_or_excerpt
 
 #: GPUs per job and their probabilities: our assumption (the derived Philly file has no GPU
 #: counts); most jobs on one GPU, a tail of distributed jobs.
@@ -40,17 +41,13 @@ GPU_MIX = ((1, 0.7), (2, 0.1), (4, 0.1), (8, 0.1))
 MEM_PER_GPU = 8.0
 LONG_TASKS = (3600.0, 8 * 3600.0)
 #: The Philly run-time file in this project's sibling ``shared/traces`` folder.
-DEFAULT_PHILLY = (Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "microsoft-philly-derived"
-                  / "philly_runtime.csv")
+DEFAULT_PHILLY = whole_or_excerpt("microsoft-philly-derived/philly_runtime.csv", "philly_runtime.head100.csv")
 
 
 def read_runtimes(path: str | Path) -> np.ndarray:
     """Run times in seconds from a one-column CSV with the header ``runtime`` (the Philly
     file); a bad line is a ``ModelError`` naming the file and line."""
-    try:
-        handle = open(path)
-    except OSError as exc:
-        raise ModelError(f"{path}: cannot read ({exc.strerror})") from None
+    handle = open_text(path)
     values = []
     with handle:
         header = handle.readline().strip()

@@ -28,6 +28,7 @@ from pathlib import Path
 from fairstream.core.model import ModelError, ResourceSpace, TenantSpec
 from fairstream.core.tenants import TenantTree
 from fairstream.sim.scenario import Scenario, TaskSpec, uniform_nodes
+from fairstream.sim.traces.files import open_text
 
 MB = 1024 * 1024
 
@@ -35,10 +36,7 @@ MB = 1024 * 1024
 def iter_swim(path: str | Path, limit: int | None = None) -> Iterator[tuple[str, float, int, int, int]]:
     """Rows ``(job, submit_s, map_bytes, shuffle_bytes, output_bytes)``, read as they are asked
     for; bad lines raise ``ModelError`` naming the file and line."""
-    try:
-        handle = open(path)
-    except OSError as exc:
-        raise ModelError(f"{path}: cannot read ({exc.strerror})") from None
+    handle = open_text(path)
     rows = 0
     with handle:
         for number, line in enumerate(handle, 1):

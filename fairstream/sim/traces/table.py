@@ -38,6 +38,7 @@ import numpy as np
 from fairstream.core.model import ModelError, ResourceSpace, TenantSpec
 from fairstream.core.tenants import TenantTree
 from fairstream.sim.scenario import NodeSpec, Scenario, TaskSpec, uniform_nodes
+from fairstream.sim.traces.files import is_gzip, open_text
 
 MAPPINGS = Path(__file__).resolve().parent / "mappings"
 #: Tasks of a file not in submit order gathered per pass over it (about 0.5 KB each).
@@ -110,15 +111,6 @@ def _file_format(mapping: dict, path: str) -> FileFormat:
     return FileFormat(delimiter, header, tuple(names) if names else None)
 
 
-def _open(path: str):
-    try:
-        raw = gzip.open(path, "rt", newline="", encoding="utf-8") if path.endswith(".gz") else \
-            open(path, newline="", encoding="utf-8")
-    except OSError as exc:
-        raise ModelError(f"{path}: cannot read ({exc.strerror})") from None
-    return raw
-
-
 def _cut_short(line: int) -> str:
     """The reason a gzip cut short is counted under: one, for however many rows it lost."""
     return f"the file ends early (a gzip cut short): nothing after line {line} read"
@@ -135,7 +127,7 @@ def _rows(path: str, fmt: FileFormat, truncated: Callable[[int], None] | None = 
     last of them may be cut too (it is then left out for what it lacks). ``truncated(line)`` is
     told the last line read."""
     number = 0
-    with _open(path) as handle:
+    with open_text(path, newline="") as handle:
         try:
             reader = csv.reader(handle, delimiter=fmt.delimiter)
             for number, row in enumerate(reader, 1):
@@ -144,7 +136,7 @@ def _rows(path: str, fmt: FileFormat, truncated: Callable[[int], None] | None = 
                 if row:
                     yield number, row
         except EOFError as exc:
-            if not path.endswith(".gz") or (number <= 1 and fmt.header):
+            if not is_gzip(path) or (number <= 1 and fmt.header):
                 raise ModelError(f"{path}: cannot read ({exc})") from None
             if truncated is not None:
                 truncated(number)
@@ -159,7 +151,7 @@ def _columns(path: str, fmt: FileFormat) -> tuple[str, ...] | None:
         return fmt.names
     if not fmt.header:
         return None
-    with _open(path) as handle:
+    with open_text(path, newline="") as handle:
         try:
             first = next(csv.reader(handle, delimiter=fmt.delimiter), None)
         except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError, csv.Error) as exc:
@@ -538,7 +530,7 @@ class TableWorkload:
         m = self.map
         # ``durations`` holds end times while reading when the mapping gives ends: a row may
         # stand in for the trace's start or end (``if_missing``), known only at the end.
-        lines, submits, durations = array("q"), array("d"), array("d")
+        lines, submits, durations, counts = array("q"), array("d"), array("d"), array("q")
         for number, cells in _rows(self.path, self.format, self._truncated):
             if not m.kept(cells):
                 self._skip("not kept (keep)")
@@ -555,12 +547,13 @@ class TableWorkload:
                 demand = m.demand_of(cells)
                 if not any(demand.values()):
                     raise _Skip("asks for nothing")
-                m.count_of(cells)
+                count = m.count_of(cells) or 1
                 m.constraints_of(cells)
             except _Skip as skip:
                 self._skip(str(skip))
                 continue
             lines.append(number)
+            counts.append(count)
             submits.append(submit)
             durations.append(value)
             self._tenant_codes.append(self._names.setdefault(tenant, len(self._names)))
@@ -568,6 +561,7 @@ class TableWorkload:
         submits_a = np.frombuffer(submits).copy() if submits else np.zeros(0)
         values = np.frombuffer(durations).copy() if durations else np.zeros(0)
         codes = self._codes()
+        counts_a = np.frombuffer(counts, np.int64) if counts else np.zeros(0, np.int64)
         # if_missing: trace_start is the earliest submit time read, trace_end the latest time
         # read (an end, or a submit plus its run time, or a submit).
         known_submits = submits_a[np.isfinite(submits_a)]
@@ -583,15 +577,16 @@ class TableWorkload:
                 self._skip("ends before it is submitted", int(late.sum()))
                 keep = ~late
                 lines_a, submits_a, durations_a, codes = lines_a[keep], submits_a[keep], durations_a[keep], codes[keep]
+                counts_a = counts_a[keep]
         else:
             durations_a = values
-        self._finish(lines_a, submits_a, durations_a, codes)
+        self._finish(lines_a, submits_a, durations_a, counts_a, codes)
 
     # One row per task event (Google's task_events).
     def _scan_events(self) -> None:
         m, ev = self.map, self.map.events
         assert ev is not None and m.submit is not None  # (a mapping with events: checked with a submit column)
-        lines, submits, durations = array("q"), array("d"), array("d")
+        lines, submits, durations, counts = array("q"), array("d"), array("d"), array("q")
         seen: set[tuple[str, str]] = set()
         running: dict[tuple[str, str], tuple[int, float | None]] = {}  # not ended: (ordinal, start)
         origin = math.inf
@@ -612,7 +607,7 @@ class TableWorkload:
                 try:
                     tenant = m.tenant_of(cells)
                     demand = m.demand_of(cells)
-                    m.count_of(cells)
+                    count = m.count_of(cells) or 1
                     m.constraints_of(cells)
                 except _Skip as skip:
                     self._skip(str(skip))  # not seen: a later submission with what is missing may count
@@ -623,6 +618,7 @@ class TableWorkload:
                 running[key] = (len(lines) if asked else -1, None)
                 if asked:
                     lines.append(number)
+                    counts.append(count)
                     submits.append(time)
                     durations.append(math.nan)
                     self._tenant_codes.append(self._names.setdefault(tenant, len(self._names)))
@@ -642,13 +638,15 @@ class TableWorkload:
         durations_a = np.frombuffer(durations) if durations else np.zeros(0)
         ended = ~np.isnan(durations_a)
         self._origin = origin if math.isfinite(origin) else 0.0
-        self._finish(lines_a[ended], submits_a[ended], durations_a[ended], self._codes()[ended], origin_known=True)
+        counts_a = np.frombuffer(counts, np.int64) if counts else np.zeros(0, np.int64)
+        self._finish(lines_a[ended], submits_a[ended], durations_a[ended], counts_a[ended], self._codes()[ended],
+                     origin_known=True)
 
     def _codes(self) -> np.ndarray:
         return np.frombuffer(self._tenant_codes, dtype=np.int_) if self._tenant_codes else np.zeros(0, np.int_)
 
-    def _finish(self, lines: np.ndarray, submits: np.ndarray, durations: np.ndarray, codes: np.ndarray | None = None,
-                origin_known: bool = False) -> None:
+    def _finish(self, lines: np.ndarray, submits: np.ndarray, durations: np.ndarray, counts: np.ndarray,
+                codes: np.ndarray | None = None, origin_known: bool = False) -> None:
         m = self.map
         if not origin_known:
             self._origin = (float(submits.min()) if len(submits) else 0.0) if m.origin == "min" else float(m.origin)
@@ -657,6 +655,7 @@ class TableWorkload:
         if self.limit is not None:
             order = order[: self.limit]
         self._lines, self._submits, self._durations = lines[order], submits[order], durations[order]
+        self.task_count = int(counts[order].sum())  # (a request of n counts n; its row once in ``len``)
         if m.tenant_fixed is not None:
             self.tenants = [m.tenant_fixed] if len(order) else []
         elif m.round_robin is not None:
@@ -792,10 +791,12 @@ def load_table(path: str, mapping: str | dict, limit: int | None = None, nodes: 
     and the cut is counted among the rows left out."""
     document = read_mapping(mapping) if not isinstance(mapping, dict) else mapping
     workload = TableWorkload(str(path), document, limit=limit)
+    kept = (f"{len(workload)} tasks" if workload.task_count == len(workload)
+            else f"{len(workload)} requests of {workload.task_count} tasks")
     if workload.cut_short_at is not None and not allow_partial:
-        raise _cut_short_error(path, workload.cut_short_at, f"{len(workload)} tasks")
+        raise _cut_short_error(path, workload.cut_short_at, kept)
     resources = ResourceSpace(workload.map.resources)
-    name = f"table:{Path(path).name} ({len(workload)} tasks; {workload.report()})"
+    name = f"table:{Path(path).name} ({kept}; {workload.report()})"
     if nodes_table is not None:
         if nodes_mapping is None:
             raise ModelError("--nodes-table needs --nodes-mapping")
