@@ -227,10 +227,7 @@ def _whole(text: str) -> int:
 
 def positive_int(text: str) -> int:
     """An argparse type: a whole number above zero."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    value = _whole(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
     return value

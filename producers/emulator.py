@@ -165,9 +165,10 @@ async def run_emulator(
     try:
         async with Publisher(broker, topics, delivery_timeout) as pub:
             while report.completed < total:
-                now_event = (wall.monotonic() - origin) * speed
-                if wall.monotonic() - said_at >= PROGRESS_EVERY:  # a run of minutes says how far it is
-                    said_at = wall.monotonic()
+                now_wall = wall.monotonic()
+                now_event = (now_wall - origin) * speed
+                if now_wall - said_at >= PROGRESS_EVERY:  # a run of minutes says how far it is
+                    said_at = now_wall
                     log.info("emulator.progress", submitted=report.submitted, placed=report.placed,
                              completed=report.completed, tasks=total, event_time=round(now_event, 1),
                              elapsed_s=round(said_at - origin, 1))

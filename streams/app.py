@@ -349,8 +349,8 @@ class GroupCommit:
         applied one by one, and one that still fails ``MAX_FAULTS`` times on its own (``alone``)
         is dead-lettered as ``internal error: ...`` (``Processor.reject``), so one message
         cannot stall its partition and the others go on."""
-        retry, faults = Retry("worker.batch_failed", self.retry_delays, level="error", topic=batch[0].topic,
-                              messages=len(batch)), 0
+        retry: Retry | None = None  # (made at the first failure: most batches have none)
+        faults = 0
         while True:
             try:
                 return await self.processor.apply(batch)
@@ -362,6 +362,8 @@ class GroupCommit:
                         return await self.processor.reject(batch[0], f"internal error: {error}"[:MAX_REASON])
                     if faults >= MAX_FAULTS and len(batch) > 1:
                         return await self._apply_one_by_one(batch)
+                retry = retry or Retry("worker.batch_failed", self.retry_delays, level="error",
+                                       topic=batch[0].topic, messages=len(batch))
                 await retry.after(exc, faults=faults)
 
     async def _apply_one_by_one(self, batch: list[Incoming]):

@@ -112,7 +112,7 @@ class Outputs:
         self._count(outbox, outcome)
 
     async def _settle(self, outbox: list[OutboxEntry], acks: list | asyncio.Future | None) -> None:
-        retry = Retry("worker.publish_failed", self.retry_delays, level="error", messages=len(outbox))
+        retry: Retry | None = None  # (made at the first failure: most batches have none)
         acknowledged = False
         while True:
             try:
@@ -125,6 +125,7 @@ class Outputs:
                 await self.clear_outbox([outbox])
                 return
             except Exception as exc:
+                retry = retry or Retry("worker.publish_failed", self.retry_delays, level="error", messages=len(outbox))
                 await retry.after(exc, acknowledged=acknowledged)
                 if not acknowledged:
                     acks = None
