@@ -25,7 +25,7 @@ ALLOW_PARTIAL = ("table: a gzipped file cut short runs with the rows before the 
 def _trace_options(args) -> dict:
     """The loader options the command line gave for this trace format (None: the default)."""
     keys = {"swim": ("limit", "nodes", "tenant_count", "max_tasks_per_job"), "google": ("limit", "nodes", "users"),
-            "philly": ("limit", "nodes", "tenant_count", "seed"),
+            "philly": ("limit", "nodes", "tenant_count", "seed", "gangs"),
             "table": ("limit", "nodes", "mapping", "nodes_table", "nodes_mapping", "allow_partial")}[args.format]
     loader_name = {"tenant_count": "tenants"}  # (the loaders' own word for it)
     return {loader_name.get(k, k): getattr(args, k) for k in keys if getattr(args, k, None) is not None}
@@ -121,6 +121,20 @@ def cmd_compare_preemption(args) -> int:
     print((out / "table.md").read_text(), end="")
     print(f"\n{len(document['rows'])} settings, {len(document['runs'])} runs; in {out}: table.md, table.csv, "
           f"study.json (every run), " + ", ".join(Path(f).name for f in document["figures"]))
+    return 0
+
+
+def cmd_compare_gangs(args) -> int:
+    """The Philly workload with its distributed jobs as gangs and not, per policy: table."""
+    from fairstream.lab.gang_study import study
+    from fairstream.sim.traces.late_tenants import DEFAULT_PHILLY
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    document = study(Path(args.out), policies, [int(x) for x in _floats(args.seeds, "--seeds")],
+                     str(args.trace or DEFAULT_PHILLY), args.limit, workers=args.workers, progress=args.progress)
+    out = Path(args.out)
+    print((out / "table.md").read_text(), end="")
+    print(f"\n{len(document['rows'])} settings, {len(document['runs'])} runs; in {out}: table.md, study.json")
     return 0
 
 
@@ -785,7 +799,7 @@ def cmd_generate(args) -> int:
         scenario = macro_benchmark(seed=args.seed, weights=weights, scale=args.scale, memory_only=args.memory_only)
     else:
         runtimes = read_runtimes(args.trace or DEFAULT_PHILLY) if args.workload == "philly" else None
-        scenario = late_tenants(runtimes, name=args.workload, seed=args.seed)
+        scenario = late_tenants(runtimes, name=args.workload, seed=args.seed, gangs=args.gangs)
     text = json.dumps(scenario.to_json(), indent=None, separators=(",", ":"))
     if args.out == "-":
         sys.stdout.write(text + "\n")
@@ -866,6 +880,8 @@ def build_parser() -> argparse.ArgumentParser:
     workload.add_argument("--tenant-count", type=int, dest="tenant_count",
                           help="swim: number of queues, jobs round robin (default 4); philly: tenants (default 4)")
     workload.add_argument("--seed", type=int, help="philly: generator seed (default 1)")
+    workload.add_argument("--gangs", action="store_true", default=None,
+                          help="philly: a job of several GPUs is a gang (its tasks start together or not at all)")
     workload.add_argument("--users", type=int, help="google: keep the first N users")
     workload.add_argument("--max-tasks-per-job", type=int, dest="max_tasks_per_job",
                           help="swim: at most N maps and N reduces per job (the papers capped their largest jobs so)")
@@ -940,6 +956,19 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--workers", type=int, help="parallel simulations (default: one per core)")
     compare.set_defaults(func=cmd_compare_preemption)
 
+    gangs = sub.add_parser("compare-gangs", parents=[progress],
+                           help="the Philly workload with its multi-GPU jobs as gangs and not, per policy: GPU "
+                                "utilisation, job completion time, time to fair share, GPU-hours held idle by jobs "
+                                "partly started; table")
+    gangs.add_argument("--out", default="gangs-out")
+    gangs.add_argument("--policies", default="ltrf,hltrf,drf,fair")
+    gangs.add_argument("--seeds", default="1,2,3", help="workload seeds; the table gives the mean and range")
+    gangs.add_argument("--limit", type=int, help="jobs per late tenant (default 100; the backlog is ten times that)")
+    gangs.add_argument("--trace", help="the Philly run-time file (default: the whole file in ../shared/traces if "
+                                       "there, else its first 100 values in tests/data)")
+    gangs.add_argument("--workers", type=int, help="parallel simulations (default: one per core)")
+    gangs.set_defaults(func=cmd_compare_gangs)
+
     forgetting = sub.add_parser("compare-forgetting",
                                 help="ltrf's ways of forgetting usage (rounds, discount, half-life) against fair and "
                                      "F-LTMM on the LTRF paper's Table 1 at cluster scale: table and plot")
@@ -973,6 +1002,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--weights", default="1:1:1:1", help="queue weights Facebook:Purdue:Spark:TPC-H")
     gen.add_argument("--scale", type=float, default=1.0)
     gen.add_argument("--memory-only", action="store_true", help="one resource, memory (as YARN 2.2)")
+    gen.add_argument("--gangs", action="store_true",
+                     help="philly, long-tasks: a job of several GPUs is a gang (its tasks start together or not at all)")
     gen.add_argument("--out", default="-")
     gen.set_defaults(func=cmd_generate)
 

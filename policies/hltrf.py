@@ -241,9 +241,10 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
             continue
         if cycle.try_place(leaf, task, reason, code):
             row = rows[leaf]
-            added = usage.charge(cycle, row, task)
-            for node in tree.path(leaf)[:-1]:
-                group_vector[node] = group_vector[node] + added
+            for _ in range(cycle.last_count):  # (a gang's charge is the whole gang's)
+                added = usage.charge(cycle, row, task)
+                for node in tree.path(leaf)[:-1]:
+                    group_vector[node] = group_vector[node] + added
             waiting_since[leaf] = now
             heapq.heappush(lowest, (node_key(leaf), leaf))
         if cycle.queues.next_task(leaf) is None:

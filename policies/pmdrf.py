@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from fairstream.core import gangs
 from fairstream.core.fairness import dominant_share, fair_key
-from fairstream.core.model import EPSILON, Decision
-from fairstream.core.placement import Cycle, leaf_arrival, order_code, room_for_any
+from fairstream.core.model import EPSILON, Decision, ReasonCode
+from fairstream.core.placement import Cycle, dominant_share_order, leaf_arrival, order_code, room_for_any
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies.base import PolicySpec, Traits
 
@@ -27,12 +28,38 @@ from fairstream.policies.base import PolicySpec, Traits
 def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     cycle = Cycle(snapshot, "pmdrf")
     tenants = snapshot.demanding()
+    share_nodes(cycle, tenants, nodes_with_room(snapshot))
+    if snapshot.gangs_waiting:
+        # A gang starts whole or not at all, across nodes: after every node's own turn, gangs in
+        # the cluster's DRF order (weighted dominant share of the whole cluster); then the nodes
+        # again, for the rest of a gang that started and what fits beside it.
+        order = dominant_share_order(snapshot).key
+        waiting = sorted((order(cycle, t), t) for t in tenants
+                         if any(gangs.waits(cycle, e) for e in cycle.queues.shape_heads(t)))
+        started = False
+        for _, tenant in waiting:
+            started |= bool(gangs.start_gangs(cycle, [(tenant, e) for e in cycle.queues.shape_heads(tenant)],
+                                        "pmdrf: a gang starts whole, lowest dominant share/weight of the cluster first",
+                                        ReasonCode.FAIR_ORDER))
+        if started:
+            share_nodes(cycle, tenants, np.flatnonzero((cycle.free > EPSILON).any(axis=1)).tolist(), again=True)
+    return cycle.decisions
+
+
+def share_nodes(cycle: Cycle, tenants: list[str], nodes: list[int], again: bool = False) -> None:
+    """Each of ``nodes`` in turn shared by DRF among ``tenants`` on that node alone (their
+    running tasks there, ``again``: with this pass's placements there too)."""
+    snapshot = cycle.snapshot
     node_capacity, allocation = snapshot.node_capacity, snapshot.node_allocation
     assert node_capacity is not None and allocation is not None  # (Traits.node_allocation: the engine gives both)
-    for node in nodes_with_room(snapshot):
+    for node in nodes:
         capacity = node_capacity[node]
         running = allocation.of(node)
         here = {t: running[t].copy() if t in running else np.zeros(len(capacity)) for t in tenants}
+        if again:
+            for _, placed_tenant, entry, placed_node in cycle.placed:
+                if placed_node == node and placed_tenant in here:
+                    here[placed_tenant] += entry.demand
 
         def key(tenant: str):
             share = dominant_share(here[tenant], capacity) / snapshot.share_fraction[snapshot.rows[tenant]]  # noqa: B023 (called before the loop moves on)
@@ -52,7 +79,6 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
                                                  f"({tenant_key.share:.4g})", order_code(tenant_key))
                 here[tenant] += task.demand
             heapq.heappush(heap, (key(tenant), tenant))
-    return cycle.decisions
 
 
 def nodes_with_room(snapshot: Snapshot) -> list[int]:
@@ -71,7 +97,7 @@ def nodes_with_room(snapshot: Snapshot) -> list[int]:
 
 
 def fits(cycle: Cycle, task, node: int) -> bool:
-    return (bool(cycle.nodes.eligible(task.constraints)[node]) and bool((cycle.free[node] >= task.demand - EPSILON).all())
+    return (not gangs.waits(cycle, task) and bool(cycle.nodes.eligible(task.constraints)[node]) and bool((cycle.free[node] >= task.demand - EPSILON).all())
             and cycle.nodes.job_may_use(task, node))
 
 

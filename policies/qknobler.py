@@ -183,7 +183,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
                 continue
             if cycle.try_place(tenant, task, lambda: f"qknobler: efficiency stage ({status} integer program: "
                                                      f"{int(planned[tenant])} tasks of {tenant})", ReasonCode.PACKING):  # noqa: B023 (called before the loop moves on)
-                quotas[tenant] -= 1
+                quotas[tenant] -= cycle.last_count
             if quotas[tenant] > 0:
                 heapq.heappush(heap, (key(cycle, tenant), tenant))
 

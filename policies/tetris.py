@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from fairstream.core import gangs
 from fairstream.core.fairness import dominant_share, fair_key
 from fairstream.core.model import EPSILON, Decision, ReasonCode, Task
 from fairstream.core.placement import Cycle, alignment_scores, leaf_arrival
@@ -47,9 +48,23 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
             break
         window = max(1, math.ceil((1 - f) * total - 1e-9))
         candidates = candidates_in_window(cycle, order, left, window)
+        if any(gangs.waits(cycle, task) for _, task in candidates):
+            # A gang starts whole or not at all, first in DRF order: not by alignment task by task.
+            for tenant in gangs.start_gangs(cycle, candidates, f"tetris: a gang among the first {window} of {total} "
+                                                         f"DRF-sorted tasks (f={f:g})", ReasonCode.PACKING):
+                drf.placed(tenant)
+            best_nodes.clear()
+            continue
         choice = best_pair(cycle, candidates, best_nodes)
         if choice is None and window < total:
-            choice = best_pair(cycle, candidates_in_window(cycle, order, left, total), best_nodes)
+            wider = candidates_in_window(cycle, order, left, total)
+            if any(gangs.waits(cycle, task) for _, task in wider):
+                for tenant in gangs.start_gangs(cycle, wider, f"tetris: a gang among the {total} DRF-sorted tasks",
+                                          ReasonCode.PACKING):
+                    drf.placed(tenant)
+                best_nodes.clear()
+                continue
+            choice = best_pair(cycle, wider, best_nodes)
         if choice is None:
             break
         tenant, task, node, score = choice

@@ -174,9 +174,10 @@ class Publisher:
 
     async def submit(self, cluster: str, task: str, tenant: str, demand: dict[str, float], time: float,
                      job: str | None = None, constraints: dict | None = None, count: int | None = None,
-                     estimate: float | None = None) -> None:
+                     estimate: float | None = None, gang: int | None = None) -> None:
         """A task, or with ``count`` a request of that many tasks ``<task>-<k>``; ``estimate``: the
-        run time expected of each (seconds), for backfill."""
+        run time expected of each (seconds), for backfill; ``gang``: at least so many of them
+        start together or none does."""
         message = {"cluster": cluster, "task": task, "job": job or task, "tenant": tenant, "demand": demand, "time": time}
         if constraints:
             message["constraints"] = constraints
@@ -184,6 +185,8 @@ class Publisher:
             message["count"] = count
         if estimate is not None:
             message["estimate"] = estimate
+        if gang is not None:
+            message["gang"] = {"min": gang}
         await self.send(self.topics.submitted, message)
 
     async def complete(self, cluster: str, task: str, time: float, status: str = "succeeded") -> None:

@@ -183,7 +183,7 @@ async def run_emulator(
                         submitted: TaskSpec = payload
                         await pub.submit(cluster, submitted.id, submitted.tenant, submitted.demand, at, job=submitted.job,
                                          constraints=submitted.constraints, count=submitted.count,
-                                         estimate=submitted.estimate)
+                                         estimate=submitted.estimate, gang=submitted.gang)
                         report.submitted += submitted.tasks
                     elif kind == "complete":
                         task_id, attempt = payload
@@ -240,5 +240,5 @@ async def replay_only(scenario: Scenario, cluster: str, broker: str, topics: Top
                 await asyncio.sleep(delay)
             await pub.submit(cluster, spec.id, spec.tenant, spec.demand, spec.submit, job=spec.job,
                              constraints=spec.constraints, count=spec.count,
-                             estimate=spec.estimate)
+                             estimate=spec.estimate, gang=spec.gang)
     return sum(spec.tasks for spec in released)

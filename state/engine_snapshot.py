@@ -73,12 +73,12 @@ from fairstream.core.snapshot_builder import SnapshotBuilder
 from fairstream.core.starvation import Starvation
 from fairstream.core.tenants import TenantTree
 from fairstream.core.verdicts import Verdicts
-from fairstream.core.workload import Workload
+from fairstream.core.workload import Gangs, Workload
 from fairstream.policies import REGISTRY
 from fairstream.policies.base import PolicySpec
 
 MAGIC = b"FSENGINE"
-VERSION = 14  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
+VERSION = 15  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
 # 6: nodes' resource weights (LTRF formula 9); 7: queues' max_resources and max_running; 8: queues' ordering;
 # 9: whether a starved tenant has victims left (the preemption re-check, ``Engine.wake_at``) and the
 # node reservation (``Engine.reservation``); 10: tasks' run-time estimates (``Task.estimate``, backfill);
@@ -88,7 +88,7 @@ VERSION = 14  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption stat
 # (``Engine.registry``: ``core.nodes.Nodes``); 14: the engine as a facade over parts: its tasks, requests,
 # queues and shapes (``Engine.workload``: ``core.workload.Workload``), unschedulable verdicts
 # (``core.verdicts.Verdicts``), a tenant-local pass's changes (``core.candidates.Changes``) and the
-# reservation (``core.reservation.Reservations``)
+# reservation (``core.reservation.Reservations``); 15: gangs (``Task.gang``)
 
 REF, LIST, TUPLE, DICT, SET, FROZENSET, OBJECT, ARRAY, ENUM, ORDERED, POLICY, NUMBER = range(12)
 
@@ -109,6 +109,8 @@ def _rebuild_engine(obj: Engine) -> None:
 
 def _rebuild_workload(obj: Workload) -> None:
     obj._waiting = obj._holders = obj._running_on = obj._job_rows = obj.last_demand = obj._finish_time = None
+    obj.gangs = Gangs()
+    obj.gangs.waiting = sum(1 for request in obj.requests.values() if request.gang)
 
 
 def _rebuild_reservations(obj: Reservations) -> None:
@@ -153,7 +155,8 @@ CLASSES: tuple[_Class, ...] = (
                    "jobs verdicts changes reservations shares_stale",
            derived="_snapshots", rebuild=_rebuild_engine),  # the snapshot builder's tenant view, made again on use
     _Class(Workload, "tasks requests finished_ids finished_retention pending seq shapes shape_demands",
-           derived="_waiting _holders _running_on _job_rows last_demand _finish_time", rebuild=_rebuild_workload),  # indexes, made again on use; a cache
+           derived="_waiting _holders _running_on _job_rows gangs last_demand _finish_time",
+           rebuild=_rebuild_workload),  # indexes, made again on use; a cache
     _Class(Verdicts, "unschedulable to_check nodes_changed by_shape"),
     _Class(Changes, "grown touched passed fresh"),
     _Class(Reservations, "held", derived="_backfill", rebuild=_rebuild_reservations),  # the reserved task's start
@@ -177,7 +180,7 @@ CLASSES: tuple[_Class, ...] = (
            rebuild=_rebuild_nodes),  # the snapshot's view of the nodes and the count of lost ones, made again
     _Class(Node, "id capacity labels alive last_heartbeat weights"),
     _Class(Task, "id job tenant submit constraints duration estimate seq demand_map state node start running_entry shape "
-                 "demand_values count index cancelled", derived="demand", rebuild=_rebuild_demand),
+                 "demand_values count index cancelled gang", derived="demand", rebuild=_rebuild_demand),
     _Class(Constraints, "nodes labels max_per_node"),
     _Class(PendingQueue, "groups count jobs"),
     _Class(JobUsage, "allocation offset"),

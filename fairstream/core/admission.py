@@ -113,6 +113,17 @@ class Admission:
         return None
 
 
+def gang_problem(least: object, count: int | None, where: str = "gang.min") -> None:
+    """Raise ``EventRejected`` unless ``least`` is a gang's size a submission of ``count`` tasks
+    (None: one task) can have: a whole number from 1 to the tasks it submits."""
+    if not isinstance(least, int) or isinstance(least, bool) or not 1 <= least <= MAX_COUNT:
+        raise EventRejected(f"{where}: must be an integer from 1 to {MAX_COUNT}, got {least!r}")
+    tasks = 1 if count is None else count
+    if least > tasks:
+        submits = "1 task (a gang is a request: give count)" if count is None else f"{count} tasks"
+        raise EventRejected(f"{where}: {least} must start together, but the submission has {submits}")
+
+
 def admit(engine: EngineState, event: Event, earlier: Earlier | None = None):
     """Raise ``ModelError`` if ``event`` cannot be applied to this state with ``earlier``'s
     events applied too; returns what the check parsed (a submission's demand vector and
@@ -136,6 +147,8 @@ def admit(engine: EngineState, event: Event, earlier: Earlier | None = None):
                 raise EventRejected(f"tenant {event.tenant!r}: a queue with children; tasks go to leaves")
             if not engine.auto_tenants:
                 raise EventRejected(f"tenant {event.tenant!r}: unknown tenant")
+        if event.gang is not None:
+            gang_problem(event.gang, event.count)
         parsed = parsed_demand(engine, event)
         estimate = event.estimate
         if estimate is not None and (estimate.__class__ not in (int, float) or not 0 <= estimate < math.inf):

@@ -45,7 +45,7 @@ from fairstream.core.snapshot import EMPTY_MAPPING, Snapshot
 from fairstream.core.snapshot_builder import SnapshotBuilder
 from fairstream.core.starvation import Starvation
 from fairstream.core.tenants import TenantTree
-from fairstream.core.transitions import PolicyViolation, StepResult, apply_decisions, apply_events
+from fairstream.core.transitions import PolicyViolation, StepResult, apply_decisions, apply_events, check_gangs
 from fairstream.core.verdicts import Verdicts
 from fairstream.core.workload import Workload
 
@@ -174,7 +174,7 @@ class Engine:
         """What preemption may choose victims from: every running task."""
         node_row = self.registry.row
         return tuple(RunningTask(task.id, task.job, task.tenant, node_row[cast(str, task.node)], task.demand, task.demand_map,
-                                 cast(float, task.start), task.seq) for task in self.workload.running())
+                                 cast(float, task.start), task.seq, gang=task.gang > 0) for task in self.workload.running())
 
     def snapshot(self, **pass_fields) -> Snapshot:
         """The state a pass reads (``SnapshotBuilder.build``)."""
@@ -248,6 +248,8 @@ class Engine:
         snapshot = self.snapshot(**fields)
         decisions = self.spec.decide(snapshot, self.params)
         snapshot.expire()  # the decisions change the state its fields not read yet are made from
+        if snapshot.gangs_waiting or snapshot.gangs_running:
+            check_gangs(self, decisions)  # (a pass starts a gang whole or not at all, and stops one whole)
         requests = apply_decisions(self, decisions)
         again = bool(getattr(decisions, "withdrawn", 0))
         if again:

@@ -23,7 +23,11 @@ Reasons (``WaitReason``), the first that holds:
 - ``max_per_node``: nodes its constraints allow have room for it, but its job runs its
   ``max_per_node`` tasks on each of them: it waits for room on another node, or for one of
   those tasks to end;
-- ``next_pass``: a node has room for it now; the next pass places it;
+- ``gang``: a gang none of which runs, and the free room holds fewer of its tasks than its
+  size: how many fit now and where, how many more it needs at once, and the node held for it
+  (docs/workloads.md, "Gangs"); a tenant behind it in the order is told that freed room may go
+  first to the gang, if that room would let it start whole;
+- ``next_pass``: a node has room for it now (a gang: room for all of it); the next pass places it;
 - ``preemption_pending``: no node has room; its tenant is starved and preemption takes room
   back when the timeout runs out (``fairstream.core.preemption``);
 - ``efficiency``: no node has room; when room frees, the policy's packing stage chooses among
@@ -54,8 +58,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from fairstream.core import gangs
 from fairstream.core.forecast import expected_starts
-from fairstream.core.model import EPSILON, ROOT, DecisionKind, ReasonCode, TaskState
+from fairstream.core.model import EPSILON, ROOT, DecisionKind, ReasonCode, TaskState, gang_of
 from fairstream.core.placement import Cycle, dominant_share_order
 from fairstream.core.preemption import share_ratios
 from fairstream.core.tenants import spec_to_json
@@ -74,6 +79,7 @@ class WaitReason(str, Enum):
     PARTITION = "partition"
     CONSTRAINTS = "constraints"
     MAX_PER_NODE = "max_per_node"
+    GANG = "gang"
     NEXT_PASS = "next_pass"
     PREEMPTION_PENDING = "preemption_pending"
     EFFICIENCY = "efficiency"
@@ -412,6 +418,28 @@ def explain(engine: Engine, held: Iterable[HeldEntry] = (), max_entries: int | N
                 return other, bool((mask & ~nodes).any())
         return tenant, False
 
+    def gang_ahead(tenant: str, task: Task) -> tuple[str, Task, int, int] | None:
+        """The first gang waiting to start whole (``gang``) of a tenant ahead of ``tenant`` in the
+        order that room freed for ``task`` may let start, on a node both may use: (its tenant,
+        its entry, how many of it fit now, its size); None if none. May: the room on one node
+        freed to ``task``'s demand holds that many more of it at most, and it fits whole with
+        them (an upper bound: the pass serves the gang first, and it starts if it then fits)."""
+        mask = may_use(task, now=False)
+        for other in ranked:
+            if other == tenant or not keys[other] < keys[tenant]:
+                break
+            for head in heads[other].values():
+                verdict = verdicts.get((other, head.shape))
+                if verdict is None or verdict[0] is not WaitReason.GANG or not (mask & may_use(head, now=False)).any():
+                    continue
+                size = gangs.need(cycle, head)
+                fit = sum(n for _, n in gangs.room(cycle, head, size))
+                more = math.floor(min(((t + EPSILON) / d for t, d in zip(task.demand_values, head.demand_values)
+                                       if d > EPSILON), default=float(size)))
+                if fit + more >= size:
+                    return other, head, fit, size
+        return None
+
     def in_line(tenant: str) -> str:
         """"first in line" when nothing is ahead of ``tenant`` in the order (rank 1); else what is
         true: tenants ahead of it wait for other room (limits, other shapes or nodes). An entry
@@ -433,6 +461,14 @@ def explain(engine: Engine, held: Iterable[HeldEntry] = (), max_entries: int | N
                 return (WaitReason.PREEMPTION_PENDING, below + _preemption_due(tenant, due), None, None)
         if spec.ordering.efficiency is not None:
             return WaitReason.EFFICIENCY, f"{nowhere} for {need}; when room frees, {spec.ordering.efficiency}", None, None
+        gang = gang_ahead(tenant, task)
+        if gang is not None:
+            other, head, fit, size = gang
+            return (WaitReason.BEHIND_TENANTS,
+                    f"{nowhere} for {need}; freed room may go first to {other}'s gang {gang_of(head)} "
+                    f"({label} {order.value(keys[other]):.4g} against {tenant}'s {order.value(keys[tenant]):.4g}), "
+                    f"if with it the gang starts whole ({fit} of its {size} fit now)", other,
+                    order.value(keys[tenant]) - order.value(keys[other]))
         first, partly = first_for(tenant, task)
         if reserved_for is not None and reserved_for.tenant == tenant and reserved_for.shape == task.shape:
             lacking = np.maximum(task.demand - snap.free[reserved_for.node], 0.0)
@@ -645,6 +681,27 @@ def _pending_entries(group) -> Iterator[Task]:
             yield task
 
 
+def _gang_verdict(cycle: Cycle, tenant: str, head: Task) -> tuple[WaitReason, str]:
+    """Why gang ``head`` (none of it running) waits: a limit the whole gang would cross, or the
+    free room holding fewer of its tasks than it needs at once (how many fit now and where, and
+    the node held for it); ``next_pass`` if all of it fits now."""
+    need = gangs.need(cycle, head)
+    if cycle.capped and (over := cycle.limits.over_cap(tenant, gangs.sized(head, need))) is not None:
+        return WaitReason(over[0]), f"gang {gang_of(head)} of {need} starts whole: {over[1]}"
+    rows = gangs.room(cycle, head, need)
+    fit = sum(n for _, n in rows)
+    if fit >= need:
+        return WaitReason.NEXT_PASS, f"room for the whole gang {gang_of(head)} of {need} now: the next pass starts it"
+    snap = cycle.snapshot
+    where = f" ({', '.join(f'{snap.node_ids[node]}: {n}' for node, n in rows)})" if rows else ""
+    held = cycle.reservation
+    kept = (f"; node {snap.node_ids[held.node]} is reserved for it: room freed there is kept for it from the tenants "
+            f"behind it in line" if held is not None and held.tenant == tenant and held.shape == head.shape else "")
+    return (WaitReason.GANG, f"gang {gang_of(head)} of {need} ({_text(head.demand_map)} each) starts whole or not at "
+                             f"all: {fit} fit{'s' if fit == 1 else ''} now{where}, it needs room for {need - fit} more "
+                             f"at once{kept}")
+
+
 def _shape_verdict(engine: Engine, cycle: Cycle, quota, tenant: str, head: Task,
                    live: np.ndarray) -> tuple[WaitReason, str] | None:
     """Why the head of one of ``tenant``'s shapes waits, unless only for room (None)."""
@@ -656,6 +713,8 @@ def _shape_verdict(engine: Engine, cycle: Cycle, quota, tenant: str, head: Task,
         return WaitReason(over[0]), over[1]
     if quota is not None and not quota(cycle, tenant, head):
         return WaitReason.PARTITION, f"{tenant}'s partition is full: it waits for its own tasks to finish"
+    if gangs.waits(cycle, head):
+        return _gang_verdict(cycle, tenant, head)
     if cycle.nodes.find_node(head) is not None:
         return WaitReason.NEXT_PASS, "a node has room for it now: the next pass places it"
     held = cycle.reservation

@@ -157,9 +157,10 @@ class NodeFit:
                 return None
             need = task.demand - EPSILON
             grown = self.snapshot.grown_rows
-            if grown is not None and task.shape not in self.snapshot.fresh_shapes:
+            if grown is not None and task.shape not in self.snapshot.fresh_shapes and not task.gang:
                 # It fitted no node when the last pass ended: only those that gained room may
-                # take it now (``Snapshot.grown_rows``); first fit over them is first fit.
+                # take it now (``Snapshot.grown_rows``); first fit over them is first fit. (Not
+                # a gang's: it may have waited for room for all of it, one fitting anywhere.)
                 fits = (self.free[grown] >= need).all(axis=1)
                 if not task.constraints.empty:
                     fits &= self.eligible(task.constraints)[grown]

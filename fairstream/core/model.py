@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -242,6 +242,11 @@ def request_task_id(request: str, index: int) -> str:
     return f"{request}-{index}"
 
 
+def gang_of(task: Task) -> str:
+    """The gang a task of a gang belongs to: its request's id (``j1-3`` of ``j1``: ``j1``)."""
+    return task.id if task.index >= 0 else cast(tuple[str, int], split_task_id(task.id))[0]
+
+
 def split_task_id(task: str) -> tuple[str, int] | None:
     """``("j1-m", 3)`` for ``"j1-m-3"``: the request and index a task id would have (the
     index written as ``request_task_id`` writes it), or None."""
@@ -289,6 +294,9 @@ class Task:
     count: int = 1  # pending tasks this entry stands for
     index: int = -1  # a request's next task index; -1: a single task
     cancelled: frozenset[int] = frozenset()  # a request's indices completed while pending
+    # A gang: at least so many of the request's tasks start together or none does (0: not a
+    # gang). Carried by each of its tasks, whose gang is their request (``gang_of``).
+    gang: int = 0
 
     def task_id(self, skip: int = 0) -> str:
         """The id of the pending task after the first ``skip`` (a single task: its id)."""
@@ -297,6 +305,16 @@ class Task:
         if not self.cancelled:
             return request_task_id(self.id, self.index + skip)
         return self.task_ids(skip, 1)[0]
+
+    def pending_indices(self) -> list[int]:
+        """A request's pending task indices, in order (``index`` on, past ``cancelled``)."""
+        out: list[int] = []
+        k = self.index
+        while len(out) < self.count:
+            if k not in self.cancelled:
+                out.append(k)
+            k += 1
+        return out
 
     def task_ids(self, skip: int, n: int) -> list[str]:
         """The ids of the ``n`` pending tasks after the first ``skip`` (a single task: its id)."""
@@ -329,7 +347,10 @@ class CompletionStatus(str, Enum):
 class TaskSubmitted:
     """A task, or with ``count`` a request of ``count`` identical tasks ``<task>-0`` ...
     ``<task>-<count - 1>`` (one event and one pending entry for a job's maps). ``estimate``: the
-    run time expected of each task, in seconds (None: unknown); only backfill reads it."""
+    run time expected of each task, in seconds (None: unknown); only backfill reads it.
+    ``gang``: the request is a gang (a distributed job's workers): at least ``gang`` of its
+    tasks start together, in one pass, or none does (Volcano's ``minAvailable``, Kubernetes'
+    PodGroup ``minCount``); docs/workloads.md, "Gangs"."""
 
     time: float
     task: str
@@ -339,6 +360,7 @@ class TaskSubmitted:
     constraints: Mapping | None = None
     count: int | None = None
     estimate: float | None = None
+    gang: int | None = None  # at least so many of the request's tasks start together (``"gang": {"min": n}``)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 from numpy import ndarray
 
-from fairstream.core import native
+from fairstream.core import gangs, native
 from fairstream.core.fairness import BELOW_MIN_SHARE, FairKey, dominant_share, fair_key, resource_shares
 from fairstream.core.fit import NodeFit, alignment_scores
 from fairstream.core.limits import QueueLimits
@@ -78,6 +78,8 @@ class Cycle:
         self.group_allocation, self.job_limits = limits.group_allocation, limits.job_limits
         self._orders_jobs = QueueWalk.orders_jobs_of(snapshot, limits.job_limits)
         self.below_min_share = limits.below_min_share
+        self.last_count = 1  # how many tasks the last ``try_place`` placed (a gang: all of it)
+        self.gangs_started: set[str] = set()  # gangs this pass started (``gangs.place``)
         # The working copies (``free``, ``allocation``) and the parts that walk the queues and
         # fit nodes (``queues``, ``nodes``) are made on first use, below: the compiled pass
         # (``_serve_compiled``) reads none of them.
@@ -173,7 +175,12 @@ class Cycle:
 
     def try_place(self, tenant: str, task: Task, reason: str | Callable[[], str], code: ReasonCode) -> bool:
         """Place ``task`` if caps and some node allow it; otherwise remember why not. ``reason``
-        (or a function making it, called only on success) and ``code`` say why it was chosen."""
+        (or a function making it, called only on success) and ``code`` say why it was chosen.
+        The next task of a gang none of which runs places the whole gang or nothing
+        (``gangs.place``); ``last_count`` says how many tasks the call placed."""
+        self.last_count = 1
+        if task.gang and (need := gangs.need(self, task)) > 1:
+            return gangs.place(self, tenant, task, need, reason, code)
         if not self.within_caps(tenant, task):
             self.skip_for(tenant, task)
             return False
@@ -467,7 +474,8 @@ def serve_in_order(snapshot: Snapshot, policy: str, service: Service, cycle: Cyc
                 cycle.skip_for(tenant, task)
             elif cycle.try_place(tenant, task, lambda: reason(cycle, tenant, tenant_key), order_code(tenant_key, code)):  # noqa: B023 (called before the loop moves on)
                 if charge is not None:
-                    charge(cycle, tenant, task)
+                    for _ in range(cycle.last_count):  # (a gang's charge is the whole gang's)
+                        charge(cycle, tenant, task)
                 heapq.heappush(heap, (key(cycle, tenant), tenant))
                 break
             elif blocked_key is None and cycle.decisions.blocked is not None:
@@ -508,8 +516,8 @@ def _serve_compiled(cycle: Cycle, flat_key: FlatKey, reason: ReasonFn, initial_s
                     only: list[str] | None, code: ReasonCode) -> bool:
     """``serve_in_order``'s loop in the compiled module, for a fresh pass with none of what
     only the Python loop handles: caps and min shares, job orderings and max_running, queue
-    orderings, alignment or a node order, backfill, constraints (the compiled pass gives up
-    when it meets a task with some). Its placements are then recorded as ``cycle``'s
+    orderings, alignment or a node order, backfill, a gang waiting to start, constraints (the
+    compiled pass gives up when it meets a task with some). Its placements are then recorded as ``cycle``'s
     decisions in order, with the reasons the Python loop gives them, and its first blocked
     entry set: ``cycle`` ends as the Python loop leaves it in what the engine reads of it
     (decisions, ``blocked``), not in its working state (free room, cursors), nor are the
@@ -517,7 +525,8 @@ def _serve_compiled(cycle: Cycle, flat_key: FlatKey, reason: ReasonFn, initial_s
     Returns False, having changed nothing, when it did not run."""
     snap = cycle.snapshot
     if (cycle.capped or cycle.tracks_groups or cycle._orders_jobs or cycle.affinity or cycle.node_order is not None
-            or snap.backfill_until is not None or cycle.placed or cycle.decisions.blocked is not None):
+            or snap.backfill_until is not None or cycle.placed or cycle.decisions.blocked is not None
+            or snap.gangs_waiting):
         return False
     held = snap.reservation
 

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fairstream.core import gangs
 from fairstream.core.fairness import fair_shares, resource_shares
 from fairstream.core.model import EPSILON, ReasonCode, Task
 
@@ -85,6 +86,7 @@ class RunningTask:
     start: float
     seq: int
     placed: bool = False  # placed in this very pass, not started: withdrawn rather than preempted
+    gang: bool = False  # a task of a gang: never a victim alone (docs/preemption.md, "Gangs")
 
 
 def snapshot_fair_shares(snap) -> np.ndarray:
@@ -138,11 +140,15 @@ def reclaim(cycle, rule: PreemptionRule, victim_key: VictimKey | None = None) ->
     # pass's own placements: they come first, and are withdrawn, never started (else room freed
     # at this instant could go to a tenant above its share, out of the stage's reach).
     by_node: dict[int, list[RunningTask]] = {}
+    # A gang's tasks are no victims: one of them gone would leave the rest of it idle (the
+    # stage frees room node by node, so it frees none for a gang either; docs/preemption.md).
     for decision, owner, entry, node in reversed(cycle.placed):
-        by_node.setdefault(node, []).append(RunningTask(decision.task, entry.job, owner, node, entry.demand,
-                                                        entry.demand_map, snap.time, entry.seq, placed=True))
+        if not entry.gang:
+            by_node.setdefault(node, []).append(RunningTask(decision.task, entry.job, owner, node, entry.demand,
+                                                            entry.demand_map, snap.time, entry.seq, placed=True))
     for task in sorted(snap.running_tasks, key=lambda t: (t.start, t.seq, t.id), reverse=True):
-        by_node.setdefault(task.node, []).append(task)
+        if not task.gang:
+            by_node.setdefault(task.node, []).append(task)
     taken: set[str] = set()
     for tenant in starved:
         row = snap.rows[tenant]
@@ -150,7 +156,8 @@ def reclaim(cycle, rule: PreemptionRule, victim_key: VictimKey | None = None) ->
             continue  # the pass's own placements lifted it: not starved any more
         waited = snap.time - snap.starved_since[tenant]
         while ratios(cycle.allocation)[row] < 1.0 - EPSILON:
-            heads = [task for task in cycle.queues.shape_heads(tenant, every_shape=True) if cycle.within_caps(tenant, task)]
+            heads = [task for task in cycle.queues.shape_heads(tenant, every_shape=True)
+                     if cycle.within_caps(tenant, task) and not gangs.waits(cycle, task)]
             if not any(_make_room(cycle, tenant, task, by_node, taken, victim_key, ratios, waited) for task in heads):
                 break  # nothing of it fits anywhere, even with every allowed victim gone
     cycle.settle()  # (a request's placements left take its first ids)

@@ -282,6 +282,11 @@ class Snapshot:
     reservation: Reservation | None = None
     reserving: bool = False  # the policy reserves nodes: passes find the first blocked task
     backfill_until: float | None = None
+    # Gangs (docs/workloads.md, "Gangs"): whether a gang waits with none of it running (the
+    # compiled pass gives up then: only ``Cycle.try_place`` starts a gang whole), and per gang
+    # with tasks running (its request's id) those tasks; the engine's own, to be read only.
+    gangs_waiting: bool = False
+    gangs_running: Mapping[str, Mapping[str, Task]] = field(default_factory=lambda: EMPTY_MAPPING)
 
     def __post_init__(self) -> None:
         # Read-only in fact, not by convention: a policy that writes to a snapshot array raises

@@ -131,6 +131,8 @@ class SnapshotBuilder:
             "reservation": engine.reservation,
             "reserving": engine.reserving,
             "backfill_until": engine.backfill_until(),
+            "gangs_waiting": workload.gangs.waiting > 0,
+            "gangs_running": workload.gangs.running(workload) or EMPTY_MAPPING,
             **pass_fields,
             # What most policies never read, made on first read (``Snapshot.__getattr__``).
             "_later": {

@@ -36,11 +36,14 @@ from fairstream.core.model import (
     TaskState,
     TaskSubmitted,
     TenantsChanged,
+    gang_of,
+    split_task_id,
     subtract_each_floored,
 )
 from fairstream.core.nodes import Nodes
 from fairstream.core.reservation import Reservations
 from fairstream.core.verdicts import Verdicts
+from fairstream.core.workload import back_into_request
 
 
 class EngineParts(EngineState, Protocol):
@@ -262,6 +265,20 @@ def _lose(engine: EngineParts, event: NodeLost) -> list[Decision]:
             Decision(event.time, task.id, task.job, task.tenant, event.node, task.demand_map,
                      engine.policy, f"requeue: node {event.node} lost", ReasonCode.NODE_LOST, DecisionKind.REQUEUE)
         )
+    # A gang stops whole: its tasks on other nodes wait again with it (a distributed job
+    # cannot go on without a worker; docs/workloads.md, "Gangs").
+    gangs = sorted({gang_of(task) for task in requeued if task.gang})
+    running = engine.workload.gangs.running(engine.workload) if gangs else {}
+    for gang in gangs:
+        for task in sorted(running.get(gang, {}).values(), key=lambda t: t.seq):
+            node = cast(str, task.node)
+            other = engine.registry.row[node]
+            _back_to_pending(engine, task, other, event.time)
+            engine.changes.grown.add(other)
+            decisions.append(
+                Decision(event.time, task.id, task.job, task.tenant, node, task.demand_map, engine.policy,
+                         f"requeue: node {event.node} lost, and with it a task of gang {gang}, which stops whole",
+                         ReasonCode.NODE_LOST, DecisionKind.REQUEUE))
     engine.used[row] = 0.0
     engine.shares_stale = True
     return decisions
@@ -278,7 +295,10 @@ def _back_to_pending(engine: EngineParts, task: Task, row: int, time: float) -> 
     _running_changed(engine, row, task, started=False)
     engine.accounting.on_requeue(engine.accounting.row[task.tenant], task.running_entry, time)
     task.state, task.node, task.start, task.running_entry = TaskState.PENDING, None, None, None
-    engine.workload.enqueue(task)  # before the job stops: it waits, so its usage is kept
+    if task.gang:  # (a gang's pending tasks are one entry: its request)
+        back_into_request(engine.workload, task)
+    else:
+        engine.workload.enqueue(task)  # before the job stops: it waits, so its usage is kept
     engine.jobs.stopped(task.tenant, task.job, task.demand, time)
     engine.changes.touched.add(task.tenant)
     engine.changes.fresh.add(task.shape)
@@ -309,6 +329,38 @@ def apply_decisions(engine: EngineParts, decisions: list[Decision]) -> list[str 
         else:
             at = _start_run(engine, decisions, at, requests)
     return requests
+
+
+def check_gangs(engine: EngineParts, decisions: list[Decision]) -> None:
+    """Raise ``PolicyViolation`` unless the pass starts each gang whole or not at all (at least
+    its size, or all its tasks if fewer are left, when none of it runs) and stops a running
+    gang whole (every task of it preempted, or none)."""
+    workload = engine.workload
+    placed: dict[str, int] = {}
+    preempted: dict[str, int] = {}
+    for decision in decisions:
+        found = split_task_id(decision.task)
+        if found is None:
+            continue
+        if decision.kind is DecisionKind.PREEMPT:
+            task = workload.tasks.get(decision.task)
+            if task is not None and task.gang:
+                preempted[found[0]] = preempted.get(found[0], 0) + 1
+        elif decision.kind is DecisionKind.PLACE:
+            request = workload.requests.get(found[0])
+            if request is not None and request.gang:
+                placed[found[0]] = placed.get(found[0], 0) + decision.count
+    running = workload.gangs.running(workload)
+    for gang, count in preempted.items():
+        if count != len(running.get(gang, ())):
+            raise PolicyViolation(f"{decisions[0].policy} preempted {count} of the {len(running.get(gang, ()))} running "
+                                  f"tasks of gang {gang}: a gang stops whole")
+    for gang, count in placed.items():
+        request = workload.requests[gang]
+        least = min(request.gang, request.count)
+        if not running.get(gang) and count < least:
+            raise PolicyViolation(f"{decisions[0].policy} started {count} tasks of gang {gang}, which starts "
+                                  f"{least} together or none")
 
 
 def _start_run(engine: EngineParts, decisions: list[Decision], first: int, requests: list[str | None]) -> int:
@@ -451,4 +503,4 @@ def _added_within(used: list[float], demand: tuple[float, ...], capacity: list[f
     return after
 
 
-__all__ = ["PolicyViolation", "StepResult", "apply_decisions", "apply_events", "preempt"]
+__all__ = ["PolicyViolation", "StepResult", "apply_decisions", "apply_events", "check_gangs", "preempt"]

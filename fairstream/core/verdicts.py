@@ -103,6 +103,22 @@ def allowed(constraints: Constraints, registry: Nodes, rows: np.ndarray | range)
     return np.array([constraints.allows(ids[r], labels[r]) for r in rows], dtype=bool)
 
 
+def _why_never_whole(task: Task, capacity: np.ndarray) -> Verdict | None:
+    """Why gang ``task`` could never start whole on the idle live nodes it may use (``capacity``,
+    one row each): together they hold fewer of its tasks than its size; None if they hold it."""
+    asked = task.demand > EPSILON
+    if not asked.any():
+        return None
+    each = np.floor((capacity[:, asked] + EPSILON) / task.demand[asked]).min(axis=1)
+    if task.constraints.max_per_node is not None:
+        each = np.minimum(each, task.constraints.max_per_node)
+    most = int(each.sum())
+    if most >= task.gang:
+        return None
+    return (ReasonCode.TOO_LARGE, f"unschedulable: gang of {task.gang} ({task.demand_map} each) never starts whole: "
+                                  f"the {len(capacity)} live nodes it may use hold at most {most} of its tasks at once")
+
+
 def _why_unschedulable(task: Task, live: np.ndarray, capacity: np.ndarray, registry: Nodes,
                        resources: ResourceSpace) -> Verdict | None:
     eligible = allowed(task.constraints, registry, live)
@@ -111,7 +127,7 @@ def _why_unschedulable(task: Task, live: np.ndarray, capacity: np.ndarray, regis
                 f"unschedulable: no live node matches its constraints {task.constraints.to_json()}")
     large = (capacity[eligible] >= task.demand - EPSILON).all(axis=1)
     if large.any():
-        return None
+        return None if not task.gang else _why_never_whole(task, capacity[eligible])
     biggest = resources.as_dict(capacity[eligible].max(axis=0))
     return (ReasonCode.TOO_LARGE, f"unschedulable: none of the {int(eligible.sum())} live nodes it may use is "
                                   f"large enough (needs {task.demand_map}; largest per resource {biggest})")

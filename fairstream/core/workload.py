@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from fairstream.core.model import Constraints, Task, TaskState, TaskSubmitted, split_task_id
+from fairstream.core.model import Constraints, Task, TaskState, TaskSubmitted, gang_of, split_task_id
 from fairstream.core.snapshot import PendingQueue
 
 
@@ -43,6 +43,7 @@ class Workload:
         self._holders: dict[int, set[str]] | None = None  # (``holders``)
         self._running_on: dict[int, dict[str, Task]] | None = None  # (``running_on``)
         self._job_rows: dict[tuple[str, str], dict[int, int]] | None = None  # (``job_rows``)
+        self.gangs = Gangs()  # (derived: made again from the tasks and requests)
         # The last demand parsed and its parse (``admission.parsed_demand``), a cache:
         self.last_demand: tuple[dict, Any] | None = None  # (the raw demand, its ParsedDemand)
         self._finish_time: Any = None  # (``_shared_time``)
@@ -61,6 +62,7 @@ class Workload:
         demand and these constraints (``demand_values``: the demand as plain floats, if made
         already): numbered, stored and queued."""
         count = 1 if event.count is None else event.count
+        gang = event.gang if event.gang is not None and event.gang > 1 and event.count is not None else 0  # (of one: none)
         task = Task(
             id=event.task,
             job=event.job,
@@ -71,16 +73,18 @@ class Workload:
             estimate=None if event.estimate is None else float(event.estimate),
             seq=self.seq + 1,
             demand_map=demand_map,
-            shape=self.shape_of(demand, constraints, event.tenant, event.job),
+            shape=self.shape_of(demand, constraints, event.tenant, event.job, gang),
             demand_values=tuple(demand.tolist()) if demand_values is None else demand_values,
             count=count,
             index=-1 if event.count is None else 0,
+            gang=gang,
         )
         self.seq += count  # one number per task: a request orders as its tasks would
         if event.count is None:
             self.tasks[task.id] = task
         else:
             self.requests[task.id] = task
+            self.gangs.waiting += gang > 0
         self.enqueue(task)
         return task
 
@@ -173,11 +177,13 @@ class Workload:
         self.dequeue(request, len(started))
         return started, retired
 
-    def shape_of(self, demand: np.ndarray, constraints: Constraints, tenant: str, job: str) -> int:
-        """The shape id of tasks of this demand and constraints. With ``max_per_node`` which
-        nodes fit depends on where the job runs, so the shape is the job's own."""
-        key = (demand.tobytes(), constraints) if constraints.max_per_node is None else \
+    def shape_of(self, demand: np.ndarray, constraints: Constraints, tenant: str, job: str, gang: int = 0) -> int:
+        """The shape id of tasks of this demand and constraints: the job's own with ``max_per_node``
+        (what fits depends on where it runs), its size's for a gang's (whole is not one)."""
+        key: tuple = (demand.tobytes(), constraints) if constraints.max_per_node is None else \
             (demand.tobytes(), constraints, tenant, job)
+        if gang:
+            key = (*key, "gang", gang)
         shape = self.shapes.get(key)
         if shape is None:
             shape = self.shapes[key] = len(self.shapes)
@@ -245,6 +251,7 @@ class Workload:
             return False
         request.state = TaskState.DONE
         del self.requests[request.id]
+        self.gangs.waiting -= request.gang > 0
         return True
 
     # ------------------------------------------------------------------ indexes
@@ -269,6 +276,8 @@ class Workload:
     def running_changed(self, row: int, task: Task, started: bool) -> None:
         """``task`` started (``started``) or stopped on node ``row``: the indexes of what runs
         where follow, if made."""
+        if task.gang:
+            self.gangs.changed(task, started)
         if self._running_on is not None:
             if started:
                 self._running_on.setdefault(row, {})[task.id] = task
@@ -287,7 +296,7 @@ class Workload:
     def running_changed_each(self, row: int, tasks: list[Task], started: bool) -> None:
         """``running_changed`` of each of ``tasks``, in turn (nothing to do until an index is
         made)."""
-        if self._running_on is not None or self._job_rows is not None:
+        if self._running_on is not None or self._job_rows is not None or tasks[0].gang:
             for task in tasks:
                 self.running_changed(row, task, started)
 
@@ -316,13 +325,70 @@ class Workload:
         return self._job_rows
 
 
+class Gangs:
+    """A workload's gangs (docs/workloads.md, "Gangs"): how many wait with tasks pending
+    (``waiting``: gang requests), and per gang with tasks running (its request's id) those
+    tasks by id (``running``, made from the running tasks when first asked, then kept to the
+    gangs that run: not history)."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self._running: dict[str, dict[str, Task]] | None = None
+
+    def running(self, workload: Workload) -> dict[str, dict[str, Task]]:
+        if self._running is None:
+            self._running = {}
+            for task in workload.running():
+                if task.gang:
+                    self._running.setdefault(gang_of(task), {})[task.id] = task
+        return self._running
+
+    def changed(self, task: Task, started: bool) -> None:
+        """``task`` of a gang started or stopped."""
+        if self._running is None:
+            return
+        gang = gang_of(task)
+        if started:
+            self._running.setdefault(gang, {})[task.id] = task
+            return
+        members = self._running.get(gang, {})
+        members.pop(task.id, None)
+        if not members:
+            self._running.pop(gang, None)
+
+
+def back_into_request(workload: Workload, task: Task) -> Task:
+    """Running ``task`` of a gang stopped (its gang stopped whole) and waits again, in its
+    request: a gang's pending tasks are one entry, so that the pass places them together.
+    The request is made again if it had placed every task (its arrival number is the task's
+    own: ``seq`` is the request's first number plus the index). Returns the request."""
+    request_id, k = cast(tuple[str, int], split_task_id(task.id))
+    workload.tasks.pop(task.id, None)
+    old = workload.requests.get(request_id)
+    if old is None:
+        indices = [k]
+        workload.gangs.waiting += 1
+    else:
+        indices = sorted({k, *old.pending_indices()})
+        old.state = TaskState.DONE  # (left in its queue's list as done; passed over there)
+        workload.dequeue(old, old.count)
+    first = indices[0]
+    request = Task(request_id, task.job, task.tenant, task.demand, task.submit, task.constraints,
+                   estimate=task.estimate, seq=task.seq - k + first, demand_map=task.demand_map, shape=task.shape,
+                   demand_values=task.demand_values, count=len(indices), index=first,
+                   cancelled=frozenset(range(first, indices[-1] + 1)) - frozenset(indices), gang=task.gang)
+    workload.requests[request_id] = request
+    workload.enqueue(request)
+    return request
+
+
 def task_of(request: Task, task_id: str, seq: int | None = None) -> Task:
     """Task ``task_id`` of ``request`` as a task of its own (pending), with the request's
     current arrival number (or ``seq``): a request makes an object for a task only when the
     task leaves it."""
     return Task(task_id, request.job, request.tenant, request.demand, request.submit, request.constraints,
                 estimate=request.estimate, seq=request.seq if seq is None else seq, demand_map=request.demand_map,
-                shape=request.shape, demand_values=request.demand_values)
+                shape=request.shape, demand_values=request.demand_values, gang=request.gang)
 
 
-__all__ = ["Workload", "task_of"]
+__all__ = ["Gangs", "Workload", "back_into_request", "task_of"]

@@ -19,6 +19,7 @@ from typing import Any
 
 import jsonschema
 
+from fairstream.core.admission import gang_problem
 from fairstream.core.model import (
     DEFAULT_RESOURCES,
     MAX_COUNT,
@@ -65,6 +66,7 @@ class TaskSpec:
     delay: float = 0.0
     count: int | None = None
     estimate: float | None = None  # the run time its submitter expects (backfill reads it), not ``duration``
+    gang: int | None = None  # at least so many of its ``count`` tasks start together (``"gang": {"min": n}``)
 
     @property
     def tasks(self) -> int:
@@ -167,6 +169,8 @@ def _task_json(t: TaskSpec) -> dict:
         out["delay"] = t.delay
     if t.count is not None:
         out["count"] = t.count
+    if t.gang is not None:
+        out["gang"] = {"min": t.gang}
     return out
 
 
@@ -337,7 +341,10 @@ def parse_scenario(document: Any) -> Scenario:
             duration=float(raw["duration"]), demand=dict(demand), constraints=raw.get("constraints"),
             stage=int(raw.get("stage", 0)), after_job=raw.get("after_job"), delay=float(raw.get("delay", 0.0)),
             count=raw.get("count"), estimate=None if raw.get("estimate") is None else float(raw["estimate"]),
+            gang=None if raw.get("gang") is None else raw["gang"]["min"],
         )
+        if spec.gang is not None:
+            gang_problem(spec.gang, spec.count, where=f"tasks[{i}].gang.min")
         for name in spec.task_ids():
             if name in ids:
                 raise ModelError(f"tasks[{i}].id: duplicate task id {name!r}")

@@ -276,7 +276,7 @@ class Simulator:
                         job = jobs[spec.job] = JobRecord(spec.tenant, now)
                     job.tasks += spec.tasks
                     batch.append(TaskSubmitted(now, spec.id, spec.job, spec.tenant, spec.demand, spec.constraints,
-                                               spec.count, spec.estimate))
+                                               spec.count, spec.estimate, spec.gang))
                 elif kind == _NODE:
                     batch.append(payload)
                 # _WAKE: no event, a pass at this time (a starved tenant's preemption timeout)

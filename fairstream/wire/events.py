@@ -80,7 +80,7 @@ _REQUIRED = {
     COMPLETED: ("cluster", "task", "time"),
     HEARTBEAT: ("cluster", "node", "time", "capacity"),
 }
-_OPTIONAL = {SUBMITTED: {"job", "constraints", "version", "count", "estimate"}, COMPLETED: {"status", "version"},
+_OPTIONAL = {SUBMITTED: {"job", "constraints", "version", "count", "estimate", "gang"}, COMPLETED: {"status", "version"},
              HEARTBEAT: {"labels", "version"}}
 _STRINGS = ("cluster", "task", "tenant", "job", "node")
 
@@ -106,7 +106,7 @@ def _looks_valid(kind: str, doc) -> bool:
     required = _REQUIRED[kind]
     if not all(k in doc for k in required) or not set(doc) <= set(required) | _OPTIONAL[kind]:
         return False
-    if "constraints" in doc or "labels" in doc or "status" in doc or "version" in doc or "count" in doc:
+    if "constraints" in doc or "labels" in doc or "status" in doc or "version" in doc or "count" in doc or "gang" in doc:
         return False
     for key in _STRINGS:
         if key in doc and not (doc[key].__class__ is str and 0 < len(doc[key]) <= 256):
@@ -236,10 +236,11 @@ def _event(kind: str, doc: Any) -> tuple[str, Event]:
     time = event_time(time)  # to the microsecond, as the simulator (fairstream.core.model.TIME_DECIMALS)
     cluster = doc["cluster"]
     if kind == SUBMITTED:
-        estimate = doc.get("estimate")
+        estimate, gang = doc.get("estimate"), doc.get("gang")
         return cluster, TaskSubmitted(time, doc["task"], doc.get("job", doc["task"]), doc["tenant"],
                                       doc["demand"], doc.get("constraints"), doc.get("count"),
-                                      None if estimate is None else float(estimate))
+                                      None if estimate is None else float(estimate),
+                                      None if gang is None else gang["min"])
     if kind == COMPLETED:
         return cluster, TaskCompleted(time, doc["task"], CompletionStatus(doc.get("status", "succeeded")))
     if doc.get("lost") is True:
@@ -261,6 +262,8 @@ def event_to_json(event: Event) -> dict[str, Any]:
             out["count"] = event.count
         if event.estimate is not None:
             out["estimate"] = event.estimate
+        if event.gang is not None:
+            out["gang"] = {"min": event.gang}
         return out
     if isinstance(event, TaskCompleted):
         return {"type": COMPLETED, "time": event.time, "task": event.task, "status": event.status.value}
@@ -282,7 +285,7 @@ def event_from_json(doc: dict[str, Any]) -> Event:
     kind = doc.get("type")
     if kind == SUBMITTED:
         return TaskSubmitted(doc["time"], doc["task"], doc["job"], doc["tenant"], doc["demand"], doc.get("constraints"),
-                             doc.get("count"), doc.get("estimate"))
+                             doc.get("count"), doc.get("estimate"), (doc.get("gang") or {}).get("min"))
     if kind == COMPLETED:
         return TaskCompleted(doc["time"], doc["task"], CompletionStatus(doc["status"]))
     if kind == HEARTBEAT:

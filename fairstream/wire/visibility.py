@@ -87,7 +87,7 @@ def tenants_document(cluster: str, status: dict) -> dict[str, Any]:
 #: The wait reasons (``fairstream.core.explain.WaitReason``'s values; a test keeps them equal):
 #: here so that reading documents loads no engine.
 WAIT_REASONS = ("unschedulable", "stage_not_released", "max_share", "max_resources", "max_running", "partition",
-                "constraints", "max_per_node", "next_pass", "preemption_pending", "efficiency", "reservation",
+                "constraints", "max_per_node", "gang", "next_pass", "preemption_pending", "efficiency", "reservation",
                 "reserved_for_other", "no_room", "behind_tenants")
 #: Entries alike in all of these are one row of a grouped listing.
 _GROUPED_BY = ("tenant", "job", "demand", "reason", "message", "waits_for", "gap")

@@ -125,6 +125,8 @@ def everything(draw):
                 "demand": {"cpu": draw(st.integers(0, 3)), "mem": draw(st.integers(1, 3))}}
         if draw(st.integers(0, 3)) == 0:
             task["count"] = draw(st.integers(2, 6))
+            if draw(st.booleans()):  # a gang: at least so many of them start together
+                task["gang"] = {"min": draw(st.integers(2, task["count"]))}
         estimate = draw(st.sampled_from(["exact", "exact", "none", "short", "long"]))  # backfill reads it
         if estimate != "none":
             task["estimate"] = {"exact": 1.0, "short": 0.5, "long": 2.0}[estimate] * task["duration"]
@@ -249,7 +251,9 @@ def no_starved_tenant_left_while_a_node_could_be_freed_for_it(engine: Engine, re
     share): a tenant starved past the timeout and still below threshold x its fair share has no
     waiting task (within its limits, its constraints, and off nodes reserved for others) for
     which some live node holds enough room once every task of the tenants that could give all
-    they run there and stay at or above their fair share were gone."""
+    they run there and stay at or above their fair share were gone. Gangs are outside it
+    (docs/preemption.md, "Gangs"): a gang's tasks are no victims, and a gang waiting to start
+    whole is not a task preemption frees room for."""
     from fairstream.core.placement import Cycle
 
     rule, now = engine.preemption, engine.time
@@ -262,11 +266,12 @@ def no_starved_tenant_left_while_a_node_could_be_freed_for_it(engine: Engine, re
     cycle = Cycle(engine.snapshot(), engine.policy)
     on_node: dict[int, dict[str, list]] = {}
     for task in engine.tasks.values():
-        if task.state.name == "RUNNING":
+        if task.state.name == "RUNNING" and not task.gang:
             on_node.setdefault(engine.node_row[task.node], {}).setdefault(task.tenant, []).append(task)
+    running_gangs = {t.id.rsplit("-", 1)[0] for t in engine.tasks.values() if t.state.name == "RUNNING" and t.gang}
     for tenant in starved:
         for head in cycle.queues.shape_heads(tenant, every_shape=True):
-            if not cycle.within_caps(tenant, head):
+            if not cycle.within_caps(tenant, head) or (head.gang and head.id not in running_gangs):
                 continue
             usable = cycle.nodes.eligible(head.constraints) & cycle.nodes.usable(head)
             for row, by_tenant in on_node.items():

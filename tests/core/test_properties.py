@@ -64,6 +64,8 @@ def scenarios(draw):
             task["constraints"] = {**task.get("constraints", {}), "max_per_node": draw(st.integers(1, 2))}
         if draw(st.integers(0, 4)) == 0:
             task["count"] = draw(st.integers(2, 5))
+            if draw(st.booleans()):  # a gang: at least so many of them start together
+                task["gang"] = {"min": draw(st.integers(2, task["count"]))}
         tasks.append(task)
     return {"resources": ["cpu", "mem"], "nodes": nodes, "tenants": tenants, "tasks": tasks}
 
@@ -139,6 +141,32 @@ def placements_keep_max_per_node(engine, decisions) -> None:
             since[key] = since.get(key, 0) + 1
 
 
+def gangs_start_whole_and_stop_whole(engine, decisions) -> None:
+    """Read plainly from the engine as the pass found it: a pass that places tasks of a gang none
+    of which runs places at least its size of them (or all it has left, if fewer), and a pass
+    that preempts a task of a running gang preempts every one of them."""
+    running: dict[str, int] = {}
+    for task in engine.tasks.values():
+        if task.state is TaskState.RUNNING and task.gang:
+            request = task.id.rsplit("-", 1)[0]
+            running[request] = running.get(request, 0) + 1
+    placed: dict[str, int] = {}
+    preempted: dict[str, int] = {}
+    for decision in decisions:
+        request = decision.task.rsplit("-", 1)[0]
+        if decision.kind is DecisionKind.PLACE and request in engine.workload.requests \
+                and engine.workload.requests[request].gang:
+            placed[request] = placed.get(request, 0) + len(decision.task_ids)
+        elif decision.kind is DecisionKind.PREEMPT and request in running:
+            preempted[request] = preempted.get(request, 0) + 1
+    for request, count in placed.items():
+        entry = engine.workload.requests[request]
+        if not running.get(request):
+            assert count >= min(entry.gang, entry.count), f"gang {request} started {count} of {entry.gang}"
+    for request, count in preempted.items():
+        assert count == running[request], f"gang {request}: {count} of its {running[request]} running tasks preempted"
+
+
 def checking_passes(check):
     """A ``drive`` configure hook: ``check(engine, decisions)`` on every pass's decisions, with
     the engine as the pass found it."""
@@ -179,7 +207,12 @@ SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[Heal
 @given(document=scenarios(), policy=st.sampled_from(ALL))
 def test_no_node_is_over_committed_and_every_placement_respects_its_constraints(document, policy):
     # After every step, and pass by pass for max_per_node (it counts what the pass placed before).
-    drive(document, policy, no_overcommit_and_constraints_hold, configure=checking_passes(placements_keep_max_per_node))
+    # Gangs start whole (at least their size in one pass) and stop whole, pass by pass too.
+    def each_pass(engine, decisions):
+        placements_keep_max_per_node(engine, decisions)
+        gangs_start_whole_and_stop_whole(engine, decisions)
+
+    drive(document, policy, no_overcommit_and_constraints_hold, configure=checking_passes(each_pass))
 
 
 @SETTINGS

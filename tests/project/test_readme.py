@@ -170,6 +170,9 @@ def test_each_policies_example_runs_as_written(command, clean_copy):
     if command.startswith("fairstream compare-preemption"):  # its table, then where the files are
         assert done.stdout.startswith("| workload | policy, preemption |") and " runs; in " in done.stdout.splitlines()[-1]
         return
+    if command.startswith("fairstream compare-gangs"):
+        assert done.stdout.startswith("| policy | gangs |") and "24 runs; in " in done.stdout.splitlines()[-1]
+        return
     printed = json.loads(done.stdout if command.startswith("fairstream explain") else done.stdout.splitlines()[-1])
     assert printed
 

@@ -147,3 +147,22 @@ def test_generate_writes_the_workload_as_a_scenario_file_that_loads_back(workloa
     assert DEFAULT_PHILLY.name in ("philly_runtime.csv", "philly_runtime.head100.csv") and DEFAULT_PHILLY.exists()
     assert main(argv) == 0
     assert load_scenario(path).to_json() == expected.to_json()
+
+
+def test_with_gangs_a_job_of_several_gpus_is_a_gang_of_all_of_them():
+    plain = late_tenants(None, seed=4, backlog_jobs=50, jobs_per_tenant=10)
+    gangs = late_tenants(None, seed=4, backlog_jobs=50, jobs_per_tenant=10, gangs=True)
+    assert all(s.gang is None for s in plain.tasks)
+    assert [(s.id, s.count) for s in gangs.tasks] == [(s.id, s.count) for s in plain.tasks]  # the same jobs
+    assert all(s.gang == s.count if s.count else s.gang is None for s in gangs.tasks)
+    assert any(s.gang for s in gangs.tasks)
+
+
+def test_compare_gangs_writes_a_row_per_policy_and_gangs_off_and_on(tmp_path, capsys):
+    path = runtimes_file(tmp_path, ["runtime", "600", "3600", "7200"])
+    assert main(["compare-gangs", "--policies", "drf", "--seeds", "1", "--limit", "5", "--trace", str(path),
+                 "--workers", "1", "--out", str(tmp_path / "o"), "--no-progress"]) == 0
+    rows = json.loads((tmp_path / "o" / "study.json").read_text())["rows"]
+    assert [(r["policy"], r["gangs"]) for r in rows] == [("drf", "off"), ("drf", "on")]
+    assert rows[1]["partial_idle_gpu_hours"] == 0  # a gang's tasks start at one instant
+    assert "| drf | on |" in capsys.readouterr().out

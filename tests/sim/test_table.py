@@ -338,3 +338,19 @@ def test_a_gzip_compressed_trace_is_read_as_such_whatever_its_name(tmp_path, fmt
         return [(t.id, t.tenant, t.submit, t.duration, t.demand) for t in load_trace(str(path), fmt, **options).tasks]
 
     assert tasks(packed) == tasks(plain) and tasks(plain)
+
+
+def test_a_request_is_a_gang_of_all_its_tasks_or_of_what_a_column_says(tmp_path):
+    table = write(tmp_path / "g.csv", "job,user,start,end,gpus,workers,least\n"
+                  "a,u1,0,10,1,8,4\n"
+                  "b,u1,0,10,1,1,1\n"     # one task: no gang
+                  "c,u1,0,10,1,2,3\n")    # more than its count: left out
+    mapping = {"job": "job", "tenant": "user", "submit": "start", "end": "end", "demand": {"gpu": "gpus"},
+               "count": "workers", "gang": "least", "cluster": {"nodes": 1, "capacity": {"gpu": 8}}}
+    workload = load_table(table, mapping).tasks
+    assert [(t.count, t.gang) for t in workload] == [(8, 4), (None, None)]
+    assert workload.left_out == {"gang not a whole number up to count": 1}
+    whole = load_table(table, {**mapping, "gang": {"whole": True}}).tasks
+    assert [(t.count, t.gang) for t in whole] == [(8, 8), (None, None), (2, 2)]
+    with pytest.raises(ModelError, match="mapping.gang: needs count"):
+        load_table(table, {k: v for k, v in mapping.items() if k != "count"})

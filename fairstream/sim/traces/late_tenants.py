@@ -21,7 +21,8 @@ Run times come from ``runtimes``, drawn with replacement (seeded):
   nothing but run times, so the arrivals, tenants and GPU counts above are ours, not Philly's;
 - ``long-tasks``: uniform between 1 and 8 hours (long batch or training tasks).
 
-A job's tasks are independent tasks here (no gang scheduling): a preempted task restarts alone.
+A job's tasks are independent tasks here unless ``gangs``: then a job of several GPUs is a gang
+(docs/workloads.md, "Gangs"), its tasks start together and stop together.
 """
 
 from __future__ import annotations
@@ -71,8 +72,9 @@ def read_runtimes(path: str | Path) -> np.ndarray:
 
 def late_tenants(runtimes: np.ndarray | None = None, name: str = "long-tasks", seed: int = 1, tenants: int = 4,
                  nodes: int = 32, gpus_per_node: int = 8, backlog_jobs: int = 1000, jobs_per_tenant: int = 100,
-                 stagger_s: float = 3 * 3600.0, gap_s: float = 0.0) -> Scenario:
-    """The workload of the module docstring; ``runtimes`` None draws long tasks (1-8 hours).
+                 stagger_s: float = 3 * 3600.0, gap_s: float = 0.0, gangs: bool = False) -> Scenario:
+    """The workload of the module docstring; ``runtimes`` None draws long tasks (1-8 hours);
+    ``gangs``: a job of several GPUs is a gang (all its tasks start together, and stop together).
 
     Output: a scenario with resources (gpu, mem), tenants ``vc0`` ... ``vc<tenants-1>`` of
     equal weight and jobs ``vc<k>-j<n>`` in submit order."""
@@ -104,15 +106,19 @@ def late_tenants(runtimes: np.ndarray | None = None, name: str = "long-tasks", s
     for submit, tenant, number, workers, seconds in jobs:
         job = f"vc{tenant}-j{number}"
         demand = {"gpu": 1.0, "mem": MEM_PER_GPU}
-        specs.append(TaskSpec(job, job, f"vc{tenant}", submit, seconds, demand, count=workers if workers > 1 else None))
+        several = workers > 1
+        specs.append(TaskSpec(job, job, f"vc{tenant}", submit, seconds, demand, count=workers if several else None,
+                              gang=workers if gangs and several else None))
     tree = TenantTree.from_specs([TenantSpec(f"vc{k}") for k in range(tenants)])
     cluster = uniform_nodes(nodes, {"gpu": float(gpus_per_node), "mem": MEM_PER_GPU * gpus_per_node})
     return Scenario(ResourceSpace(("gpu", "mem")), tree, cluster, specs,
-                    name=f"{name}:{tenants}t-{nodes}n-seed{seed}")
+                    name=f"{name}{'-gangs' if gangs else ''}:{tenants}t-{nodes}n-seed{seed}")
 
 
-def load_philly(path: str, seed: int = 1, tenants: int = 4, nodes: int = 32, limit: int | None = None) -> Scenario:
+def load_philly(path: str, seed: int = 1, tenants: int = 4, nodes: int = 32, limit: int | None = None,
+                gangs: bool = False) -> Scenario:
     """``late_tenants`` with run times drawn from the Philly file at ``path``; ``limit`` is the
-    jobs of each late tenant (the backlog is ten times that)."""
+    jobs of each late tenant (the backlog is ten times that); ``gangs``: multi-GPU jobs are gangs."""
     options = {} if limit is None else {"jobs_per_tenant": limit, "backlog_jobs": 10 * limit}
-    return late_tenants(read_runtimes(path), name="philly", seed=seed, tenants=tenants, nodes=nodes, **options)
+    return late_tenants(read_runtimes(path), name="philly", seed=seed, tenants=tenants, nodes=nodes, gangs=gangs,
+                        **options)

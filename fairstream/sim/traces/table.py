@@ -301,7 +301,7 @@ class TaskMapping:
 
     def __init__(self, mapping: dict, names: tuple[str, ...] | None) -> None:
         cols = _Columns(names)
-        known = {"file", "job", "task", "tenant", "submit", "duration", "end", "demand", "count", "constraints",
+        known = {"file", "job", "task", "tenant", "submit", "duration", "end", "demand", "count", "gang", "constraints",
                  "max_per_node", "keep", "events", "cluster", "name"}
         unknown = sorted(set(mapping) - known)
         if unknown:
@@ -333,6 +333,13 @@ class TaskMapping:
         self.resources = tuple(str(name) for name in demand)
         self.demand = [_quantity(spec, cols, f"demand.{name}") for name, spec in demand.items()]
         self.count = _quantity(mapping["count"], cols, "count") if "count" in mapping else None
+        # A request of ``count`` tasks as a gang (docs/workloads.md, "Gangs"): {whole: true} all of
+        # them start together, or a column (or {value: N}) gives how many must.
+        gang = mapping.get("gang")
+        self.gang_whole = isinstance(gang, dict) and gang.get("whole") is True and len(gang) == 1
+        self.gang = None if gang is None or self.gang_whole else _quantity(gang, cols, "gang")
+        if gang is not None and self.count is None:
+            raise ModelError("mapping.gang: needs count (a gang is a request of count tasks)")
         cluster = mapping.get("cluster")
         if isinstance(cluster, dict):
             _only(cluster, {"nodes", "capacity"}, "mapping.cluster")
@@ -453,6 +460,17 @@ class TaskMapping:
             raise _Skip("count not a whole number >= 1")
         return int(value) if value > 1 else None  # one task: a task, not a request of one
 
+    def gang_of(self, cells: list[str], count: int | None) -> int | None:
+        """How many of the row's ``count`` tasks must start together (None: not a gang)."""
+        if count is None or (self.gang is None and not self.gang_whole):
+            return None
+        if self.gang_whole:
+            return count
+        value = cast(_Quantity, self.gang).of(cells)
+        if value != int(value) or value > count:
+            raise _Skip("gang not a whole number up to count")
+        return int(value) if value > 1 else None
+
     def constraints_of(self, cells: list[str]) -> dict | None:
         """The row's constraints (``Constraints.from_json``'s form), or None."""
         out = self._placement_of(cells)
@@ -548,6 +566,7 @@ class TableWorkload:
                 if not any(demand.values()):
                     raise _Skip("asks for nothing")
                 count = m.count_of(cells) or 1
+                m.gang_of(cells, count)
                 m.constraints_of(cells)
             except _Skip as skip:
                 self._skip(str(skip))
@@ -608,6 +627,7 @@ class TableWorkload:
                     tenant = m.tenant_of(cells)
                     demand = m.demand_of(cells)
                     count = m.count_of(cells) or 1
+                    m.gang_of(cells, count)
                     m.constraints_of(cells)
                 except _Skip as skip:
                     self._skip(str(skip))  # not seen: a later submission with what is missing may count
@@ -712,7 +732,8 @@ class TableWorkload:
                 tenant = self.round_robin.setdefault(job, f"q{len(self.round_robin) % cast(int, m.round_robin)}")
         return TaskSpec(id=m.task_id(cells, number, job), job=job, tenant=tenant,
                         submit=round(float(self._submits[k]) - self._origin, 6), duration=float(self._durations[k]),
-                        demand=m.demand_of(cells), constraints=m.constraints_of(cells), count=m.count_of(cells))
+                        demand=m.demand_of(cells), constraints=m.constraints_of(cells), count=(count := m.count_of(cells)),
+                        gang=m.gang_of(cells, count))
 
     def report(self) -> str:
         """The rows left out, per reason, most first: ``9017 missing demand.cpu, 12 ...``."""
