@@ -67,6 +67,12 @@ RESERVATION_PARAM = Param(
     "is kept for it; backfill: the same, but a task that fits nowhere else may take room there if its run-time "
     "estimate says it ends before the reserved task can start (by the estimates of the tasks running there); "
     "off: freed room goes to whatever fits it")
+GANG_HOLD_PARAM = Param(
+    "gang_hold", 300.0, parse_non_negative,
+    "seconds a gang first in line (reservation on or backfill) may keep the room of the nodes it waits for "
+    "from others; then it holds nothing for as long (docs/workloads.md, Gangs)")
+#: The reservation and how long a gang may hold nodes (``RESERVATION_PARAM``, ``GANG_HOLD_PARAM``).
+RESERVATION_PARAMS = (RESERVATION_PARAM, GANG_HOLD_PARAM)
 
 
 def preemption_rule(params: Mapping[str, Any]) -> PreemptionRule | None:

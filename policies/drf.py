@@ -13,7 +13,7 @@ from fairstream.core.model import Decision
 from fairstream.core.placement import Cycle, FlatKey, Service, dominant_share_order, serve_in_order
 from fairstream.core.preemption import PreemptionRule, reclaim
 from fairstream.core.snapshot import Snapshot
-from fairstream.policies._common import PREEMPTION_PARAMS, RESERVATION_PARAM, preemption_rule
+from fairstream.policies._common import PREEMPTION_PARAMS, RESERVATION_PARAMS, preemption_rule
 from fairstream.policies.base import Needs, Ordering, PolicySpec, Traits
 
 
@@ -41,6 +41,6 @@ def dominant_share_pass(snapshot: Snapshot, policy: str, rule: PreemptionRule | 
     return cycle.decisions
 
 
-SPEC = PolicySpec("drf", decide, "memoryless weighted dominant resource fairness", PREEMPTION_PARAMS + (RESERVATION_PARAM,),
+SPEC = PolicySpec("drf", decide, "memoryless weighted dominant resource fairness", PREEMPTION_PARAMS + RESERVATION_PARAMS,
                   ordering=Ordering(order=lambda snapshot, params: dominant_share_order(snapshot)),
                   needs=Needs(preemption=preemption_rule), traits=Traits(tenant_local=True))

@@ -18,7 +18,7 @@ from fairstream.core.preemption import reclaim
 from fairstream.core.snapshot import Snapshot
 from fairstream.policies._common import (
     PREEMPTION_PARAMS,
-    RESERVATION_PARAM,
+    RESERVATION_PARAMS,
     RESOURCE_PARAM,
     preemption_rule,
     resource_accounting,
@@ -57,6 +57,6 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     return cycle.decisions
 
 
-SPEC = PolicySpec("fair", decide, "memoryless weighted max-min on one resource", (RESOURCE_PARAM,) + PREEMPTION_PARAMS + (RESERVATION_PARAM,),
+SPEC = PolicySpec("fair", decide, "memoryless weighted max-min on one resource", (RESOURCE_PARAM,) + PREEMPTION_PARAMS + RESERVATION_PARAMS,
                   ordering=Ordering(order=order), needs=Needs(accounting=resource_accounting, preemption=preemption_rule),
                   traits=Traits(tenant_local=True))

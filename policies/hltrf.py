@@ -37,7 +37,7 @@ from fairstream.core.snapshot import Snapshot
 from fairstream.policies._common import (
     LONG_TERM_PARAMS,
     PREEMPTION_PARAMS,
-    RESERVATION_PARAM,
+    RESERVATION_PARAMS,
     LongTermUsage,
     long_term_accounting,
     preemption_rule,
@@ -268,7 +268,7 @@ SPEC = PolicySpec(
     decide,
     "hierarchical LTRF with starvation timeout t_wait (H-LTRF)",
     LONG_TERM_PARAMS + (Param("t_wait", math.inf, _t_wait, "starvation timeout T_wait in seconds; inf = naive recursive approach"),) + PREEMPTION_PARAMS
-    + (RESERVATION_PARAM,),
+    + RESERVATION_PARAMS,
     ordering=Ordering(order=tree_walk_order, victims=("accumulated usage / fair share",
                                                       lambda snapshot: LongTermUsage(snapshot).per_fair_share())),
     needs=Needs(accounting=long_term_accounting, preemption=preemption_rule),

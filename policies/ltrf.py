@@ -23,7 +23,7 @@ from fairstream.core.snapshot import Snapshot
 from fairstream.policies._common import (
     LONG_TERM_PARAMS,
     PREEMPTION_PARAMS,
-    RESERVATION_PARAM,
+    RESERVATION_PARAMS,
     LongTermUsage,
     long_term_accounting,
     preemption_rule,
@@ -73,7 +73,7 @@ def usage_pass(snapshot: Snapshot, params: Mapping[str, Any], policy: str, reaso
     return cycle.decisions
 
 
-SPEC = PolicySpec("ltrf", decide, "long-term max-min over accumulated usage (LTRF)", LONG_TERM_PARAMS + PREEMPTION_PARAMS + (RESERVATION_PARAM,),
+SPEC = PolicySpec("ltrf", decide, "long-term max-min over accumulated usage (LTRF)", LONG_TERM_PARAMS + PREEMPTION_PARAMS + RESERVATION_PARAMS,
                   ordering=Ordering(order=lambda snapshot, params: usage_order(snapshot, LongTermUsage(snapshot)),
                                     victims=("accumulated usage / weight",
                                              lambda snapshot: LongTermUsage(snapshot).per_weight())),

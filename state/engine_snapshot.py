@@ -78,7 +78,7 @@ from fairstream.policies import REGISTRY
 from fairstream.policies.base import PolicySpec
 
 MAGIC = b"FSENGINE"
-VERSION = 15  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
+VERSION = 16  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
 # 6: nodes' resource weights (LTRF formula 9); 7: queues' max_resources and max_running; 8: queues' ordering;
 # 9: whether a starved tenant has victims left (the preemption re-check, ``Engine.wake_at``) and the
 # node reservation (``Engine.reservation``); 10: tasks' run-time estimates (``Task.estimate``, backfill);
@@ -88,7 +88,8 @@ VERSION = 15  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption stat
 # (``Engine.registry``: ``core.nodes.Nodes``); 14: the engine as a facade over parts: its tasks, requests,
 # queues and shapes (``Engine.workload``: ``core.workload.Workload``), unschedulable verdicts
 # (``core.verdicts.Verdicts``), a tenant-local pass's changes (``core.candidates.Changes``) and the
-# reservation (``core.reservation.Reservations``); 15: gangs (``Task.gang``)
+# reservation (``core.reservation.Reservations``); 15: gangs (``Task.gang``); 16: a gang's hold of nodes
+# (``Reservation.more``, ``until``; ``Reservations.lapsed``)
 
 REF, LIST, TUPLE, DICT, SET, FROZENSET, OBJECT, ARRAY, ENUM, ORDERED, POLICY, NUMBER = range(12)
 
@@ -159,7 +160,7 @@ CLASSES: tuple[_Class, ...] = (
            rebuild=_rebuild_workload),  # indexes, made again on use; a cache
     _Class(Verdicts, "unschedulable to_check nodes_changed by_shape"),
     _Class(Changes, "grown touched passed fresh"),
-    _Class(Reservations, "held", derived="_backfill", rebuild=_rebuild_reservations),  # the reserved task's start
+    _Class(Reservations, "held lapsed", derived="_backfill", rebuild=_rebuild_reservations),  # the reserved task's start
     _Class(ResourceSpace, "names _position"),
     _Class(TenantTree, "specs children effective_share has_limits orders_jobs _paths", derived="queue_orderings",
            rebuild=_rebuild_tree),  # from the specs
@@ -170,7 +171,7 @@ CLASSES: tuple[_Class, ...] = (
     _Class(AccountingConfig, "round_length discount quantum adaptive_quantum resource half_life"),
     _Class(PreemptionRule, "threshold timeout"),
     _Class(Starvation, "rule since victims_exist"),
-    _Class(Reservation, "node tenant shape task"),
+    _Class(Reservation, "node tenant shape task more until"),
     _Class(QuantumTree, "initial adaptive quantum _children_sum _children_count _finished version"),
     _Class(TenantLedger, "name pending running first_arrival round_arrival pseudo_accumulated pseudo_at "
                          "waiting_since recent"),

@@ -44,7 +44,7 @@ class Changes:
                 # Its room was kept from the tenants behind the holder when the last pass ended;
                 # one ahead of the holder now (its key fell: its tasks ended) may take it, though
                 # no room grew there (``placement.serve_in_order``). Found by the property test.
-                self.grown.add(reservation.node)
+                self.grown.update(reservation.rows)
             grown = np.array(sorted(row for row in self.grown if alive[row]), dtype=np.int64)
             candidates, grown_demands = self.candidates(grown, workload, registry, reservation)
             fields = dict(candidates=candidates, grown_rows=grown, fresh_shapes=frozenset(self.fresh),

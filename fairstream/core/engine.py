@@ -18,6 +18,7 @@ it is random.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, cast
 
@@ -149,11 +150,14 @@ class Engine:
 
     def wake_at(self) -> float | None:
         """The next event time at which a pass could preempt though no event arrives
-        (``Starvation.wake_at``), or None. The simulator steps the engine then, as the worker's
-        heartbeats step it, so both take the same preemptions."""
-        if self.starvation is None or self.time is None:
+        (``Starvation.wake_at``), or a gang's hold of nodes runs out or may begin again
+        (``Reservations.wake_at``), or None. The simulator steps the engine then, as the
+        worker's heartbeats step it, so both take the same decisions."""
+        if self.time is None:
             return None
-        return self.starvation.wake_at(self.time)
+        times = [self.starvation.wake_at(self.time) if self.starvation is not None else None,
+                 self.reservations.wake_at(self.time) if self.reserving else None]
+        return min((t for t in times if t is not None), default=None)
 
     def fair_shares(self, tree: TenantTree | None = None) -> np.ndarray:
         """Every tenant row's fair share now (``fairness.fair_shares``) in the policy's measure,
@@ -257,7 +261,8 @@ class Engine:
         if self.reserving:
             before = self.reservation
             self.reservations.reserve(getattr(decisions, "blocked", None), self.workload, self.registry,
-                                      self.verdicts, self.accounting.capacity)
+                                      self.verdicts, self.accounting.capacity, snapshot.time,
+                                      self.params.get("gang_hold", math.inf))
             # The pass kept other shapes off the node it had reserved: if that reservation moved
             # or ended (its task placed), the room there goes in another pass at once, if some
             # waiting shape (constraints aside) fits it now, or if a tenant starved past the
@@ -265,9 +270,9 @@ class Engine:
             # too, and what runs there may be taken for it now.
             if Reservations.moved(before, self.reservation, self.params.get("reservation") == "backfill",
                                   snapshot.backfill_until, self.backfill_until):
-                self.changes.grown.add(before.node)  # its room is open to every shape again
+                self.changes.grown.update(before.rows)  # its room is open to every shape again
                 shapes = self.workload.shape_demands[: len(self.workload.shapes)]  # (not the spare rows)
-                again = (again or self.registry.room_for_some(before.node, shapes)
+                again = (again or any(self.registry.room_for_some(row, shapes) for row in before.rows)
                          or snapshot.running_tasks is not None)  # (given to a pass only when one is overdue)
         if not any(requests):
             return decisions, again

@@ -252,7 +252,7 @@ def explain(engine: Engine, held: Iterable[HeldEntry] = (), max_entries: int | N
         if (now and reserved_for is not None and reserved_for.shape != task.shape
                 and task.tenant not in ahead_of_holder):
             mask = mask.copy()
-            mask[reserved_for.node] = False
+            mask[list(reserved_for.rows)] = False
         return mask
 
     held_by_limit: dict[str, dict[str, tuple[WaitReason, str]]] = {}
@@ -344,11 +344,12 @@ def explain(engine: Engine, held: Iterable[HeldEntry] = (), max_entries: int | N
         # before the reserved task can start: ``reservation=backfill``).
         # Nor from an overdue tenant when the reservation yields (its holder at or above its fair
         # share): preemption's stage gives it the room there (``preemption._make_room``).
-        if (reserved_for is not None and reserved_for.tenant == other and mask[reserved_for.node] and holder_may_start
-                and not (task.shape != reserved_for.shape and cycle.nodes.ends_in_time(task))
+        if (reserved_for is not None and reserved_for.tenant == other and mask[list(reserved_for.rows)].any()
+                and holder_may_start and not (task.shape != reserved_for.shape and cycle.nodes.ends_in_time(task))
                 and not (reservation_yields and task.tenant in overdue)):
             out = np.zeros_like(mask) if out is None else out
-            out[reserved_for.node] = True  # the room there is kept for it
+            for row in reserved_for.rows:
+                out[row] = bool(mask[row])  # the room there is kept for it
         return out if out is not None and out.any() else None
 
     what_if: dict[float, list] = {}  # per time, the decisions of a pass then on this state
@@ -695,8 +696,12 @@ def _gang_verdict(cycle: Cycle, tenant: str, head: Task) -> tuple[WaitReason, st
     snap = cycle.snapshot
     where = f" ({', '.join(f'{snap.node_ids[node]}: {n}' for node, n in rows)})" if rows else ""
     held = cycle.reservation
-    kept = (f"; node {snap.node_ids[held.node]} is reserved for it: room freed there is kept for it from the tenants "
-            f"behind it in line" if held is not None and held.tenant == tenant and held.shape == head.shape else "")
+    kept = ""
+    if held is not None and held.tenant == tenant and held.shape == head.shape:
+        names = ", ".join(snap.node_ids[row] for row in held.rows)
+        kept = (f"; node{'s' if held.more else ''} {names} {'are' if held.more else 'is'} reserved for it: room freed "
+                f"there is kept for it from the tenants behind it in line"
+                + (f" until {held.until:g}" if held.for_gang else ""))
     return (WaitReason.GANG, f"gang {gang_of(head)} of {need} ({_text(head.demand_map)} each) starts whole or not at "
                              f"all: {fit} fit{'s' if fit == 1 else ''} now{where}, it needs room for {need - fit} more "
                              f"at once{kept}")
@@ -725,8 +730,10 @@ def _shape_verdict(engine: Engine, cycle: Cycle, quota, tenant: str, head: Task,
                                       f"can start: the next pass backfills it there")
     if cycle.nodes.kept_off_reserved_room(head):
         assert held is not None  # (kept off the reserved node's room)
-        return (WaitReason.RESERVED_FOR_OTHER, f"node {cycle.snapshot.node_ids[held.node]} has room for it, but that "
-                                               f"room is kept for {held.tenant}'s task {held.task}, reserved there"
+        row = cast(int, cycle.nodes.reserved_room_for(head))
+        whose = f"gang {held.task.rpartition('-')[0]}, until {held.until:g}" if held.for_gang else f"task {held.task}"
+        return (WaitReason.RESERVED_FOR_OTHER, f"node {cycle.snapshot.node_ids[row]} has room for it, but that "
+                                               f"room is kept for {held.tenant}'s {whose}, reserved there"
                                                f"{_no_backfill(engine, cycle.snapshot, head)}")
     if cycle.nodes.held_by_job_limit(head):
         most = head.constraints.max_per_node
@@ -740,7 +747,7 @@ def _shape_verdict(engine: Engine, cycle: Cycle, quota, tenant: str, head: Task,
         free = cycle.free[live]
         with_room = int((free >= head.demand - EPSILON).all(axis=1).sum()) if len(free) else 0
         if with_room:
-            reserved = (f"; node {cycle.snapshot.node_ids[held.node]} is reserved for it"
+            reserved = (f"; node {', '.join(cycle.snapshot.node_ids[row] for row in held.rows)} is reserved for it"
                         if held is not None and held.tenant == tenant and held.shape == head.shape else "")
             return (WaitReason.CONSTRAINTS, f"{with_room} node{'s have' if with_room != 1 else ' has'} room for it, "
                                             f"but its constraints {_text(head.constraints.to_json())} exclude "

@@ -126,15 +126,16 @@ class NodeFit:
         if held is None:
             return
         self.reservation = held
-        for shape, entry in self.first_fit.items():
-            if shape != held.shape and held.node in entry[0]:
-                at = entry[0].index(held.node)
-                del entry[0][at]
-                if at < entry[1]:
-                    entry[1] -= 1
-        for shape, entry in self._aligned.items():
-            if shape != held.shape:
-                entry[0][held.node] = -np.inf
+        for row in held.rows:
+            for shape, entry in self.first_fit.items():
+                if shape != held.shape and row in entry[0]:
+                    at = entry[0].index(row)
+                    del entry[0][at]
+                    if at < entry[1]:
+                        entry[1] -= 1
+            for shape, entry in self._aligned.items():
+                if shape != held.shape:
+                    entry[0][row] = -np.inf
 
     def usable(self, task: Task) -> np.ndarray | bool:
         """The nodes ``task`` may take room on as far as a reservation goes: all but a node
@@ -143,7 +144,7 @@ class NodeFit:
         if reserved is None or reserved.shape == task.shape:
             return True
         mask = np.ones(len(self.free), dtype=bool)
-        mask[reserved.node] = False
+        mask[list(reserved.rows)] = False
         return mask
 
     def find_node(self, task: Task) -> int | None:
@@ -172,7 +173,7 @@ class NodeFit:
                 nodes = np.flatnonzero(fits)
             reserved = self.reservation
             if reserved is not None and reserved.shape != task.shape:
-                nodes = nodes[nodes != reserved.node]
+                nodes = nodes[nodes != reserved.node] if not reserved.more else nodes[~np.isin(nodes, reserved.rows)]
             if self.node_order is not None:
                 rank = np.empty(len(self.node_order), dtype=np.int64)
                 rank[self.node_order] = np.arange(len(self.node_order))
@@ -284,14 +285,22 @@ class NodeFit:
                 and event_time(self.snapshot.time + task.estimate) <= until)
 
     def fits_reserved_room(self, task: Task) -> bool:
-        """``task`` (another shape than the reserved one) fits the reserved node's free room
+        """``task`` (another shape than the reserved one) fits the free room of a reserved node
         and may go there (its constraints, its job's max_per_node)."""
+        return self.reserved_room_for(task) is not None
+
+    def reserved_room_for(self, task: Task) -> int | None:
+        """The first reserved node (a gang's hold may keep several) whose free room ``task``, of
+        another shape than the reserved one, fits and may use; None if none."""
         held = self.reservation
         snap = self.snapshot
-        return (held is not None and held.shape != task.shape
-                and all(have >= want - EPSILON for have, want in zip(self.free[held.node].tolist(), task.demand_values))
-                and task.constraints.allows(snap.node_ids[held.node], snap.node_labels[held.node])
-                and self.job_may_use(task, held.node))
+        if held is None or held.shape == task.shape:
+            return None
+        for row in held.rows:
+            if (all(have >= want - EPSILON for have, want in zip(self.free[row].tolist(), task.demand_values))
+                    and task.constraints.allows(snap.node_ids[row], snap.node_labels[row]) and self.job_may_use(task, row)):
+                return row
+        return None
 
 
 def alignment_scores(free: np.ndarray, demand: np.ndarray, capacity: np.ndarray) -> np.ndarray:

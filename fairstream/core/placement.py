@@ -526,7 +526,7 @@ def _serve_compiled(cycle: Cycle, flat_key: FlatKey, reason: ReasonFn, initial_s
     snap = cycle.snapshot
     if (cycle.capped or cycle.tracks_groups or cycle._orders_jobs or cycle.affinity or cycle.node_order is not None
             or snap.backfill_until is not None or cycle.placed or cycle.decisions.blocked is not None
-            or snap.gangs_waiting):
+            or snap.gangs_waiting or (snap.reservation is not None and snap.reservation.for_gang)):
         return False
     held = snap.reservation
 

@@ -30,6 +30,8 @@ class Reservations:
 
     def __init__(self) -> None:
         self.held: Reservation | None = None
+        # Gangs whose hold ran out (request id -> the event time from which one may hold again).
+        self.lapsed: dict[str, float] = {}
         self._backfill: tuple[Reservation, float | None] | None = None  # (not stored in snapshots)
 
     def clear(self) -> None:
@@ -42,8 +44,16 @@ class Reservations:
             self._backfill = None
 
     def node_lost(self, row: int) -> None:
-        if self.held is not None and self.held.node == row:
+        if self.held is not None and row in self.held.rows:
             self.held = None
+
+    def wake_at(self, now: float) -> float | None:
+        """The next event time after ``now`` at which a gang's hold runs out or a gang may hold
+        again (a pass then changes what is kept), or None."""
+        times = [t for t in self.lapsed.values() if t > now]
+        if self.held is not None and self.held.for_gang and self.held.until > now:
+            times.append(self.held.until)
+        return min(times, default=None)
 
     def backfill_until(self, now: float | None, workload: Workload, registry: Nodes) -> float | None:
         """The time the reserved task can start on its node by the estimates of the tasks
@@ -52,8 +62,8 @@ class Reservations:
         to end by then (Slurm's backfill: they do not delay it). None: no reservation, or a
         task it must wait for has no estimate."""
         held = self.held
-        if held is None:
-            return None
+        if held is None or held.for_gang:
+            return None  # (nothing backfills the room held for a gang: its start is not one node's)
         row = held.node
         need = workload.shape_demands[held.shape] - EPSILON
         free = registry.capacity[row] - registry.used[row]
@@ -78,18 +88,24 @@ class Reservations:
         return None if until is None else max(until, at)
 
     def reserve(self, blocked: tuple[str, Task] | None, workload: Workload, registry: Nodes, verdicts: Verdicts,
-                total: np.ndarray) -> None:
+                total: np.ndarray, now: float = 0.0, hold: float = math.inf) -> None:
         """After a pass: reserve a node for ``blocked``, the first entry the pass tried that
         fitted no node's free room (None: no reservation). The node kept if the same tenant's
         same shape held one that can still hold it; else the live node it may use that lacks
         least (summed over resources, as shares of the cluster's ``total`` capacity), the
-        lowest number on ties."""
+        lowest number on ties. A gang none of which runs holds several nodes for at most
+        ``hold`` seconds from ``now`` (``_hold_for_gang``)."""
+        for gang in [gang for gang, at in self.lapsed.items() if at <= now]:
+            del self.lapsed[gang]  # (kept to the gangs still waiting out their lapse: not history)
         if blocked is None:
             self.held = None
             return
         tenant, entry = blocked
         if entry.state is not TaskState.PENDING or verdicts.verdict(entry.shape) is not None:
             self.held = None  # placed after all (a later stage), or no node could ever hold it
+            return
+        if entry.gang and not workload.gangs.running(workload).get(entry.id):
+            self._hold_for_gang(tenant, entry, workload, registry, now, hold)
             return
         most = entry.constraints.max_per_node
         # Nodes where its job runs its most: room kept there could not take it.
@@ -125,6 +141,52 @@ class Reservations:
             return
         self.held = Reservation(node, tenant, entry.shape, entry.task_id())
 
+    def _hold_for_gang(self, tenant: str, entry: Task, workload: Workload, registry: Nodes, now: float,
+                       hold: float) -> None:
+        """Hold nodes for gang ``entry`` (first in line): the same as before while they can hold
+        it and its hold lasts; else the live nodes it may use with the most room for its tasks
+        now (then the most when idle, then the lowest number), as many as together hold the
+        whole gang when idle, kept for it until ``now + hold``. When the hold runs out it ends,
+        and the gang holds nothing for as long again (``lapsed``): its room goes to others in
+        their turn, and two gangs never keep each other waiting for good (Kubernetes gives a pod
+        group a time to be scheduled in, YuniKorn a placeholder timeout)."""
+        if entry.id in self.lapsed:
+            self.held = None
+            return
+        held = self.held
+        if held is not None and held.for_gang and held.tenant == tenant and held.shape == entry.shape:
+            if now >= held.until - EPSILON:
+                self.held = None
+                self.lapsed[entry.id] = event_time(now + hold)
+                return
+            if all(registry.storage_alive[row] for row in held.rows):
+                return  # the same wait, the same nodes
+        size = min(entry.gang, entry.count)
+        usable = registry.alive & (registry.capacity >= entry.demand - EPSILON).all(axis=1)
+        if not entry.constraints.empty:
+            usable = usable & allowed(entry.constraints, registry, range(len(registry.nodes)))
+        asked = entry.demand > EPSILON
+        rows = np.flatnonzero(usable)
+        if not asked.any() or not len(rows):
+            self.held = None
+            return
+        idle = np.floor((registry.capacity[rows][:, asked] + EPSILON) / entry.demand[asked]).min(axis=1)
+        free = np.maximum(registry.capacity[rows] - registry.used[rows], 0.0)[:, asked]
+        fit_now = np.floor((free + EPSILON) / entry.demand[asked]).min(axis=1)
+        most = entry.constraints.max_per_node
+        if most is not None:
+            idle, fit_now = np.minimum(idle, most), np.minimum(fit_now, most)
+        order = np.lexsort((rows, -idle, -fit_now))  # most room now first, then most when idle, lowest row
+        chosen, total = [], 0
+        for k in order.tolist():
+            chosen.append(int(rows[k]))
+            total += int(idle[k])
+            if total >= size:
+                until = event_time(now + hold)
+                self.held = Reservation(chosen[0], tenant, entry.shape, entry.task_id(), tuple(chosen[1:]), until)
+                return
+        self.held = None  # (never whole on these nodes: its verdict says so)
+
     @staticmethod
     def moved(before: Reservation | None, after: Reservation | None, backfill: bool,
               until_before: float | None, until_after) -> bool:
@@ -134,7 +196,7 @@ class Reservations:
         ``until_after()`` works out the new one), so what may backfill is known only now."""
         if before is None:
             return False
-        return (after is None or (after.node, after.tenant, after.shape) != (before.node, before.tenant, before.shape)
+        return (after is None or (after.rows, after.tenant, after.shape) != (before.rows, before.tenant, before.shape)
                 or (backfill and (after.task != before.task or until_after() != until_before)))
 
 

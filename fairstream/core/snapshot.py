@@ -9,6 +9,7 @@ what the pass costs).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -197,12 +198,26 @@ class JobRows:
 @dataclass(frozen=True)
 class Reservation:
     """A node whose freed room is kept for one waiting task: ``tenant``'s next task of ``shape``
-    (``task``: its id when reserved), on node row ``node`` (YARN Fair Scheduler's reservation)."""
+    (``task``: its id when reserved), on node row ``node`` (YARN Fair Scheduler's reservation).
+    For a gang (docs/workloads.md, "Gangs"): ``more`` nodes beside ``node``, together able to
+    hold the whole gang, kept for it until event time ``until`` (then the room is released to
+    others: ``Reservations.reserve``)."""
 
     node: int
     tenant: str
     shape: int
     task: str
+    more: tuple[int, ...] = ()
+    until: float = math.inf
+
+    @property
+    def rows(self) -> tuple[int, ...]:
+        """Every node row it keeps room on."""
+        return (self.node, *self.more) if self.more else (self.node,)
+
+    @property
+    def for_gang(self) -> bool:
+        return self.until != math.inf
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,7 @@ def test_a_gang_that_never_fits_the_cluster_is_unschedulable_and_holds_nothing_b
     assert e.reservations.held is None
 
 
-def test_a_gang_first_in_line_holds_a_node_against_smaller_tasks_with_reservations_on():
+def test_a_gang_first_in_line_holds_nodes_against_smaller_tasks_with_reservations_on():
     e = engine(tree("A", "B"), "drf", resources=("gpu",), reservation="on")
     e.step(0, [gpus("n0"), gpus("n1"), one("b0", "B", gpu=4)])
     e.step(1, [gang("j", "A", count=6, least=6)])  # 4 free: it waits, first in line
@@ -154,8 +154,8 @@ def test_a_waiting_gang_says_how_many_fit_now_where_and_how_many_more_it_needs_a
     # n0: 4 - 2 - 1 = 1 free; n1: 4 free. 5 of 8 fit.
     assert entry.reason is WaitReason.GANG
     assert entry.message == ('gang j of 8 ({"gpu":1.0} each) starts whole or not at all: 5 fit now (n0: 1, n1: 4), '
-                             'it needs room for 3 more at once; node n0 is reserved for it: room freed there is kept '
-                             'for it from the tenants behind it in line')
+                             'it needs room for 3 more at once; nodes n1, n0 are reserved for it: room freed there is '
+                             'kept for it from the tenants behind it in line until 301')
 
 
 def test_a_tenant_behind_a_gang_that_its_room_would_start_is_told_the_room_may_go_first_to_the_gang():
@@ -186,3 +186,47 @@ def test_a_gang_goes_through_the_scenario_file_and_the_wire_unchanged():
     message = b'{"cluster": "c1", "task": "j", "tenant": "A", "demand": {"gpu": 1}, "time": 0, "count": 8, "gang": {"min": 6}}'
     [decoded] = decode_message(SUBMITTED, message)
     assert decoded.event.gang == 6
+
+
+def busy_cluster(hold: float):
+    """Four nodes of 4 gpu; B's 12 one-gpu tasks fill n0-n2; A's gang of 8 waits first in line
+    (A's share 0 against B's 0.75) with 4 gpus free on n3."""
+    e = engine(tree("A", "B"), "drf", resources=("gpu",), reservation="on", gang_hold=hold)
+    e.step(0, [gpus(f"n{k}") for k in range(4)] + [one(f"b{k}", "B") for k in range(1, 13)])
+    e.step(1, [gang("j", "A", count=8, least=8, time=1)])
+    return e
+
+
+def test_a_gang_first_in_line_holds_as_many_nodes_as_hold_it_whole_and_smaller_tasks_keep_off_them():
+    e = busy_cluster(hold=100)
+    held = e.reservations.held
+    # The node with the most room now (n3: 4), then the lowest of those that hold 4 when idle (n0):
+    # 8 together.
+    assert (held.tenant, [e.nodes[r].id for r in held.rows], held.until) == ("A", ["n3", "n0"], 101)
+    kept = e.step(2, [one("b13", "B", time=2)])
+    assert not [d for d in kept.decisions if d.kind is DecisionKind.PLACE], "n3's free room is kept for the gang"
+    started = e.step(3, [TaskCompleted(3, f"b{k}") for k in range(1, 5)])  # n0's tasks end
+    assert placed([d for d in started.decisions if d.tenant == "A"]) == {"n0": 4, "n3": 4}
+
+
+def test_a_gangs_hold_runs_out_after_gang_hold_then_its_room_goes_to_others_for_as_long():
+    e = busy_cluster(hold=10)
+    assert e.reservations.held.until == 11 and e.wake_at() == 11  # (the simulator steps the engine then)
+    e.step(2, [one("b13", "B", time=2)])  # kept off n3 while the hold lasts
+    lapsed = e.step(11, [])
+    assert [d.task for d in lapsed.decisions if d.kind is DecisionKind.PLACE] == ["b13"]
+    assert e.reservations.held is None and e.reservations.lapsed == {"j": 21}
+    e.step(15, [one("b14", "B", time=15)])  # placed: nothing is held for the gang until 21
+    assert e.reservations.held is None
+    e.step(21, [])
+    assert e.reservations.held is not None and e.reservations.held.tenant == "A"  # it holds again
+
+
+def test_a_waiting_gang_says_which_nodes_are_held_for_it_and_until_when():
+    from fairstream.core.explain import WaitReason, explain
+
+    e = busy_cluster(hold=100)
+    [entry] = explain(e).pending["A"]
+    assert entry.reason is WaitReason.GANG
+    assert entry.message.endswith("4 fit now (n3: 4), it needs room for 4 more at once; nodes n3, n0 are reserved "
+                                  "for it: room freed there is kept for it from the tenants behind it in line until 101")

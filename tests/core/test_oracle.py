@@ -149,7 +149,9 @@ def everything(draw):
 
 
 def params_for(policy: str, draw_half_life: bool, reservation: str = "on") -> dict[str, str]:
-    params = {"preemption": "on", "preemption_timeout": "5", "preemption_threshold": "1", "reservation": reservation}
+    # (A gang's hold of nodes runs out within the scenarios' 40 s, and lapses for as long.)
+    params = {"preemption": "on", "preemption_timeout": "5", "preemption_threshold": "1", "reservation": reservation,
+              "gang_hold": "7"}
     if policy in ("ltrf", "hltrf"):
         params |= {"quantum": "2", "quantum_mode": "fixed", "resource": "dominant"}
         if draw_half_life:
@@ -191,12 +193,13 @@ def reserved_room_goes_to_the_reserved_shape_only(engine: Engine, snapshot, deci
     if held is None:
         assert not any(d.code.value == "backfill" for d in decisions)
         return
-    if engine.params.get("reservation") == "backfill":
+    if engine.params.get("reservation") == "backfill" and held.until == float("inf"):  # (a gang's hold: no backfill)
         want = oracle.reserved_start(engine, held)
         assert (snapshot.backfill_until is None) == (want is None), "whether the reserved task's start is known"
         assert want is None or snapshot.backfill_until == pytest.approx(want, abs=1e-6), "the reserved task's start"
     for decision in decisions:
-        if decision.kind is not DecisionKind.PLACE or engine.node_row[decision.node] != held.node:
+        # (A gang's hold keeps several nodes: ``held.more``.)
+        if decision.kind is not DecisionKind.PLACE or engine.node_row[decision.node] not in (held.node, *held.more):
             continue
         task = _pending_task(engine, decision.task)
         if decision.code.value == "backfill":
@@ -575,12 +578,12 @@ def behind_a_tenant_is_true(engine: Engine) -> None:
         if entry is None or "may go first" in entry.message:
             continue
         ahead, held = entry.waits_for, engine.reservation
-        kept_for = None if held is None or held.tenant != ahead else engine.nodes[held.node].id
+        kept_for = set() if held is None or held.tenant != ahead else {engine.nodes[r].id for r in (held.node, *held.more)}
 
         def goes_first(node, decisions) -> bool:
             placed = [d for d in decisions if d.kind is DecisionKind.PLACE and d.node == node.id]
             return (any(d.tenant == ahead for d in placed)  # noqa: B023 (called before the loop moves on)
-                    or (node.id == kept_for and not any(entry.first in d.task_ids for d in placed)))  # noqa: B023 (called before the loop moves on)
+                    or (node.id in kept_for and not any(entry.first in d.task_ids for d in placed)))  # noqa: B023 (called before the loop moves on)
 
         tried = list(_room_freed_for(engine, entry.id, reserved_for_others=True))
         assert not tried or any(goes_first(node, decisions) for node, decisions in tried), (
@@ -602,7 +605,8 @@ def _room_freed_for(engine: Engine, entry_id: str, reserved_for_others: bool = F
         if (not node.alive or not head.constraints.allows(node.id, node.labels)
                 or runs_its_most(engine, head, node.id)  # (its job's own tasks there hold it, not room)
                 or not (node.capacity >= head.demand - 1e-9).all()
-                or (not reserved_for_others and held is not None and held.node == row and held.shape != head.shape)):
+                or (not reserved_for_others and held is not None and row in (held.node, *held.more)
+                    and held.shape != head.shape)):
             continue
         free = snapshot.free.copy()
         free[row] = head.demand
