@@ -131,7 +131,8 @@ def cmd_compare_gangs(args) -> int:
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     document = study(Path(args.out), policies, [int(x) for x in _floats(args.seeds, "--seeds")],
-                     str(args.trace or DEFAULT_PHILLY), args.limit, workers=args.workers, progress=args.progress)
+                     str(args.trace or DEFAULT_PHILLY), args.limit, workers=args.workers, progress=args.progress,
+                     timeout=args.timeout)
     out = Path(args.out)
     print((out / "table.md").read_text(), end="")
     print(f"\n{len(document['rows'])} settings, {len(document['runs'])} runs; in {out}: table.md, study.json")
@@ -966,6 +967,7 @@ def build_parser() -> argparse.ArgumentParser:
     gangs.add_argument("--limit", type=int, help="jobs per late tenant (default 100; the backlog is ten times that)")
     gangs.add_argument("--trace", help="the Philly run-time file (default: the whole file in ../shared/traces if "
                                        "there, else its first 100 values in tests/data)")
+    gangs.add_argument("--timeout", type=float, help="preemption on at this preemption_timeout (seconds; default off)")
     gangs.add_argument("--workers", type=int, help="parallel simulations (default: one per core)")
     gangs.set_defaults(func=cmd_compare_gangs)
 

@@ -42,6 +42,9 @@ what waits, so moving a task from one to the other in a pass does not move the f
 - nothing is taken for a task no node could hold even with every allowed victim gone;
 - each victim is a ``PREEMPT`` decision, followed by the placement it made room for
   (``RECLAIMED``), so a consumer applying decisions in order never over-commits a node.
+- a gang (docs/workloads.md, "Gangs") is a victim whole (all its tasks, counted together
+  against its tenant's share) or not at all, and room is freed for a waiting gang whole, over
+  several nodes, or not at all (``_make_room_for_gang``).
 
 The engine tracks since when each tenant is starved (its ``Starvation`` part,
 ``core/starvation.py``), hands the
@@ -60,7 +63,7 @@ import numpy as np
 
 from fairstream.core import gangs
 from fairstream.core.fairness import fair_shares, resource_shares
-from fairstream.core.model import EPSILON, ReasonCode, Task
+from fairstream.core.model import EPSILON, ReasonCode, Task, gang_of
 
 
 @dataclass(frozen=True)
@@ -140,15 +143,18 @@ def reclaim(cycle, rule: PreemptionRule, victim_key: VictimKey | None = None) ->
     # pass's own placements: they come first, and are withdrawn, never started (else room freed
     # at this instant could go to a tenant above its share, out of the stage's reach).
     by_node: dict[int, list[RunningTask]] = {}
-    # A gang's tasks are no victims: one of them gone would leave the rest of it idle (the
-    # stage frees room node by node, so it frees none for a gang either; docs/preemption.md).
+    # A running gang is a victim whole or not at all: one of its tasks goes with every other
+    # (``members``; docs/preemption.md, "Gangs"). This pass's own placements of a gang are not
+    # taken back (it started whole in this pass).
     for decision, owner, entry, node in reversed(cycle.placed):
         if not entry.gang:
             by_node.setdefault(node, []).append(RunningTask(decision.task, entry.job, owner, node, entry.demand,
                                                             entry.demand_map, snap.time, entry.seq, placed=True))
+    members: dict[str, list[RunningTask]] = {}
     for task in sorted(snap.running_tasks, key=lambda t: (t.start, t.seq, t.id), reverse=True):
-        if not task.gang:
-            by_node.setdefault(task.node, []).append(task)
+        by_node.setdefault(task.node, []).append(task)
+        if task.gang:
+            members.setdefault(gang_id(task), []).append(task)
     taken: set[str] = set()
     for tenant in starved:
         row = snap.rows[tenant]
@@ -157,14 +163,23 @@ def reclaim(cycle, rule: PreemptionRule, victim_key: VictimKey | None = None) ->
         waited = snap.time - snap.starved_since[tenant]
         while ratios(cycle.allocation)[row] < 1.0 - EPSILON:
             heads = [task for task in cycle.queues.shape_heads(tenant, every_shape=True)
-                     if cycle.within_caps(tenant, task) and not gangs.waits(cycle, task)]
-            if not any(_make_room(cycle, tenant, task, by_node, taken, victim_key, ratios, waited) for task in heads):
+                     if cycle.within_caps(tenant, gangs.sized(task, gangs.need(cycle, task)))]
+            if not any(_make_room_for_gang(cycle, tenant, task, by_node, taken, victim_key, ratios, waited, members)
+                       if gangs.waits(cycle, task) else
+                       _make_room(cycle, tenant, task, by_node, taken, victim_key, ratios, waited, members)
+                       for task in heads):
                 break  # nothing of it fits anywhere, even with every allowed victim gone
     cycle.settle()  # (a request's placements left take its first ids)
 
 
+def gang_id(task: RunningTask) -> str:
+    """The gang a running task of a gang belongs to: its request's id."""
+    return task.id.rpartition("-")[0]
+
+
 def _make_room(cycle, tenant: str, task: Task, by_node: dict[int, list[RunningTask]], taken: set[str],
-               victim_key: VictimKey, ratios: Callable[[np.ndarray], np.ndarray], waited: float) -> bool:
+               victim_key: VictimKey, ratios: Callable[[np.ndarray], np.ndarray], waited: float,
+               members: Mapping[str, list[RunningTask]]) -> bool:
     """Free room for ``task`` of starved ``tenant`` on one node and place it there; False
     (nothing changed) if no node it may use can be freed enough."""
     snap = cycle.snapshot
@@ -198,7 +213,7 @@ def _make_room(cycle, tenant: str, task: Task, by_node: dict[int, list[RunningTa
         if (cycle.free[node] + sum((t.demand for t in here), np.zeros_like(need)) < need).any():
             continue  # even every task on it gone would not make room
         victims = _victims_on_node(cycle, node, here, taken, need, own, victim_key, ratios,
-                                   None if best is None else best[0])
+                                   None if best is None else best[0], members)
         if victims is None:
             continue
         cost = (sum(not v.placed for v in victims), sum(v.placed for v in victims))
@@ -209,14 +224,7 @@ def _make_room(cycle, tenant: str, task: Task, by_node: dict[int, list[RunningTa
     if best is None:
         return False
     _, node, victims = best
-    for victim_task in victims:
-        taken.add(victim_task.id)
-        if victim_task.placed:
-            cycle.withdraw(victim_task.id)
-            continue
-        cycle.evict(victim_task, f"preempt: frees room for {tenant}, below its fair share for {waited:.4g}s "
-                                 f"(preemption_timeout reached); {victim_task.tenant} stays at or above its own "
-                                 f"fair share", ReasonCode.FAIR_SHARE_PREEMPTION)
+    _take(cycle, victims, taken, f"preempt: frees room for {tenant}, below its fair share for {waited:.4g}s")
     if any(not v.placed for v in victims):
         how = "preempted for it"
     else:  # (no task killed: only this pass's placements taken back)
@@ -225,16 +233,90 @@ def _make_room(cycle, tenant: str, task: Task, by_node: dict[int, list[RunningTa
     return True
 
 
+def _make_room_for_gang(cycle, tenant: str, head: Task, by_node: dict[int, list[RunningTask]], taken: set[str],
+                        victim_key: VictimKey, ratios: Callable[[np.ndarray], np.ndarray], waited: float,
+                        members: Mapping[str, list[RunningTask]]) -> bool:
+    """Free room for the whole gang ``head`` of starved ``tenant`` (its size of tasks) and start
+    it, or nothing: False, nothing changed. Node by node in order, each node the most tasks of
+    the gang its free room and its allowed victims (``_victims_on_node``, as for one task) make
+    room for, the victims counted against their tenants' shares as they are chosen, until the
+    whole gang has room; only then are they preempted and the gang placed (``RECLAIMED``)."""
+    snap = cycle.snapshot
+    size = gangs.need(cycle, head)
+    reserved = cycle.reservation
+    holder_owed = reserved is not None and ratios(snap.allocation)[snap.rows[reserved.tenant]] < 1.0 - EPSILON
+    eligible = (cycle.nodes.eligible(head.constraints) & (snap.free > -0.5).all(axis=1)
+                & (cycle.nodes.usable(head) if holder_owed else True) & cycle.nodes.below_job_limit(tenant, head))
+    own = -np.inf if cycle.below_min_share(tenant) else victim_key(tenant, cycle.allocation)
+    allocation, free, gone = cycle.allocation.copy(), cycle.free.copy(), set(taken)
+    plan: list[tuple[int, int]] = []  # (node, tasks of the gang there)
+    victims: list[RunningTask] = []
+    left = size
+    most = head.constraints.max_per_node
+    for node in np.flatnonzero(eligible).tolist():
+        here = [t for t in by_node.get(node, []) if t.id not in gone]
+        room = free[node] + sum((t.demand for t in here), np.zeros_like(head.demand))
+        fits = int(np.floor(min(((r + EPSILON) / d for r, d in zip(room.tolist(), head.demand_values) if d > EPSILON),
+                                default=float(left))))
+        if most is not None:
+            fits = min(fits, most - cycle.nodes.job_rows(tenant, head.job).get(node, 0))
+        for k in range(min(left, fits), 0, -1):
+            chosen = _victims_on_node(cycle, node, here, gone, head.demand * k - EPSILON, own, victim_key, ratios, None,
+                                      members, allocation, free[node])
+            if chosen is None:
+                continue
+            for victim in chosen:
+                gone.add(victim.id)
+                allocation[snap.rows[victim.tenant]] -= victim.demand
+                free[victim.node] += victim.demand
+            free[node] -= head.demand * k
+            victims.extend(chosen)
+            plan.append((node, k))
+            left -= k
+            break
+        if not left:
+            break
+    if left:
+        return False
+    _take(cycle, victims, taken, f"preempt: frees room for {tenant}'s gang {gang_of(head)}, {tenant} below its fair "
+                                 f"share for {waited:.4g}s")
+    where = ", ".join(f"{snap.node_ids[node]}: {k}" for node, k in plan)
+    cycle.gangs_started.add(gang_of(head))
+    for node, k in plan:
+        for _ in range(k):
+            cycle.commit(tenant, head, node, f"reclaimed: gang {gang_of(head)} of {size} starts whole ({where}) for "
+                                             f"starved {tenant} on room preempted for it", ReasonCode.RECLAIMED)
+    return True
+
+
+def _take(cycle, victims: list[RunningTask], taken: set[str], why: str) -> None:
+    """Take ``victims`` from their tenants: this pass's own placements withdrawn, running tasks
+    preempted, each decision saying ``why`` and that its tenant keeps its fair share."""
+    for victim in victims:
+        taken.add(victim.id)
+        if victim.placed:
+            cycle.withdraw(victim.id)
+            continue
+        whole = f"; its gang {gang_id(victim)} stops whole" if victim.gang else ""
+        cycle.evict(victim, f"{why} (preemption_timeout reached); {victim.tenant} stays at or above its own fair "
+                            f"share{whole}", ReasonCode.FAIR_SHARE_PREEMPTION)
+
+
 def _victims_on_node(cycle, node: int, here: list[RunningTask], taken: set[str], need: np.ndarray, own: float,
-                     victim_key: VictimKey,
-                     ratios: Callable[[np.ndarray], np.ndarray], most: tuple[int, int] | None) -> list[RunningTask] | None:
+                     victim_key: VictimKey, ratios: Callable[[np.ndarray], np.ndarray], most: tuple[int, int] | None,
+                     members: Mapping[str, list[RunningTask]], allocation: np.ndarray | None = None,
+                     free: np.ndarray | None = None) -> list[RunningTask] | None:
     """The victims on ``node`` (its running tasks ``here``, youngest first) that make room for
     ``need``, taken tenant by tenant furthest above its share first, each tenant's youngest
     task that keeps it at or above its fair share; None if they cannot (or need more than
-    ``most``). Only these victims count against their tenants' shares."""
+    ``most``). Only these victims count against their tenants' shares. A task of a gang goes
+    with its whole gang (``members``: its tasks on other nodes too), which counts whole
+    against its tenant's share and in the tasks killed; the room only this node's part of it.
+    ``allocation`` and ``free`` (this node's row): the state to start from, if not the cycle's."""
     snap = cycle.snapshot
-    allocation = cycle.allocation.copy()
-    free = cycle.free[node].copy()
+    # (``allocation`` and ``free``, the node's: as a caller planning several nodes has them.)
+    allocation = (cycle.allocation if allocation is None else allocation).copy()
+    free = (cycle.free[node] if free is None else free).copy()
     left: dict[str, list[RunningTask]] = {}
     for task in here:
         left.setdefault(task.tenant, []).append(task)
@@ -253,16 +335,20 @@ def _victims_on_node(cycle, node: int, here: list[RunningTask], taken: set[str],
         row = snap.rows[victim]
         found = None
         for candidate in left[victim]:  # youngest first; an older, smaller one may keep it at its share
-            allocation[row] -= candidate.demand
+            unit = [candidate] if not candidate.gang else [m for m in members[gang_id(candidate)] if m.id not in taken]
+            total = sum((m.demand for m in unit), np.zeros_like(need))
+            allocation[row] -= total
             if ratios(allocation)[row] >= 1.0 - EPSILON:
-                found = candidate
+                found = unit
                 break
-            allocation[row] += candidate.demand
+            allocation[row] += total
         if found is None:
             continue  # nothing more of this tenant can go
-        left[victim].remove(found)
-        free += found.demand
-        chosen.append(found)
+        for m in found:
+            if m.node == node:
+                left[victim].remove(m)
+                free += m.demand
+        chosen.extend(found)
         if eligible_victim(victim):
             heapq.heappush(heap, (-victim_key(victim, allocation), victim))
     return chosen if (free >= need).all() else None

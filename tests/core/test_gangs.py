@@ -136,7 +136,9 @@ def test_a_gang_first_in_line_holds_nodes_against_smaller_tasks_with_reservation
 
 
 @pytest.mark.parametrize("policy", ["drf", "ltrf", "hltrf"])
-def test_a_running_gang_is_no_victim_of_preemption(policy):
+def test_a_running_gang_whose_loss_would_take_its_tenant_below_its_fair_share_is_not_preempted(policy):
+    # A's gang of 8 is all of the cluster; B wants 2 gpus (fair shares 6/8 and 2/8): without the
+    # whole gang A would hold 0, below its 6/8, and one task of it alone may not go.
     e = engine(tree("A", "B"), policy, resources=("gpu",), preemption_timeout=10)
     e.step(0, [gpus("n0"), gpus("n1"), gang("j", "A", count=8, least=8)])
     e.step(1, [one("b1", "B", time=1), one("b2", "B", time=1)])
@@ -230,3 +232,62 @@ def test_a_waiting_gang_says_which_nodes_are_held_for_it_and_until_when():
     assert entry.reason is WaitReason.GANG
     assert entry.message.endswith("4 fit now (n3: 4), it needs room for 4 more at once; nodes n3, n0 are reserved "
                                   "for it: room freed there is kept for it from the tenants behind it in line until 101")
+
+
+@pytest.mark.parametrize("policy", ["drf", "fair"])
+def test_a_running_gang_is_preempted_whole_for_a_starved_tenant_and_the_room_goes_to_it(policy):
+    # (Under ltrf and hltrf B's pseudo-accumulated usage ranks it behind A here: no victim.)
+    e = engine(tree("A", "B"), policy, resources=("gpu",), preemption="on", preemption_timeout=10,
+               reservation="off")
+    # A: a gang of 4 on n0, then 4 single tasks on n1: all 8 gpus. B wants a whole node (4 gpus):
+    # fair shares 4 and 4. Freeing n0 kills the gang's 4 tasks, n1 4 of A's single tasks: a tie,
+    # and the lower number wins.
+    e.step(0, [gpus("n0"), gpus("n1"), gang("j", "A", count=4, least=4)] + [one(f"a{k}", "A") for k in range(4)])
+    e.step(1, [one("b", "B", time=1, gpu=4)])
+    later = e.step(12, [])
+    preempted = [d for d in later.decisions if d.kind is DecisionKind.PREEMPT]
+    assert sorted(d.task for d in preempted) == ["j-0", "j-1", "j-2", "j-3"]
+    assert all("its gang j stops whole" in d.reason for d in preempted)
+    assert [(d.task, d.node) for d in later.decisions if d.kind is DecisionKind.PLACE] == [("b", "n0")]
+    assert e.workload.requests["j"].count == 4  # the gang waits whole again
+
+
+def test_a_task_of_a_gang_is_never_a_victim_alone():
+    e = engine(tree("A", "B"), "drf", resources=("gpu",), preemption="on", preemption_timeout=10,
+               reservation="off")
+    # n0: a0, a1, j-0, j-1; n1: j-2, j-3, a2, a3. B wants 2 gpus: fair shares 6/8 and 2/8. On n0 the
+    # youngest are j-1 and j-0, but the whole gang would take A to 4/8: A's older single tasks go.
+    e.step(0, [gpus("n0"), gpus("n1"), one("a0", "A"), one("a1", "A"), gang("j", "A", count=4, least=4),
+               one("a2", "A"), one("a3", "A")])
+    assert placed(e.step(0.5, []).decisions) == {} and e.workload.gangs.running(e.workload)["j"].keys() == {
+        "j-0", "j-1", "j-2", "j-3"}
+    e.step(1, [one("b", "B", time=1, gpu=2)])
+    later = e.step(12, [])
+    assert sorted(d.task for d in later.decisions if d.kind is DecisionKind.PREEMPT) == ["a0", "a1"]
+    assert [(d.task, d.node) for d in later.decisions if d.kind is DecisionKind.PLACE] == [("b", "n0")]
+
+
+def test_preemption_frees_room_for_a_whole_waiting_gang_across_nodes_or_none():
+    e = engine(tree("A", "B"), "drf", resources=("gpu",), preemption="on", preemption_timeout=10,
+               reservation="off")
+    # n0: a0-a2, n1: a3-a5 (1 gpu free on each). B's gang of 4 fits 2 now. Fair shares 4 and 4:
+    # A may give 2 tasks. n0: its free gpu and a2, a1 make room for 3; n1's free gpu the 4th.
+    on = lambda k, node: TaskSubmitted(0, f"a{k}", f"a{k}", "A", {"gpu": 1}, {"nodes": [node]})  # noqa: E731
+    e.step(0, [gpus("n0"), gpus("n1")] + [on(k, "n0") for k in range(3)] + [on(k, "n1") for k in range(3, 6)])
+    waiting = e.step(1, [gang("j", "B", count=4, least=4, time=1)])
+    assert not [d for d in waiting.decisions if d.tenant == "B"]
+    later = e.step(12, [])
+    assert [d.task for d in later.decisions if d.kind is DecisionKind.PREEMPT] == ["a2", "a1"]
+    started = [d for d in later.decisions if d.kind is DecisionKind.PLACE]
+    assert placed(started) == {"n0": 3, "n1": 1} and {d.code for d in started} == {ReasonCode.RECLAIMED}
+    assert "gang j of 4 starts whole (n0: 3, n1: 1)" in started[0].reason
+
+
+def test_preemption_frees_nothing_for_a_gang_it_cannot_make_whole_room_for():
+    e = engine(tree("A", "B"), "drf", resources=("gpu",), preemption="on", preemption_timeout=10,
+               reservation="off")
+    # B's gang of 8 is the whole cluster: A may give only what keeps it at its fair share (4 of 8).
+    e.step(0, [gpus("n0"), gpus("n1")] + [one(f"a{k}", "A") for k in range(8)])
+    e.step(1, [gang("j", "B", count=8, least=8, time=1)])
+    later = e.step(12, [])
+    assert later.decisions == []

@@ -254,9 +254,9 @@ def no_starved_tenant_left_while_a_node_could_be_freed_for_it(engine: Engine, re
     share): a tenant starved past the timeout and still below threshold x its fair share has no
     waiting task (within its limits, its constraints, and off nodes reserved for others) for
     which some live node holds enough room once every task of the tenants that could give all
-    they run there and stay at or above their fair share were gone. Gangs are outside it
-    (docs/preemption.md, "Gangs"): a gang's tasks are no victims, and a gang waiting to start
-    whole is not a task preemption frees room for."""
+    they run there and stay at or above their fair share were gone. Gangs are left out of it
+    (docs/preemption.md, "Gangs"): no gang's task counts as a victim here, nor a gang waiting
+    to start whole as a task to free room for; the stage may do more (a floor, not its rule)."""
     from fairstream.core.placement import Cycle
 
     rule, now = engine.preemption, engine.time
