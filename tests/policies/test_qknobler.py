@@ -185,11 +185,17 @@ def test_qknobler_measured_soft_fairness_never_exceeds_its_theta(case):
 
 def rounding_slack(demands, w, capacity):
     """Theorem 1 is for divisible tasks. With whole tasks each user may stop one task short of its
-    fairness-stage bound or pass it by one (two steps of s/w), and what rounding leaves idle, at
-    most one task of every user per resource, may go to one user in the work-conserving fill."""
+    fairness-stage bound or pass it by one (two steps of s/w), and what rounding leaves idle may
+    go to one user in the work-conserving fill. Idle by rounding is less than one task of every
+    user on the resources the divisible allocation fills, and each user needs one of those, but
+    which one is not known: a user's fill is bounded by the resource it needs that allows the
+    most of its tasks. (The bound by the one that allows the fewest was too tight, found by
+    hypothesis: u0 <1 cpu, 6 mem> of weight 2 and u1 <2 cpu, 1 mem> on <20, 20> at rho = 1.
+    Memory binds; rounding left 4 GB that u0's tasks of 6 cannot use, and u1 filled it with 4
+    tasks (s/w 1.2), though cpu, idle in the divisible allocation too, would have allowed 1.5.)"""
     steps = task_dominant_shares(demands, capacity) / w
     one_of_each = demands.sum(axis=0)
-    fill_tasks = np.array([(one_of_each[d > 0] / d[d > 0]).min() for d in demands])
+    fill_tasks = np.array([(one_of_each[d > 0] / d[d > 0]).max() for d in demands])
     return 2 * steps.max() + (fill_tasks * steps).max()
 
 def test_the_soft_fairness_check_can_fail():
