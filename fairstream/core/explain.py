@@ -425,14 +425,13 @@ def explain(engine: Engine, held: Iterable[HeldEntry] = (), max_entries: int | N
         its entry, how many of it fit now, its size); None if none. May: the room on one node
         freed to ``task``'s demand holds that many more of it at most, and it fits whole with
         them (an upper bound: the pass serves the gang first, and it starts if it then fits)."""
+        if not waiting_gangs:
+            return None
         mask = may_use(task, now=False)
-        for other in ranked:
+        for other, head in waiting_gangs:
             if other == tenant or not keys[other] < keys[tenant]:
                 break
-            for head in heads[other].values():
-                verdict = verdicts.get((other, head.shape))
-                if verdict is None or verdict[0] is not WaitReason.GANG or not (mask & may_use(head, now=False)).any():
-                    continue
+            if (mask & may_use(head, now=False)).any():
                 size = gangs.need(cycle, head)
                 fit = sum(n for _, n in gangs.room(cycle, head, size))
                 more = math.floor(min(((t + EPSILON) / d for t, d in zip(task.demand_values, head.demand_values)
@@ -440,6 +439,11 @@ def explain(engine: Engine, held: Iterable[HeldEntry] = (), max_entries: int | N
                 if fit + more >= size:
                     return other, head, fit, size
         return None
+
+    # The gangs waiting to start whole (``gang``), in the order: only they may go first in
+    # ``gang_ahead`` (usually none: then it costs nothing).
+    waiting_gangs = [(other, head) for other in ranked for head in heads[other].values()
+                     if (verdict := verdicts.get((other, head.shape))) is not None and verdict[0] is WaitReason.GANG]
 
     def in_line(tenant: str) -> str:
         """"first in line" when nothing is ahead of ``tenant`` in the order (rank 1); else what is
