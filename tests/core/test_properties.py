@@ -255,10 +255,48 @@ def every_pending_task_has_one_reason_and_none_fits_now(engine):
         tenant: queue.count for tenant, queue in engine.pending.items() if queue.count}
 
 
+def gang_explanations_are_true(engine):
+    """A gang told "k fit now (...), it needs room for n - k more at once" has, read plainly,
+    room for exactly k of its tasks (up to its size) on the live nodes its constraints allow,
+    within its job's max_per_node there and off nodes kept for another shape."""
+    import re
+
+    from fairstream.core.explain import WaitReason, explain
+
+    held = engine.reservation
+    kept = set() if held is None else {held.node, *held.more}
+    for entries in explain(engine).pending.values():
+        for entry in entries:
+            if entry.reason is not WaitReason.GANG:
+                continue
+            head = engine.workload.requests[entry.id]
+            size = min(head.gang, head.count)
+            fit = 0
+            for node in engine.nodes:
+                row = engine.node_row[node.id]
+                if (not node.alive or not allowed(head.constraints.to_json(), node)
+                        or (row in kept and held.shape != head.shape)):
+                    continue
+                free = (node.capacity - engine.used[row]).tolist()
+                n = min((int((f + 1e-9) // d) for f, d in zip(free, head.demand_values) if d > 0), default=size)
+                most = head.constraints.to_json().get("max_per_node")
+                if most is not None:
+                    n = min(n, most - running_of_job(engine, head.tenant, head.job, node.id))
+                fit += max(n, 0)
+            fit = min(fit, size)
+            said = re.search(r"all: (\d+) fits? now.*it needs room for (\d+) more at once", entry.message)
+            assert said is not None and (int(said[1]), int(said[2])) == (fit, size - fit), (entry.message, fit, size)
+
+
 @SETTINGS
 @given(document=scenarios(), policy=st.sampled_from(ALL))
 def test_every_pending_task_has_exactly_one_wait_reason_after_every_pass(document, policy):
-    drive(document, policy, every_pending_task_has_one_reason_and_none_fits_now)
+    # And what a waiting gang is told of its room is true (gang_explanations_are_true).
+    def check(engine):
+        every_pending_task_has_one_reason_and_none_fits_now(engine)
+        gang_explanations_are_true(engine)
+
+    drive(document, policy, check)
 
 
 def test_the_checks_themselves_catch_an_over_committed_node():
