@@ -705,7 +705,7 @@ def _gang_verdict(cycle: Cycle, tenant: str, head: Task) -> tuple[WaitReason, st
         names = ", ".join(snap.node_ids[row] for row in held.rows)
         kept = (f"; node{'s' if held.more else ''} {names} {'are' if held.more else 'is'} reserved for it: room freed "
                 f"there is kept for it from the tenants behind it in line"
-                + (f" until {held.until:g}" if held.for_gang else ""))
+                + (f" until {held.until:g}" if held.until != math.inf else ""))
     return (WaitReason.GANG, f"gang {gang_of(head)} of {need} ({_text(head.demand_map)} each) starts whole or not at "
                              f"all: {fit} fit{'s' if fit == 1 else ''} now{where}, it needs room for {need - fit} more "
                              f"at once{kept}")
@@ -735,7 +735,8 @@ def _shape_verdict(engine: Engine, cycle: Cycle, quota, tenant: str, head: Task,
     if cycle.nodes.kept_off_reserved_room(head):
         assert held is not None  # (kept off the reserved node's room)
         row = cast(int, cycle.nodes.reserved_room_for(head))
-        whose = f"gang {held.task.rpartition('-')[0]}, until {held.until:g}" if held.for_gang else f"task {held.task}"
+        until = f", until {held.until:g}" if held.until != math.inf else ""
+        whose = f"gang {held.task.rpartition('-')[0]}{until}" if held.for_gang else f"task {held.task}"
         return (WaitReason.RESERVED_FOR_OTHER, f"node {cycle.snapshot.node_ids[row]} has room for it, but that "
                                                f"room is kept for {held.tenant}'s {whose}, reserved there"
                                                f"{_no_backfill(engine, cycle.snapshot, head)}")

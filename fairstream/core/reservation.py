@@ -51,7 +51,7 @@ class Reservations:
         """The next event time after ``now`` at which a gang's hold runs out or a gang may hold
         again (a pass then changes what is kept), or None."""
         times = [t for t in self.lapsed.values() if t > now]
-        if self.held is not None and self.held.for_gang and self.held.until > now:
+        if self.held is not None and now < self.held.until < math.inf:
             times.append(self.held.until)
         return min(times, default=None)
 

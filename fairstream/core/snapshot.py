@@ -217,7 +217,8 @@ class Reservation:
 
     @property
     def for_gang(self) -> bool:
-        return self.until != math.inf
+        """Held for a gang: several nodes, or a time it ends (``gang_hold`` may be inf)."""
+        return bool(self.more) or self.until != math.inf
 
 
 @dataclass(frozen=True)

@@ -291,3 +291,11 @@ def test_preemption_frees_nothing_for_a_gang_it_cannot_make_whole_room_for():
     e.step(1, [gang("j", "B", count=8, least=8, time=1)])
     later = e.step(12, [])
     assert later.decisions == []
+
+
+def test_a_gang_may_hold_its_nodes_for_good_with_gang_hold_inf():
+    e = busy_cluster(hold=float("inf"))
+    held = e.reservations.held
+    assert held.for_gang and [e.nodes[r].id for r in held.rows] == ["n3", "n0"] and e.wake_at() is None
+    e.step(500, [one("b13", "B", time=500)])
+    assert e.reservations.held == held and "b13" in {entry.id for entry in e.pending["B"]}
