@@ -727,9 +727,9 @@ def _shape_verdict(engine: Engine, cycle: Cycle, quota, tenant: str, head: Task,
     if cycle.nodes.find_node(head) is not None:
         return WaitReason.NEXT_PASS, "a node has room for it now: the next pass places it"
     held = cycle.reservation
-    if cycle.nodes.backfill_node(head) is not None:
+    if (row := cycle.nodes.backfill_node(head)) is not None:
         assert held is not None  # (backfilled onto the reserved node)
-        return (WaitReason.NEXT_PASS, f"node {cycle.snapshot.node_ids[held.node]} has room for it, reserved for "
+        return (WaitReason.NEXT_PASS, f"node {cycle.snapshot.node_ids[row]} has room for it, reserved for "
                                       f"{held.tenant}'s task {held.task}, and it is expected to end before that task "
                                       f"can start: the next pass backfills it there")
     if cycle.nodes.kept_off_reserved_room(head):

@@ -273,9 +273,8 @@ class NodeFit:
         """With backfill (``Snapshot.backfill_until`` set): the node reserved for another shape,
         if ``task`` fits its free room and is expected to end by the time the reserved task
         can start there (its estimate from now), so it does not delay it; else None."""
-        held = self.reservation
-        if held is not None and self.ends_in_time(task) and self.fits_reserved_room(task):
-            return held.node
+        if self.reservation is not None and self.ends_in_time(task):
+            return self.reserved_room_for(task)
         return None
 
     def ends_in_time(self, task: Task) -> bool:

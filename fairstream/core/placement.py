@@ -193,13 +193,14 @@ class Cycle:
         node = self.nodes.find_node(task)
         if node is None and self.snapshot.backfill_until is not None and self.nodes.fits_reserved_room(task):
             if self.nodes.ends_in_time(task):
-                held = self.reservation
-                assert held is not None and task.estimate is not None  # (room reserved; it ends in time)
-                self.commit(tenant, task, held.node, f"backfill: node {self.snapshot.node_ids[held.node]} is reserved "
-                                                     f"for {held.tenant}'s task {held.task}, which can start there at "
-                                                     f"{self.snapshot.backfill_until:g} by the estimates of the tasks "
-                                                     f"running there; this one is expected to end at "
-                                                     f"{event_time(self.snapshot.time + task.estimate):g}",
+                held, row = self.reservation, self.nodes.reserved_room_for(task)
+                assert held is not None and row is not None and task.estimate is not None  # (room reserved; it ends in time)
+                whose = (f"gang {held.task.rpartition('-')[0]}, which can start on the nodes held for it at"
+                         if held.for_gang else f"task {held.task}, which can start there at")
+                self.commit(tenant, task, row, f"backfill: node {self.snapshot.node_ids[row]} is reserved for "
+                                               f"{held.tenant}'s {whose} {self.snapshot.backfill_until:g} by the "
+                                               f"estimates of the tasks running there; this one is expected to end at "
+                                               f"{event_time(self.snapshot.time + task.estimate):g}",
                             ReasonCode.BACKFILL)
                 return True
             # Its estimate keeps it off (or it has none): another's task of this shape may end in time.

@@ -40,7 +40,7 @@ class Reservations:
     def node_changed(self, row: int) -> None:
         """A task started or stopped on node ``row``: the reserved task's start there is made
         again."""
-        if self._backfill is not None and self._backfill[0].node == row:
+        if self._backfill is not None and row in self._backfill[0].rows:
             self._backfill = None
 
     def node_lost(self, row: int) -> None:
@@ -60,28 +60,35 @@ class Reservations:
         running there (the earliest expected end after which enough of them have ended for it
         to fit; ``now`` if it fits now). Other tasks may take room there if they are expected
         to end by then (Slurm's backfill: they do not delay it). None: no reservation, or a
-        task it must wait for has no estimate."""
+        task it must wait for has no estimate. For a gang's nodes: when they hold the whole gang
+        together (``_gang_start``)."""
         held = self.held
-        if held is None or held.for_gang:
-            return None  # (nothing backfills the room held for a gang: its start is not one node's)
-        row = held.node
-        need = workload.shape_demands[held.shape] - EPSILON
-        free = registry.capacity[row] - registry.used[row]
-        if (free >= need).all():
-            return now  # it fits now: nothing else goes first
+        if held is None:
+            return None
         at = now if now is not None else 0.0
-        cached = self._backfill
-        if cached is not None and cached[0] == held:
+        cached = self._backfill  # (not for a gang: its size moves with its pending tasks, not its nodes)
+        if cached is not None and cached[0] == held and not held.for_gang:
             return None if cached[1] is None else max(cached[1], at)  # (a task past its estimate ends now at the earliest)
-        node_id = registry.nodes[row].id
+        demand = workload.shape_demands[held.shape]
+        size = 1
+        if held.for_gang:
+            request = workload.requests.get(held.task.rpartition("-")[0])
+            if request is None:
+                return None
+            size = min(request.gang, request.count)
+        free = {row: registry.capacity[row] - registry.used[row] for row in held.rows}
+        if _holds(free, demand, size):
+            return now  # it fits now: nothing else goes first
+        ids = {registry.nodes[row].id: row for row in held.rows}
         ends = sorted((math.inf if task.estimate is None else event_time(cast(float, task.start) + task.estimate), task.seq, task)
-                      for task in workload.tasks.values() if task.state is TaskState.RUNNING and task.node == node_id)
+                      for task in workload.tasks.values() if task.state is TaskState.RUNNING and task.node in ids)
         until = None
         for end, _, task in ends:
             if end == math.inf:
                 break  # it must wait for a task of unknown end: its start is unknown
-            free = free + task.demand
-            if (free >= need).all():
+            row = ids[cast(str, task.node)]
+            free[row] = free[row] + task.demand
+            if _holds(free, demand, size):
                 until = end
                 break
         self._backfill = (held, until)
@@ -198,6 +205,18 @@ class Reservations:
             return False
         return (after is None or (after.rows, after.tenant, after.shape) != (before.rows, before.tenant, before.shape)
                 or (backfill and (after.task != before.task or until_after() != until_before)))
+
+
+def _holds(free: dict[int, np.ndarray], demand: np.ndarray, size: int) -> bool:
+    """Whether the free room ``free`` (per node row) holds ``size`` tasks of ``demand`` (one
+    task: on one node; a gang's: together)."""
+    need = demand - EPSILON
+    if size == 1:
+        return any(bool((room >= need).all()) for room in free.values())
+    asked = demand > EPSILON
+    if not asked.any():
+        return True
+    return sum(int(np.floor((np.maximum(room, 0.0)[asked] + EPSILON) / demand[asked]).min()) for room in free.values()) >= size
 
 
 __all__ = ["Reservations"]

@@ -132,6 +132,40 @@ def engine_shares(engine) -> dict[str, float]:
     return {tenant: measure(vector, capacity, engine.accounting.config.resource) for tenant, vector in running.items()}
 
 
+def gang_reserved_start(engine, held) -> float | None:
+    """When the gang held on nodes ``held.node`` and ``held.more`` can start there by the
+    estimates of the tasks running there: the earliest time (the engine's, or an expected end)
+    at which, every task due by then ended, those nodes' free room holds the whole gang (its
+    size, or its tasks left if fewer) together; None if that needs a task with no estimate.
+    Node by node and task by task, from the engine's tasks."""
+    request = engine.requests.get(held.task.rpartition("-")[0])
+    if request is None:
+        return None
+    size = min(request.gang, request.count)
+    rows = [held.node, *held.more]
+    ids = {engine.nodes[r].id for r in rows}
+    running = [t for t in engine.tasks.values() if t.state is TaskState.RUNNING and t.node in ids]
+
+    def whole_after(time: float) -> bool:
+        fits = 0
+        for row in rows:
+            node = engine.nodes[row]
+            busy = [0.0] * len(node.capacity)
+            for task in running:
+                if task.node == node.id and (task.estimate is None or task.start + task.estimate > time + 1e-6):
+                    busy = [b + d for b, d in zip(busy, task.demand_values)]
+            room = [c - b for c, b in zip(node.capacity.tolist(), busy)]
+            fits += min((int((r + 1e-9) // d) for r, d in zip(room, request.demand_values) if d > 0), default=size)
+        return fits >= size
+
+    if whole_after(engine.time):
+        return engine.time
+    for time in sorted(t.start + t.estimate for t in running if t.estimate is not None):
+        if whole_after(time):
+            return time
+    return None
+
+
 def reserved_start(engine, held) -> float | None:
     """When the task reserved on node ``held.node`` can start by the estimates of the tasks
     running there: the earliest expected end at which it fits once

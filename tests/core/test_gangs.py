@@ -299,3 +299,20 @@ def test_a_gang_may_hold_its_nodes_for_good_with_gang_hold_inf():
     assert held.for_gang and [e.nodes[r].id for r in held.rows] == ["n3", "n0"] and e.wake_at() is None
     e.step(500, [one("b13", "B", time=500)])
     assert e.reservations.held == held and "b13" in {entry.id for entry in e.pending["B"]}
+
+
+def test_with_backfill_a_task_that_ends_before_the_gang_can_start_may_use_its_held_nodes():
+    e = engine(tree("A", "B"), "drf", resources=("gpu",), reservation="backfill", gang_hold=1000)
+    # B's 12 tasks fill n0-n2, those on n0 expected to end at 50; A's gang of 8 holds n3 (4 free)
+    # and n0: it can start at 50. B's next task, expected to end at 40, backfills n3; one
+    # expected to end at 60 may not.
+    b = [TaskSubmitted(0, f"b{k}", f"b{k}", "B", {"gpu": 1}, estimate=50 if k < 4 else 500) for k in range(12)]
+    e.step(0, [gpus(f"n{k}") for k in range(4)] + b)
+    e.step(1, [gang("j", "A", count=8, least=8, time=1)])
+    assert [e.nodes[r].id for r in e.reservations.held.rows] == ["n3", "n0"] and e.backfill_until() == 50
+    short = e.step(2, [TaskSubmitted(2, "s", "s", "B", {"gpu": 1}, estimate=38)])
+    [backfilled] = [d for d in short.decisions if d.kind is DecisionKind.PLACE]
+    assert (backfilled.task, backfilled.node, backfilled.code) == ("s", "n3", ReasonCode.BACKFILL)
+    assert "reserved for A's gang j, which can start on the nodes held for it at 50" in backfilled.reason
+    long = e.step(3, [TaskSubmitted(3, "l", "l", "B", {"gpu": 1}, estimate=57)])
+    assert not [d for d in long.decisions if d.kind is DecisionKind.PLACE]

@@ -193,8 +193,8 @@ def reserved_room_goes_to_the_reserved_shape_only(engine: Engine, snapshot, deci
     if held is None:
         assert not any(d.code.value == "backfill" for d in decisions)
         return
-    if engine.params.get("reservation") == "backfill" and held.until == float("inf"):  # (a gang's hold: no backfill)
-        want = oracle.reserved_start(engine, held)
+    if engine.params.get("reservation") == "backfill":
+        want = oracle.reserved_start(engine, held) if not held.for_gang else oracle.gang_reserved_start(engine, held)
         assert (snapshot.backfill_until is None) == (want is None), "whether the reserved task's start is known"
         assert want is None or snapshot.backfill_until == pytest.approx(want, abs=1e-6), "the reserved task's start"
     for decision in decisions:
