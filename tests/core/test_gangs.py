@@ -272,7 +272,7 @@ def test_preemption_frees_room_for_a_whole_waiting_gang_across_nodes_or_none():
                reservation="off")
     # n0: a0-a2, n1: a3-a5 (1 gpu free on each). B's gang of 4 fits 2 now. Fair shares 4 and 4:
     # A may give 2 tasks. n0: its free gpu and a2, a1 make room for 3; n1's free gpu the 4th.
-    on = lambda k, node: TaskSubmitted(0, f"a{k}", f"a{k}", "A", {"gpu": 1}, {"nodes": [node]})  # noqa: E731
+    on = lambda k, node: TaskSubmitted(0, f"a{k}", f"a{k}", "A", {"gpu": 1}, {"nodes": [node]})
     e.step(0, [gpus("n0"), gpus("n1")] + [on(k, "n0") for k in range(3)] + [on(k, "n1") for k in range(3, 6)])
     waiting = e.step(1, [gang("j", "B", count=4, least=4, time=1)])
     assert not [d for d in waiting.decisions if d.tenant == "B"]
