@@ -278,8 +278,8 @@ def _make_room_for_gang(cycle, tenant: str, head: Task, by_node: dict[int, list[
             break
     if left:
         return False
-    _take(cycle, victims, taken, f"preempt: frees room for {tenant}'s gang {gang_of(head)}, {tenant} below its fair "
-                                 f"share for {waited:.4g}s")
+    _take(cycle, victims, taken, f"preempt: frees room for {tenant}, below its fair share for {waited:.4g}s, to start "
+                                 f"its gang {gang_of(head)} whole")
     where = ", ".join(f"{snap.node_ids[node]}: {k}" for node, k in plan)
     cycle.gangs_started.add(gang_of(head))
     for node, k in plan:

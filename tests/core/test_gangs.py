@@ -277,7 +277,11 @@ def test_preemption_frees_room_for_a_whole_waiting_gang_across_nodes_or_none():
     waiting = e.step(1, [gang("j", "B", count=4, least=4, time=1)])
     assert not [d for d in waiting.decisions if d.tenant == "B"]
     later = e.step(12, [])
-    assert [d.task for d in later.decisions if d.kind is DecisionKind.PREEMPT] == ["a2", "a1"]
+    preempted = [d for d in later.decisions if d.kind is DecisionKind.PREEMPT]
+    assert [d.task for d in preempted] == ["a2", "a1"]
+    # (Said as every preemption says it, naming the starved tenant first: a property reads it.)
+    assert all(d.reason.startswith("preempt: frees room for B, ") and "to start its gang j whole" in d.reason
+               for d in preempted)
     started = [d for d in later.decisions if d.kind is DecisionKind.PLACE]
     assert placed(started) == {"n0": 3, "n1": 1} and {d.code for d in started} == {ReasonCode.RECLAIMED}
     assert "gang j of 4 starts whole (n0: 3, n1: 1)" in started[0].reason
