@@ -292,8 +292,22 @@ def explain(engine: Engine, held: Iterable[HeldEntry] = (), max_entries: int | N
     overdue: list[str] = []
     at_fair_share: set[str] = set()
     if engine.preemption is not None:
+        timeout = engine.preemption.timeout
+        # A tenant starved past its timeout whose next entry is a gang waiting to start whole
+        # (``gang``) waits for room too: the stage may free room for the whole gang, taking
+        # back what the pass gave others (``preemption._make_room_for_gang``). In the way, then,
+        # as any overdue tenant (its gang heads in ``reach``), though its own reason is ``gang``.
+        for tenant in ranked:
+            if (tenant not in room_limited and tenant in engine.starved_since
+                    and snap.time - engine.starved_since[tenant] >= timeout - EPSILON):
+                gang_heads = [head for shape, head in heads[tenant].items()
+                              if (v := verdicts.get((tenant, shape))) is not None and v[0] is WaitReason.GANG]
+                if gang_heads:
+                    reach.setdefault(tenant, []).extend((may_use(h), h.demand_values, h) for h in gang_heads)
+                    room_limited.append(tenant)
+        room_limited.sort(key=lambda t: rank[t])
         overdue = [t for t in room_limited if t in engine.starved_since
-                   and snap.time - engine.starved_since[t] >= engine.preemption.timeout - EPSILON]
+                   and snap.time - engine.starved_since[t] >= timeout - EPSILON]
         if overdue:
             ratios = ratios_now()
             at_fair_share = {t for t in snap.pending if ratios[snap.rows[t]] >= 1.0 - EPSILON}
