@@ -54,6 +54,14 @@ def subtract_each_floored(vector: np.ndarray, amounts: Iterable[Sequence[float]]
     vector[:] = values
 
 
+def tasks_fitting(room: np.ndarray, demand: np.ndarray) -> np.ndarray:
+    """Per row of ``room`` (node x resource, or one node's row), how many tasks of ``demand`` fit
+    in it side by side, read on the resources the demand asks for (it must ask for one); room
+    below 0 holds none. A gang's count of room (``verdicts``, ``reservation``)."""
+    asked = demand > EPSILON
+    return np.floor((np.maximum(room[..., asked], 0.0) + EPSILON) / demand[asked]).min(axis=-1)
+
+
 class ModelError(ValueError):
     """An input that does not fit the model: the message names the offending field."""
 

@@ -17,7 +17,7 @@ from typing import cast
 import numpy as np
 
 from fairstream.core import native
-from fairstream.core.model import EPSILON, Task, TaskState, event_time
+from fairstream.core.model import EPSILON, Task, TaskState, event_time, tasks_fitting
 from fairstream.core.nodes import Nodes
 from fairstream.core.snapshot import Reservation
 from fairstream.core.verdicts import Verdicts, allowed
@@ -177,9 +177,8 @@ class Reservations:
         if not asked.any() or not len(rows):
             self.held = None
             return
-        idle = np.floor((registry.capacity[rows][:, asked] + EPSILON) / entry.demand[asked]).min(axis=1)
-        free = np.maximum(registry.capacity[rows] - registry.used[rows], 0.0)[:, asked]
-        fit_now = np.floor((free + EPSILON) / entry.demand[asked]).min(axis=1)
+        idle = tasks_fitting(registry.capacity[rows], entry.demand)
+        fit_now = tasks_fitting(registry.capacity[rows] - registry.used[rows], entry.demand)
         most = entry.constraints.max_per_node
         if most is not None:
             idle, fit_now = np.minimum(idle, most), np.minimum(fit_now, most)
@@ -216,7 +215,7 @@ def _holds(free: dict[int, np.ndarray], demand: np.ndarray, size: int) -> bool:
     asked = demand > EPSILON
     if not asked.any():
         return True
-    return sum(int(np.floor((np.maximum(room, 0.0)[asked] + EPSILON) / demand[asked]).min()) for room in free.values()) >= size
+    return sum(int(tasks_fitting(room, demand)) for room in free.values()) >= size
 
 
 __all__ = ["Reservations"]

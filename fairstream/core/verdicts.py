@@ -22,6 +22,7 @@ from fairstream.core.model import (
     ResourceSpace,
     Task,
     TaskState,
+    tasks_fitting,
 )
 from fairstream.core.nodes import Nodes
 from fairstream.core.workload import Workload
@@ -109,7 +110,7 @@ def _why_never_whole(task: Task, capacity: np.ndarray) -> Verdict | None:
     asked = task.demand > EPSILON
     if not asked.any():
         return None
-    each = np.floor((capacity[:, asked] + EPSILON) / task.demand[asked]).min(axis=1)
+    each = tasks_fitting(capacity, task.demand)
     if task.constraints.max_per_node is not None:
         each = np.minimum(each, task.constraints.max_per_node)
     most = int(each.sum())

@@ -158,12 +158,7 @@ def gang_reserved_start(engine, held) -> float | None:
             fits += min((int((r + 1e-9) // d) for r, d in zip(room, request.demand_values) if d > 0), default=size)
         return fits >= size
 
-    if whole_after(engine.time):
-        return engine.time
-    for time in sorted(t.start + t.estimate for t in running if t.estimate is not None):
-        if whole_after(time):
-            return time
-    return None
+    return _earliest(engine, running, whole_after)
 
 
 def reserved_start(engine, held) -> float | None:
@@ -188,9 +183,15 @@ def reserved_start(engine, held) -> float | None:
                 busy = [b + d for b, d in zip(busy, task.demand_values)]
         return all(c - b >= n - 1e-9 for c, b, n in zip(capacity, busy, need))
 
-    if fits_after(engine.time):
+    return _earliest(engine, running, fits_after)
+
+
+def _earliest(engine, running, holds) -> float | None:
+    """The engine's time if ``holds(it)``, else the earliest expected end of one of ``running``
+    at which ``holds``; None if none (a task with no estimate never ends by its estimate)."""
+    if holds(engine.time):
         return engine.time
     for time in sorted(t.start + t.estimate for t in running if t.estimate is not None):
-        if fits_after(time):
+        if holds(time):
             return time
     return None
