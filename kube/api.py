@@ -26,6 +26,7 @@ from lightkube import ALL_NS, ApiError, AsyncClient, KubeConfig
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.resources.scheduling_v1beta1 import PodGroup
 from lightkube.types import PatchType
 
 from fairstream.kube.mirror import PodRef
@@ -95,6 +96,16 @@ class KubeApi:
     async def list_pods(self) -> tuple[list[dict[str, Any]], str]:
         return await self._list(Pod, ALL_NS)
 
+    async def list_podgroups(self) -> tuple[list[dict[str, Any]], str] | None:
+        """Every PodGroup (``scheduling.k8s.io/v1beta1``), or None if the API server does not
+        serve them (the ``GenericWorkload`` feature gate off: then no pod names one either)."""
+        try:
+            return await self._list(PodGroup, ALL_NS)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise
+
     async def _list(self, kind, namespace, labels=None) -> tuple[list[dict[str, Any]], str]:
         async def listed():
             found = self.client.list(kind, namespace=namespace, chunk_size=500) if namespace is not None \
@@ -107,7 +118,7 @@ class KubeApi:
     async def watch(self, kind: str, resource_version: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """``(ADDED|MODIFIED|DELETED, object)`` from ``resource_version`` on, until the watch ends
         or fails (``ApiError`` 410 when that version is too old: list again)."""
-        res = Node if kind == "node" else Pod
+        res: Any = {"node": Node, "pod": Pod, "podgroup": PodGroup}[kind]
         kwargs: dict[str, Any] = {"labels": self.node_selector} if kind == "node" else {"namespace": ALL_NS}
         try:
             async for event, obj in self.client.watch(res, resource_version=resource_version, **kwargs):
@@ -147,14 +158,16 @@ class KubeApi:
                 return BindResult.BOUND_ELSEWHERE if now.spec.nodeName else BindResult.GONE
             raise
 
-    async def finalizer(self, pod: PodRef, add: bool) -> bool:
-        """Puts our finalizer on the pod, or takes it off; False if the pod is gone (or is
-        another of the same name)."""
+    async def finalizer(self, pod: PodRef, add: bool | None, annotations: dict[str, str] | None = None) -> bool:
+        """Puts our finalizer on the pod (``add``), or takes it off (``add`` False), and writes
+        ``annotations``, in one call; False if the pod is gone (or is another of the same name)."""
         meta: dict[str, Any] = {"uid": pod.uid}
         if add:
             meta["finalizers"] = [FINALIZER]
-        else:
+        elif add is not None:
             meta["$deleteFromPrimitiveList/finalizers"] = [FINALIZER]
+        if annotations:
+            meta["annotations"] = dict(annotations)
         try:
             await self._call(self.client.patch(Pod, pod.name, {"metadata": meta}, namespace=pod.namespace,
                                                patch_type=PatchType.STRATEGIC))

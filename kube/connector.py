@@ -2,8 +2,9 @@
 
 A thin loop around ``ClusterMirror`` (``kube/mirror.py``, where the rules are):
 
-- lists nodes and pods, then watches them from the lists' resourceVersion; a watch that breaks
-  (the API server away, a version too old) lists again, and what the list lacks is gone;
+- lists nodes, PodGroups (if the API server serves them) and pods, then watches them from the
+  lists' resourceVersion; a watch that breaks (the API server away, a version too old) lists
+  again, and what the list lacks is gone;
 - publishes what the mirror makes of them (submissions, completions, heartbeats), each topic's
   messages of a moment as one message (a JSON array: the worker's cost is per message);
 - sends a node's heartbeat every ``heartbeat_interval`` seconds (round robin; a node's change
@@ -130,8 +131,9 @@ class Connector:
         if calls:
             outcomes = await asyncio.gather(*(self._call(call) for call in calls))
             # Submissions sent once their finalizer is on go in the mirror's order, not in the
-            # order the calls came back: a tenant's pods wait in the order they came.
-            self._take([then for then in outcomes if then is not None])
+            # order the calls came back: a tenant's pods wait in the order they came. A gang's
+            # request, after its pods' calls, goes once.
+            self._take(list({id(then): then for then in outcomes if then is not None}.values()))
             await self.flush()
 
     # ------------------------------------------------------------------ API calls
@@ -161,7 +163,8 @@ class Connector:
                     log.warning("kubernetes.bind_not_made", pod=str(call.pod), node=call.node,
                                 decision=call.decision, why=result.value)
             elif isinstance(call, Finalize):
-                present = await self._retrying("finalizer", lambda: self._api().finalizer(call.pod, call.add))
+                present = await self._retrying("finalizer", lambda: self._api().finalizer(
+                    call.pod, call.add, dict(call.annotations)))
                 view = self.mirror.pods.get(call.pod.uid)
                 if view is not None:
                     view.finalizing = False
@@ -179,7 +182,7 @@ class Connector:
             if isinstance(call, Finalize) and call.pod.uid in self.mirror.pods:
                 view = self.mirror.pods[call.pod.uid]
                 view.finalizing = False
-                if call.then is not None:
+                if call.then is not None and view.request is None:
                     view.submitted = False  # (not sent: its next change tries again)
         return None
 
@@ -214,12 +217,21 @@ class Connector:
 
     # ------------------------------------------------------------------ watching
 
-    async def _sync(self, kind: str) -> str:
-        listed, version = await self._retrying(f"list {kind}s", self._api().list_nodes if kind == "node"
-                                               else self._api().list_pods)
+    async def _sync(self, kind: str) -> str | None:
+        """Lists ``kind`` (node, podgroup, pod) into the mirror; the list's resourceVersion, or
+        None if the API server does not serve it (PodGroups without their feature gate)."""
+        api = self._api()
+        found = await self._retrying(f"list {kind}s", {"node": api.list_nodes, "pod": api.list_pods,
+                                                       "podgroup": api.list_podgroups}[kind])
+        if found is None:
+            log.info("kubernetes.no_podgroups", why="the API server serves no scheduling.k8s.io/v1beta1 "
+                     "PodGroups (feature gate GenericWorkload off); Kueue's pod groups are still read")
+            return None
+        listed, version = found
         now = wall.time()
-        actions = self.mirror.nodes_listed(listed, now) if kind == "node" else self.mirror.pods_listed(listed, now)
-        await self.apply(actions)
+        listing = {"node": self.mirror.nodes_listed, "pod": self.mirror.pods_listed,
+                   "podgroup": self.mirror.podgroups_listed}[kind]
+        await self.apply(listing(listed, now))
         log.info("kubernetes.listed", kind=kind, count=len(listed), resource_version=version)
         return version
 
@@ -239,7 +251,7 @@ class Connector:
                 log.warning("kubernetes.watch_broken", kind=kind, error=f"{type(exc).__name__}: {exc}",
                             relist_in_s=delay)
                 await asyncio.sleep(delay)
-                version = await self._sync(kind)
+                version = await self._sync(kind) or version
 
     async def _apply_changes(self) -> None:
         """The watches' changes, as many at a time as have come (one flush, the calls together):
@@ -254,6 +266,9 @@ class Connector:
                 if kind == "node":
                     actions += (self.mirror.node_gone(obj["metadata"]["name"], now) if event == "DELETED"
                                 else self.mirror.node_seen(obj, now))
+                elif kind == "podgroup":
+                    actions += (self.mirror.podgroup_gone(obj, now) if event == "DELETED"
+                                else self.mirror.podgroup_seen(obj, now))
                 else:
                     actions += self.mirror.pod_gone(obj, now) if event == "DELETED" else self.mirror.pod_seen(obj, now)
             if actions:
@@ -361,11 +376,15 @@ class Connector:
             await consumer.start()
             try:
                 node_version = await self._sync("node")
+                podgroup_version = await self._sync("podgroup")  # (before the pods: they find their groups)
                 pod_version = await self._sync("pod")
                 log.info("kubernetes.started", cluster=config.cluster, nodes=len(self.mirror.nodes),
                          pods=len(self.mirror.pods), scheduler=config.scheduler_name)
+                assert node_version is not None and pod_version is not None
                 workers = [self._watch("node", node_version), self._watch("pod", pod_version), self._apply_changes(),
                            self._decisions(consumer), self._heartbeats(), self._write_explanations()]
+                if podgroup_version is not None:
+                    workers.append(self._watch("podgroup", podgroup_version))
                 if config.worker_url:
                     workers.append(self._pending_reasons())
                 running = [asyncio.ensure_future(w) for w in workers]

@@ -26,6 +26,13 @@ The rules (docs/kubernetes.md):
   decision is not acknowledged, so a restart reads it again.
 - A decision for a pod that is gone, has ended, or is already bound is counted
   (``counts``) and logged, never retried; one already bound to the same node counts as done.
+- Pods of a group that starts whole (a PodGroup of the ``gang`` policy, or a Kueue pod group)
+  wait until as many exist as must start together (its ``minCount`` less those of it running),
+  then go as one request with a gang of that size; each pod is task ``k`` of it, written on
+  the pod (``fairstream.dev/gang``) with our finalizer, so a restart knows it again. A pod of
+  the request deleted before any of it starts withdraws the whole request: the others wait
+  for the group again. Pods of a PodGroup of the ``basic`` policy, and of a group whose gang
+  runs, go one by one.
 - ``preempt``: the pod is evicted (the Eviction API: PodDisruptionBudgets are honoured);
   ``requeue`` (its node lost): the pod is deleted, as Kubernetes' pod garbage collector deletes
   the pods of a deleted node. Either way its task ends with the pod, as ``killed``; the pod's
@@ -36,19 +43,28 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fairstream.kube.translate import (
     DEFAULT_SCHEDULER,
     FINALIZER,
+    GANG_ANNOTATION,
     QUEUE_LABEL,
+    GroupRef,
     Untranslatable,
     capacity_of,
+    gang_annotation,
+    gang_request_id,
+    gang_submission,
+    group_of,
+    kueue_group_size,
     node_open,
     node_ready,
     pod_requests,
     pod_terminal,
+    podgroup_min,
+    read_gang_annotation,
     submission,
     task_id,
     worker_amount,
@@ -84,11 +100,14 @@ class Bind:
 @dataclass(frozen=True)
 class Finalize:
     """Puts our finalizer on the pod (``add``), then sends ``then``; or takes it off (after the
-    completion before it in the same actions is sent)."""
+    completion before it in the same actions is sent); ``add`` None: neither (``annotations``
+    alone). ``annotations`` are written in the same call. Several calls may share one ``then``
+    (a gang's request): it is sent once, after them."""
 
     pod: PodRef
-    add: bool
+    add: bool | None
     then: Publish | None = None
+    annotations: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -133,6 +152,8 @@ class PodView:
     deleting: bool = False
     finalizer: bool = False  # our finalizer is on it (as last seen)
     finalizing: bool = False  # a call to put it on is made
+    group: str | None = None  # the key of its group that starts whole (GroupRef.key), if any
+    request: str | None = None  # the gang's request it is a task of, while none of that request runs
 
     @property
     def ended(self) -> bool:
@@ -148,6 +169,22 @@ class NodeView:
     open: bool
     not_ready_since: float | None = None
     lost: bool = False
+
+
+@dataclass
+class GroupView:
+    """A group of pods that starts whole, as the mirror knows it: its size (a PodGroup's
+    ``minCount``, or a Kueue pod group's total; None until its PodGroup is seen), its live pods
+    of ours (``members``), the latest object of each not yet bound (``pods``, in arrival order),
+    and those waiting for enough of the group to go as one request (``gathering``)."""
+
+    ref: GroupRef
+    size: int | None = None
+    basic: bool = False  # a PodGroup of the basic policy: its pods start one by one
+    podgroup: bool = False  # its PodGroup object is seen
+    members: set[str] = field(default_factory=set)
+    pods: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    gathering: dict[str, None] = field(default_factory=dict)
 
 
 @dataclass
@@ -173,6 +210,8 @@ class Counts:
     deleted: int = 0
     unschedulable: int = 0
     untranslatable: int = 0  # pods that cannot be submitted as they are (said on the pod)
+    gangs: int = 0  # gangs' requests submitted
+    gangs_withdrawn: int = 0  # gangs' requests withdrawn: a pod of theirs went before any started
     duplicate_decisions: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -199,6 +238,9 @@ class ClusterMirror:
         self.used: dict[str, list[float]] = {}  # node -> requests of every live pod on it
         self.foreign: dict[str, list[float]] = {}  # node -> requests of live pods not ours
         self.held: dict[str, list[Held]] = {}  # node -> placements waiting for room there, in order
+        self.groups: dict[str, GroupView] = {}  # by GroupRef.key: groups with pods of ours, or a PodGroup
+        self.requests: dict[str, list[str]] = {}  # a gang's request none of which runs -> its pods' uids, by index
+        self.recovered: dict[str, tuple[str, int, int]] = {}  # request read off pods (a restart) -> (group, count, min)
         self.counts = Counts()
         self.seen_decisions: OrderedDict[str, None] = OrderedDict()
         self.remembered_decisions = remembered_decisions
@@ -230,13 +272,18 @@ class ClusterMirror:
             view = PodView(PodRef(meta["namespace"], meta["name"], uid), task_id(pod), ours, self._requests(spec))
             self.pods[uid] = view
             if ours:
-                self.by_task[view.task] = uid
+                self._join_group(view, pod)
+                if view.group is None or view.request is not None:
+                    self.by_task[view.task] = uid
         out: list[Action] = []
         view.deleting = meta.get("deletionTimestamp") is not None
         view.finalizer = FINALIZER in (meta.get("finalizers") or ())
         terminal = pod_terminal(pod)
         node = spec.get("nodeName")
-        if view.ours and (view.finalizer or (node and not terminal)):
+        group = None if view.group is None else self.groups[view.group]
+        if group is not None and not node and not terminal and not view.left:
+            group.pods[uid] = pod  # (made into a request from its latest)
+        if view.ours and ((view.finalizer and (group is None or view.request is not None)) or (node and not terminal)):
             view.known = True  # (the finalizer is on before the submission goes: see _submit)
         if node and view.node is None and not terminal and not view.left:
             self._occupy(view, node)
@@ -248,6 +295,9 @@ class ClusterMirror:
             out += self._leave(view, time)
         elif view.deleting:
             out += self._complete(view, "killed", time)
+            out += self._gathered_no_more(view, time)
+        elif group is not None and not node and not view.submitted:
+            out += self._gather(view, group, time)
         elif view.ours and not node and not view.submitted:
             out += self._submit(pod, view, time)
         elif view.ours and self.finalizer and not view.finalizer and not view.finalizing:
@@ -261,9 +311,14 @@ class ClusterMirror:
         if view is None:
             return []
         view.finalizer = False  # (nothing to take off a pod that is gone)
-        out = self._complete(view, "killed", time) + self._leave(view, time)
+        out = self._complete(view, "killed", time) + self._leave(view, time) + self._gathered_no_more(view, time)
         if view.ours:
             self.by_task.pop(view.task, None)
+        if view.group is not None:
+            group = self.groups[view.group]
+            group.members.discard(view.ref.uid)
+            if not group.members and not group.podgroup:
+                del self.groups[view.group]  # (kept while it has pods or its PodGroup: not history)
         self.explained.pop(view.ref.uid, None)
         for node, waiting in list(self.held.items()):
             self.held[node] = [h for h in waiting if h.pod != view.ref.uid]
@@ -279,7 +334,7 @@ class ClusterMirror:
         # In the order they were made (the list's is by name): a tenant's pods wait in line so.
         for pod in sorted(pods, key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"])):
             out += self.pod_seen(pod, time)
-        return out
+        return out + self._recover(time)
 
     def _submit(self, pod: Mapping[str, Any], view: PodView, time: float) -> list[Action]:
         """The pod's submission, sent once its finalizer is on (``Finalize(then=...)``): a pod
@@ -294,6 +349,7 @@ class ClusterMirror:
             self.counts.untranslatable += 1
             return self._explain(view, "Unsupported", f"fairstream cannot schedule this pod: {exc}", warning=True)
         view.submitted = view.known = True
+        self.by_task[view.task] = view.ref.uid
         out: list[Action] = []
         if view.finalizer or not self.finalizer:
             out.append(Publish(SUBMITTED, made.message))
@@ -301,6 +357,228 @@ class ClusterMirror:
             view.finalizing = True
             out.append(Finalize(view.ref, add=True, then=Publish(SUBMITTED, made.message)))
         out += [Explain(view.ref, "InvalidEstimate", warning, warning=True, condition=False) for warning in made.warnings]
+        return out
+
+    # ------------------------------------------------------------------ groups that start whole
+
+    def _group(self, ref: GroupRef) -> GroupView:
+        group = self.groups.get(ref.key)
+        if group is None:
+            group = self.groups[ref.key] = GroupView(ref)
+        return group
+
+    def _join_group(self, view: PodView, pod: Mapping[str, Any]) -> None:
+        """A new pod of ours: a member of its group, if it has one; if it carries the mark of a
+        gang's request (a connector before this one made it), a task of that request again."""
+        ref = group_of(pod)
+        if ref is None:
+            return
+        group = self._group(ref)
+        group.members.add(view.ref.uid)
+        view.group = ref.key
+        marked = read_gang_annotation(pod)
+        if marked is None:
+            return
+        request, index, count, least = marked
+        slots = self.requests.setdefault(request, [""] * count)
+        if len(slots) != count or slots[index]:
+            return  # (a mark that does not agree with its request's others: gathered anew)
+        slots[index] = view.ref.uid
+        view.task, view.request = f"{request}-{index}", request
+        self.recovered.setdefault(request, (ref.key, count, least))
+
+    def _recover(self, time: float) -> list[Action]:
+        """The gangs' requests read off the pods' marks (``_join_group``), once all pods are
+        listed: one of which a pod runs or ran is known to the worker (its other tasks wait
+        there); one whose pods all wait is submitted again (the worker refuses it as a duplicate
+        if it has it); one with a pod missing is withdrawn, its pods gathered anew."""
+        out: list[Action] = []
+        recovered, self.recovered = self.recovered, {}
+        for request, (key, count, least) in recovered.items():
+            slots = self.requests.get(request, [])
+            views = [self.pods[uid] for uid in slots if uid in self.pods]
+            group = self.groups[key]
+            if any(v.node is not None or v.left or v.completed for v in views):
+                self.requests.pop(request, None)
+                for v in views:
+                    v.request = None
+                    v.submitted = v.known = True
+                continue
+            whole = len(views) == count and all(not v.deleting for v in views)
+            if whole:
+                try:
+                    made = gang_submission([group.pods[v.ref.uid] for v in views], group.ref, request, least,
+                                           self.cluster, time, self.resources, self.queue_label)
+                except (Untranslatable, KeyError):
+                    whole = False
+            if whole:
+                for v in views:
+                    v.submitted = v.known = True
+                out.append(Publish(SUBMITTED, made.message))
+            else:
+                for k, uid in enumerate(slots):
+                    if not uid:  # (a pod of it gone unseen: its task may wait in the worker)
+                        out.append(Publish(COMPLETED, {"cluster": self.cluster, "task": f"{request}-{k}",
+                                                       "time": time, "status": "killed"}))
+                        slots[k] = f"gone-{k}"
+                out += self._withdraw(request, time)
+        for key in dict.fromkeys(key for key, _, _ in recovered.values()):
+            if key in self.groups:
+                out += self._try_group(self.groups[key], time)
+        return out
+
+    def _gather(self, view: PodView, group: GroupView, time: float) -> list[Action]:
+        """A waiting pod of a group: it waits for enough of its group (``_try_group``)."""
+        if view.request is not None:
+            return []  # (in a request read off its mark: ``_recover`` decides)
+        group.gathering[view.ref.uid] = None
+        return self._try_group(group, time)
+
+    def _gathered_no_more(self, view: PodView, time: float) -> list[Action]:
+        """A pod of a group is deleted or gone: it is gathered no more; if its gang's request
+        has not started, the request is withdrawn whole and its other pods gathered again."""
+        if view.group is None:
+            return []
+        group = self.groups[view.group]
+        group.gathering.pop(view.ref.uid, None)
+        group.pods.pop(view.ref.uid, None)
+        out: list[Action] = []
+        if view.request is not None and view.request in self.requests:
+            out += self._withdraw(view.request, time)
+        return out + self._try_group(group, time)
+
+    def _withdraw(self, request: str, time: float) -> list[Action]:
+        """A gang's request none of which runs loses a pod: its tasks are withdrawn from the
+        worker (``killed``, as a deleted waiting pod's), and its other pods wait for the group
+        again (under another request: ``gang_request_id``)."""
+        self.counts.gangs_withdrawn += 1
+        out: list[Action] = []
+        for uid in self.requests.pop(request, ()):
+            view = self.pods.get(uid)
+            if view is None or view.request != request:
+                continue
+            if not view.completed and view.known:
+                out.append(Publish(COMPLETED, {"cluster": self.cluster, "task": view.task, "time": time,
+                                               "status": "killed"}))
+            self.by_task.pop(view.task, None)
+            view.task, view.request = task_id({"metadata": {"namespace": view.ref.namespace, "name": view.ref.name,
+                                                            "uid": view.ref.uid}}), None
+            view.submitted = view.known = False
+            group = self.groups[view.group] if view.group is not None else None
+            if group is not None and not view.ended and not view.deleting and uid in group.pods:
+                group.gathering[uid] = None
+        return out
+
+    def _try_group(self, group: GroupView, time: float) -> list[Action]:
+        """The group's gathered pods go if enough are there: as one request of all of them,
+        ``size`` less those of the group running of which must start together; one by one if
+        that is 1 or less (or the group's policy is basic). Else each says what it waits for."""
+        gathered = [uid for uid in group.gathering if uid in self.pods and uid in group.pods
+                    and not self.pods[uid].ended and not self.pods[uid].deleting and self.pods[uid].node is None]
+        group.gathering = dict.fromkeys(gathered)
+        if not gathered:
+            return []
+        size = group.size
+        if group.ref.kueue:
+            try:
+                size = kueue_group_size(group.pods[gathered[-1]])
+            except Untranslatable as exc:
+                return self._unsupported([self.pods[uid] for uid in gathered], str(exc))
+        if size is None and not group.basic:
+            return self._explain_each(gathered, "WaitingForPodGroup",
+                                      f"fairstream: waits for {group.ref}, which does not exist yet")
+        running = sum(1 for uid in group.members
+                      if uid in self.pods and self.pods[uid].node is not None and not self.pods[uid].ended)
+        least = 1 if group.basic or size is None else size - running
+        if least <= 1:  # (one by one: its policy is basic, or its gang runs)
+            out: list[Action] = []
+            for uid in gathered:
+                del group.gathering[uid]
+                out += self._submit(group.pods[uid], self.pods[uid], time)
+            return out
+        pending = [request for request, uids in self.requests.items()
+                   if any(uid in self.pods and self.pods[uid].group == group.ref.key for uid in uids)]
+        if pending:
+            return self._explain_each(gathered, "WaitingForGang",
+                                      f"fairstream: waits for the gang of its {group.ref} to start ({pending[0]})")
+        if len(gathered) < least:
+            return self._explain_each(gathered, "WaitingForGang",
+                                      f"fairstream: waits for the pods of its {group.ref}: {len(gathered)} of the "
+                                      f"{least} that must start together exist")
+        return self._make_request(group, gathered, least, time)
+
+    def _make_request(self, group: GroupView, uids: list[str], least: int, time: float) -> list[Action]:
+        """``uids`` of ``group`` as one gang's request, ``least`` of which start together. Each
+        pod gets our finalizer and its mark in one call; the request goes once they are made."""
+        request = gang_request_id(group.ref, uids)
+        try:
+            made = gang_submission([group.pods[uid] for uid in uids], group.ref, request, least, self.cluster, time,
+                                   self.resources, self.queue_label)
+        except Untranslatable as exc:
+            return self._unsupported([self.pods[uid] for uid in uids], str(exc))
+        self.counts.gangs += 1
+        publish = Publish(SUBMITTED, made.message)
+        self.requests[request] = list(uids)
+        out: list[Action] = []
+        for k, uid in enumerate(uids):
+            view = self.pods[uid]
+            del group.gathering[uid]
+            view.task, view.request = f"{request}-{k}", request
+            view.submitted = view.known = True
+            self.by_task[view.task] = uid
+            view.finalizing = self.finalizer
+            mark = ((GANG_ANNOTATION, gang_annotation(request, k, len(uids), least)),)
+            out.append(Finalize(view.ref, add=True if self.finalizer else None, then=publish, annotations=mark))
+        out += self._explain_each(uids, "Waiting", f"fairstream: its {group.ref} is submitted as one gang of "
+                                                   f"{len(uids)} pods, {least} of which start together")
+        first = self.pods[uids[0]]
+        out += [Explain(first.ref, "InvalidEstimate", warning, warning=True, condition=False)
+                for warning in made.warnings]
+        return out
+
+    def _unsupported(self, views: list[PodView], why: str) -> list[Action]:
+        out: list[Action] = []
+        for view in views:
+            if self.explained.get(view.ref.uid, ("",))[0] != "Unsupported":
+                self.counts.untranslatable += 1
+                out += self._explain(view, "Unsupported", f"fairstream cannot schedule this pod: {why}", warning=True)
+        return out
+
+    def _explain_each(self, uids: list[str], reason: str, message: str) -> list[Action]:
+        out: list[Action] = []
+        for uid in uids:
+            out += self._explain(self.pods[uid], reason, message)
+        return out
+
+    def podgroup_seen(self, podgroup: Mapping[str, Any], time: float) -> list[Action]:
+        """A PodGroup listed, added or modified: its size (``minCount``; the basic policy: one
+        by one) for its pods to come; those gathered may go now."""
+        meta = podgroup["metadata"]
+        group = self._group(GroupRef(meta["namespace"], meta["name"], kueue=False))
+        least = podgroup_min(podgroup)
+        group.podgroup, group.basic, group.size = True, least is None, least
+        return self._try_group(group, time)
+
+    def podgroup_gone(self, podgroup: Mapping[str, Any], time: float) -> list[Action]:
+        """A PodGroup deleted: pods of it not yet submitted wait for it again."""
+        meta = podgroup["metadata"]
+        key = GroupRef(meta["namespace"], meta["name"], kueue=False).key
+        group = self.groups.get(key)
+        if group is None:
+            return []
+        group.podgroup, group.basic, group.size = False, False, None
+        if not group.members:
+            del self.groups[key]
+            return []
+        return self._try_group(group, time)
+
+    def podgroups_listed(self, podgroups: list[Mapping[str, Any]], time: float) -> list[Action]:
+        present = {GroupRef(p["metadata"]["namespace"], p["metadata"]["name"], kueue=False).key for p in podgroups}
+        out: list[Action] = []
+        for group in [g for g in self.groups.values() if g.podgroup and g.ref.key not in present]:
+            out += self.podgroup_gone({"metadata": {"namespace": group.ref.namespace, "name": group.ref.name}}, time)
+        for podgroup in podgroups:
+            out += self.podgroup_seen(podgroup, time)
         return out
 
     def _complete(self, view: PodView, status: str, time: float) -> list[Action]:
@@ -430,7 +708,10 @@ class ClusterMirror:
                 self.seen_decisions.popitem(last=False)
         kind = decision.get("kind")
         out: list[Action] = []
-        for task in decision.get("tasks") or [decision.get("task")]:
+        tasks = decision.get("tasks") or [decision.get("task")]
+        if kind == "unschedulable" and decision.get("task") in self.requests:  # (a gang's request: each pod)
+            tasks = [self.pods[uid].task for uid in self.requests[decision["task"]] if uid in self.pods]
+        for task in tasks:
             uid = self.by_task.get(task)
             view = None if uid is None else self.pods.get(uid)
             if kind == "place":
@@ -468,13 +749,22 @@ class ClusterMirror:
             return self._explain(view, "WaitingForRoom",
                                  f"placed on node {node} by fairstream; waits for the pods leaving it "
                                  f"(preempted or terminating) to free its room")
-        return self._bind(view, node, str(decision.get("id")))
+        return self._bind(view, node, str(decision.get("id")), time)
 
-    def _bind(self, view: PodView, node: str, ident: str) -> list[Action]:
+    def _bind(self, view: PodView, node: str, ident: str, time: float) -> list[Action]:
         self._occupy(view, node)  # assumed now: the next placement there sees its room taken
         self.counts.bound += 1
         self.explained.pop(view.ref.uid, None)
-        return [Bind(view.ref, node, ident)]
+        out: list[Action] = [Bind(view.ref, node, ident)]
+        if view.group is not None:
+            group = self.groups[view.group]
+            group.pods.pop(view.ref.uid, None)
+            if view.request is not None:  # its gang started: the rest of it are tasks as any
+                for uid in self.requests.pop(view.request, ()):
+                    if uid in self.pods:
+                        self.pods[uid].request = None
+                out += self._try_group(group, time)  # (pods that came after it may go now)
+        return out
 
     def _fits(self, view: PodView, node: str) -> bool:
         used = self.used.get(node, [0.0] * len(self.resources))
@@ -494,7 +784,7 @@ class ClusterMirror:
             if node not in self.nodes or not self._fits(view, node):
                 break
             waiting.pop(0)
-            out += self._bind(view, node, str(first.decision.get("id")))
+            out += self._bind(view, node, str(first.decision.get("id")), time)
         if not waiting:
             self.held.pop(node, None)
         return out
@@ -529,13 +819,15 @@ class ClusterMirror:
         out: list[Action] = []
         for entry in entries:
             if entry.get("tasks", 1) != 1:
-                continue
-            uid = self.by_task.get(entry.get("first") or entry.get("id") or "")
-            view = None if uid is None else self.pods.get(uid)
-            if uid is None or view is None or view.node is not None or view.ended or not view.submitted:
-                continue
-            if self.explained.get(uid, ("", ""))[0] in ("WaitingForRoom", "Unsupported"):
-                continue
-            reason = "Unschedulable" if entry.get("reason") == "unschedulable" else "Waiting"
-            out += self._explain(view, reason, f"fairstream: {entry.get('message') or entry.get('reason')}")
+                uids = self.requests.get(entry.get("id") or "", [])  # (a gang's request: each of its pods)
+            else:
+                uids = [self.by_task.get(entry.get("first") or entry.get("id") or "", "")]
+            for uid in uids:
+                view = self.pods.get(uid)
+                if view is None or view.node is not None or view.ended or not view.submitted:
+                    continue
+                if self.explained.get(uid, ("", ""))[0] in ("WaitingForRoom", "Unsupported"):
+                    continue
+                reason = "Unschedulable" if entry.get("reason") == "unschedulable" else "Waiting"
+                out += self._explain(view, reason, f"fairstream: {entry.get('message') or entry.get('reason')}")
         return out

@@ -18,12 +18,17 @@ wire messages of ``fairstream/wire/events.py`` or a reason it cannot; no client,
   ``constraints.labels`` (a list of values: one of them); ``metadata.name`` ``In`` in
   ``matchFields`` becomes ``constraints.nodes``. Anything else cannot be expressed: the pod is
   not submitted, and says why.
+- A pod of a group that starts whole (``group_of``: Kubernetes' PodGroup named by
+  ``spec.schedulingGroup.podGroupName``, or Kueue's ``kueue.x-k8s.io/pod-group-name`` label)
+  is a task of its gang's request (``gang_submission``): pods of one shape, one tenant.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -33,6 +38,14 @@ JOB_LABEL = "fairstream.dev/job"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 ESTIMATE_ANNOTATION = "fairstream.dev/estimate"  # expected run time: seconds, or "90s", "1h30m"
 DEFAULT_SCHEDULER = "fairstream"
+# Pod groups that start whole: Kubernetes' PodGroup (scheduling.k8s.io/v1beta1, behind the
+# GenericWorkload feature gate), which pods name in spec.schedulingGroup.podGroupName; and
+# Kueue's plain pod groups, a label naming the group and an annotation its size.
+KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+KUEUE_GROUP_SIZE = "kueue.x-k8s.io/pod-group-total-count"
+# On each pod of a gang's request, with our finalizer: which task of which request it is (so a
+# connector that restarts knows them again).
+GANG_ANNOTATION = "fairstream.dev/gang"
 # On every pod of ours until its completion is sent: a pod deleted while the connector is down
 # stays (Terminating) until the connector is back to say so (Kueue's pod integration does the same).
 FINALIZER = "fairstream.dev/completion"
@@ -278,3 +291,114 @@ def node_open(node: Mapping[str, Any]) -> bool:
 
 def pod_terminal(pod: Mapping[str, Any]) -> bool:
     return ((pod.get("status") or {}).get("phase")) in ("Succeeded", "Failed")
+
+
+# ---------------------------------------------------------------------- pod groups
+
+
+@dataclass(frozen=True)
+class GroupRef:
+    """The group a pod belongs to: a PodGroup object (``kueue`` False) or a Kueue pod group
+    (a label; its size on each pod)."""
+
+    namespace: str
+    name: str
+    kueue: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{'pod-group' if self.kueue else 'PodGroup'}/{self.name}"
+
+    def __str__(self) -> str:
+        return f"{'Kueue pod group' if self.kueue else 'PodGroup'} {self.name}"
+
+
+def group_of(pod: Mapping[str, Any]) -> GroupRef | None:
+    """The pod's group: its ``spec.schedulingGroup.podGroupName``, else its Kueue pod-group
+    label; None if it has neither."""
+    meta = pod["metadata"]
+    name = (((pod.get("spec") or {}).get("schedulingGroup")) or {}).get("podGroupName")
+    if name:
+        return GroupRef(meta["namespace"], str(name), kueue=False)
+    label = (meta.get("labels") or {}).get(KUEUE_GROUP_LABEL)
+    return GroupRef(meta["namespace"], str(label), kueue=True) if label else None
+
+
+def kueue_group_size(pod: Mapping[str, Any]) -> int:
+    """A Kueue pod group's size, from the pod's ``kueue.x-k8s.io/pod-group-total-count``: all
+    of them start together. Raises ``Untranslatable`` when it is missing or not a count."""
+    text = ((pod["metadata"].get("annotations")) or {}).get(KUEUE_GROUP_SIZE)
+    try:
+        size = int(str(text).strip())
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise Untranslatable(f"{KUEUE_GROUP_LABEL} without a {KUEUE_GROUP_SIZE} annotation of 1 or more "
+                             f"(got {text!r})")
+    return size
+
+
+def podgroup_min(podgroup: Mapping[str, Any]) -> int | None:
+    """How many pods of a PodGroup must start together: its gang policy's ``minCount``; None for
+    the basic policy (its pods start one by one)."""
+    gang = (((podgroup.get("spec") or {}).get("schedulingPolicy")) or {}).get("gang")
+    if gang is None:
+        return None
+    count = gang.get("minCount")
+    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 1 else 1
+
+
+def gang_request_id(group: GroupRef, uids: Sequence[str]) -> str:
+    """The request id of a gang made of the pods ``uids`` of ``group``:
+    ``namespace/name:gang/<8 hex digits of the pods' uids>``; another set of pods (one gone,
+    one come) makes another id. No pod's task id has a colon."""
+    digest = hashlib.sha256("\n".join(sorted(uids)).encode()).hexdigest()[:8]
+    return f"{group.namespace}/{group.name}:gang/{digest}"
+
+
+def gang_submission(pods: Sequence[Mapping[str, Any]], group: GroupRef, request: str, least: int, cluster: str,
+                    time: float, resources: tuple[str, ...], queue_label: str = QUEUE_LABEL) -> Submission:
+    """The pods of ``group`` as one ``tasks.submitted`` request ``request`` of ``len(pods)``
+    tasks, ``least`` of which must start together (``gang.min``; the request's task ``k`` is
+    ``pods[k]``). The engine's gang is tasks of one shape: pods of different demand,
+    constraints or queue raise ``Untranslatable``. The job is the pods' one, else the group;
+    the estimate the longest of theirs."""
+    made = [submission(pod, cluster, time, resources, queue_label) for pod in pods]
+    first = made[0].message
+    for field_name, what in (("demand", "resources"), ("constraints", "nodes"), ("tenant", "queues")):
+        if any(m.message.get(field_name) != first.get(field_name) for m in made[1:]):
+            raise Untranslatable(f"the pods of {group} ask for different {what}: fairstream starts a group whole "
+                                 f"only if its pods are alike")
+    message = {key: value for key, value in first.items() if key != "estimate"}
+    message["task"] = request
+    message["count"] = len(pods)
+    message["gang"] = {"min": least}
+    jobs = {m.message["job"] for m in made}
+    message["job"] = first["job"] if len(jobs) == 1 else group.key
+    estimates = [m.message["estimate"] for m in made if "estimate" in m.message]
+    if estimates:
+        message["estimate"] = max(estimates)
+    return Submission(message, [w for m in made for w in m.warnings])
+
+
+def gang_annotation(request: str, index: int, count: int, least: int) -> str:
+    """What ``GANG_ANNOTATION`` holds on task ``index`` of a gang's request."""
+    return json.dumps({"request": request, "index": index, "count": count, "min": least},
+                      separators=(",", ":"), sort_keys=True)
+
+
+def read_gang_annotation(pod: Mapping[str, Any]) -> tuple[str, int, int, int] | None:
+    """``(request, index, count, min)`` from the pod's ``GANG_ANNOTATION``; None if it has none
+    or it is not ours to read (written by hand: then the pod is gathered again)."""
+    text = ((pod["metadata"].get("annotations")) or {}).get(GANG_ANNOTATION)
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+        request, index, count, least = doc["request"], doc["index"], doc["count"], doc["min"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not (isinstance(request, str) and all(isinstance(n, int) and not isinstance(n, bool)
+                                             for n in (index, count, least)) and 0 <= index < count and least >= 1):
+        return None
+    return request, index, count, least

@@ -14,6 +14,8 @@
 #               so the RBAC of deploy/kubernetes/ is what it gets), RBAC on; with no controller
 #               manager, the admission plugins ServiceAccount (nothing makes their tokens) and
 #               TaintNodesByCondition (nothing would take the not-ready taint off a new node) off.
+#               The GenericWorkload feature gate and scheduling.k8s.io/v1beta1 are on: PodGroups
+#               (beta in 1.37, off by default), which the connector reads for gangs.
 #   kubeconfig  prints the admin kubeconfig's path (.services/kube/admin.kubeconfig).
 # Ports: FAIRSTREAM_ETCD_PORT (23790; peer +1), FAIRSTREAM_APISERVER_PORT (16443). State, logs
 # and pids in .services/kube/ (git-ignored); etcd's data is thrown away at each start.
@@ -117,6 +119,7 @@ TOK
     --service-account-key-file "$dir/pki/sa.pub" --service-account-signing-key-file "$dir/pki/sa.key" \
     --service-account-issuer https://kubernetes.default.svc --service-cluster-ip-range 10.96.0.0/16 \
     --disable-admission-plugins ServiceAccount,TaintNodesByCondition --enable-priority-and-fairness=false --endpoint-reconciler-type none \
+    --feature-gates GenericWorkload=true --runtime-config scheduling.k8s.io/v1beta1=true \
     --max-requests-inflight 2000 --max-mutating-requests-inflight 1000 \
     --cert-dir "$dir/pki" >"$dir/apiserver.log" 2>&1 &
   echo $! >"$dir/apiserver.pid"

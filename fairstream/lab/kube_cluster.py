@@ -129,12 +129,23 @@ class Cluster:
     def make_pod(self, namespace: str, name: str, scheduler: str, cpu: str = "1", memory: str | None = None,
                  run_seconds: float | None = None, labels: dict[str, str] | None = None,
                  annotations: dict[str, str] | None = None, node_selector: dict[str, str] | None = None,
-                 extra: dict[str, str] | None = None) -> dict[str, Any]:
-        """A pod of one container requesting ``cpu``, ``memory`` and ``extra`` (``{"nvidia.com/gpu": "1"}``)."""
+                 extra: dict[str, str] | None = None, pod_group: str | None = None) -> dict[str, Any]:
+        """A pod of one container requesting ``cpu``, ``memory`` and ``extra`` (``{"nvidia.com/gpu": "1"}``);
+        of PodGroup ``pod_group`` if given."""
         from lightkube.resources.core_v1 import Pod
 
         return self.client.create(Pod.from_dict(pod_manifest(namespace, name, scheduler, cpu, memory, run_seconds,  # type: ignore[call-overload]  # (lightkube's from_dict is typed as returning its base class)
-                                                             labels, annotations, node_selector, extra))).to_dict()
+                                                             labels, annotations, node_selector, extra,
+                                                             pod_group))).to_dict()
+
+    def make_podgroup(self, namespace: str, name: str, min_count: int | None) -> None:
+        """A PodGroup (``scheduling.k8s.io/v1beta1``): the gang policy with ``min_count``, or the
+        basic policy (None)."""
+        from lightkube.resources.scheduling_v1beta1 import PodGroup
+
+        policy = {"basic": {}} if min_count is None else {"gang": {"minCount": min_count}}
+        self.client.create(PodGroup.from_dict({"metadata": {"name": name, "namespace": namespace},  # type: ignore[call-overload]  # (lightkube's from_dict is typed as returning its base class)
+                                               "spec": {"schedulingPolicy": policy}}))
 
     def pods(self, namespace: str) -> list[dict[str, Any]]:
         from lightkube.resources.core_v1 import Pod
@@ -162,7 +173,7 @@ class Cluster:
 def pod_manifest(namespace: str, name: str, scheduler: str, cpu: str = "1", memory: str | None = None,
                  run_seconds: float | None = None, labels: dict[str, str] | None = None,
                  annotations: dict[str, str] | None = None, node_selector: dict[str, str] | None = None,
-                 extra: dict[str, str] | None = None) -> dict[str, Any]:
+                 extra: dict[str, str] | None = None, pod_group: str | None = None) -> dict[str, Any]:
     requests = {"cpu": cpu, **({"memory": memory} if memory else {}), **(extra or {})}
     notes = dict(annotations or {})
     if run_seconds is not None:
@@ -175,6 +186,8 @@ def pod_manifest(namespace: str, name: str, scheduler: str, cpu: str = "1", memo
                                                           "limits": dict(extra or {})}}]}
     if node_selector:
         spec["nodeSelector"] = node_selector
+    if pod_group:
+        spec["schedulingGroup"] = {"podGroupName": pod_group}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "labels": labels or {}, "annotations": notes},
             "spec": spec}

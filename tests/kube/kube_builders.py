@@ -18,8 +18,9 @@ def container(name: str = "c", restartPolicy: str | None = None, **requests: str
 def pod(name: str, namespace: str = "default", uid: str | None = None, labels: dict | None = None,
         annotations: dict | None = None, owner: tuple[str, str] | None = None, node_selector: dict | None = None,
         containers: list | None = None, scheduler: str = "fairstream", node: str | None = None,
-        phase: str = "Pending", deleting: bool = False, **requests: str) -> dict[str, Any]:
-    """A pod; ``requests`` (``cpu="1"``) make its one container's requests."""
+        phase: str = "Pending", deleting: bool = False, group: str | None = None, **requests: str) -> dict[str, Any]:
+    """A pod; ``requests`` (``cpu="1"``) make its one container's requests; ``group``: the
+    PodGroup it names (``spec.schedulingGroup.podGroupName``)."""
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid or str(uuid.uuid4()),
                             "labels": labels or {}, "annotations": annotations or {}}
     if owner:
@@ -33,7 +34,17 @@ def pod(name: str, namespace: str = "default", uid: str | None = None, labels: d
         spec["nodeSelector"] = node_selector
     if node:
         spec["nodeName"] = node
+    if group:
+        spec["schedulingGroup"] = {"podGroupName": group}
     return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
+
+
+def podgroup(name: str, min_count: int | None = None, namespace: str = "default") -> dict[str, Any]:
+    """A PodGroup (``scheduling.k8s.io/v1beta1``): the gang policy with ``min_count``, else the
+    basic policy."""
+    policy = {"basic": {}} if min_count is None else {"gang": {"minCount": min_count}}
+    return {"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": namespace}, "spec": {"schedulingPolicy": policy}}
 
 
 def node(name: str, ready: bool = True, unschedulable: bool = False, labels: dict | None = None,

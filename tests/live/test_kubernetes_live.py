@@ -263,6 +263,34 @@ def test_node_selectors_are_kept_and_a_pod_no_node_can_hold_says_so(setup, clust
                for e in cluster.events(test.namespace, "estimated"))
 
 
+def test_a_pod_group_starts_whole_once_its_min_count_of_pods_exist_even_across_nodes(setup, cluster):
+    # Two nodes of 4 cores. A PodGroup of the gang policy, minCount 3, of pods of 2 cores: no node
+    # holds all three, so the gang spans both. Two pods alone wait (WaitingForGang, saying how
+    # many of the 3 exist) and none is bound; the third makes the gang, and all three are bound,
+    # each marked with its task of the gang's request. A Kueue pod group (its label and
+    # pod-group-total-count 2) then goes the same way on the room left.
+    test = setup(2)
+    test.start()
+    cluster.make_podgroup(test.namespace, "train", 3)
+    for k in range(2):
+        test.pod(f"w-{k}", cpu="2", run_seconds=600, pod_group="train")
+    for k in range(2):
+        said = wait_until(lambda: waiting_reason(test, f"w-{k}"), 30, f"w-{k} to say why it waits")  # noqa: B023 (called at once)
+        assert said["reason"] == "WaitingForGang" and "2 of the 3 that must start together" in said["message"], said
+    assert not any(bound_node(p) for p in test.pods().values())
+    test.pod("w-2", cpu="2", run_seconds=600, pod_group="train")
+    wait_until(lambda: all(bound_node(p) for p in test.pods().values()), 60, "the gang bound", every=0.5)
+    pods = test.pods()
+    assert len({bound_node(p) for p in pods.values()}) == 2
+    marks = [json.loads(p["metadata"]["annotations"]["fairstream.dev/gang"]) for p in pods.values()]
+    assert sorted(m["index"] for m in marks) == [0, 1, 2] and {(m["count"], m["min"]) for m in marks} == {(3, 3)}
+    for k in range(2):
+        test.pod(f"k-{k}", cpu="1", run_seconds=600, labels={"kueue.x-k8s.io/pod-group-name": "eval"},
+                 annotations={"kueue.x-k8s.io/pod-group-total-count": "2"})
+    wait_until(lambda: all(bound_node(test.pods().get(f"k-{k}") or {}) for k in range(2)), 60,
+               "the Kueue pod group bound", every=0.5)
+
+
 def test_kill_9_of_the_connector_and_of_the_worker_mid_run_binds_every_pod_once(setup, cluster):
     # 40 pods of 2 s on two nodes of 4 cores (8 at a time): kill -9 the connector after 8 are
     # bound, start it again; kill -9 the worker after 16, start it again. Every pod is bound once
@@ -358,10 +386,10 @@ def test_an_api_server_away_for_a_while_is_waited_for(setup, cluster):
 NEEDED = [("get", "nodes", ""), ("list", "nodes", ""), ("watch", "nodes", ""), ("get", "pods", ""),
           ("list", "pods", ""), ("watch", "pods", ""), ("patch", "pods", ""), ("delete", "pods", ""),
           ("create", "pods", "binding"), ("create", "pods", "eviction"), ("patch", "pods", "status"),
-          ("create", "events", "")]
+          ("create", "events", ""), ("list", "podgroups", ""), ("watch", "podgroups", "")]
 NOT_NEEDED = [("create", "pods", ""), ("update", "pods", ""), ("update", "pods", "status"), ("delete", "nodes", ""),
               ("patch", "nodes", ""), ("get", "secrets", ""), ("list", "configmaps", ""), ("delete", "events", ""),
-              ("create", "poddisruptionbudgets", "")]
+              ("create", "poddisruptionbudgets", ""), ("create", "podgroups", ""), ("patch", "podgroups", "")]
 
 
 def test_the_deploy_manifests_pass_a_server_side_dry_run_and_the_role_grants_exactly_what_the_connector_does(cluster):
@@ -383,6 +411,7 @@ def test_the_deploy_manifests_pass_a_server_side_dry_run_and_the_role_grants_exa
             "user": "system:serviceaccount:fairstream:fairstream-connector",
             "groups": ["system:serviceaccounts", "system:serviceaccounts:fairstream", "system:authenticated"],
             "resourceAttributes": {"verb": verb, "resource": resource, "subresource": subresource,
+                                   "group": "scheduling.k8s.io" if resource == "podgroups" else "",
                                    "namespace": "default" if resource != "nodes" else ""}}})
         return cluster.client.create(review).status.allowed
 

@@ -290,4 +290,6 @@ def test_the_kubernetes_example_runs_as_written_in_the_readmes_order(clean_copy)
     # kubectl describe: the condition, and the worker's reason as an Event from fairstream.
     assert re.search(r"PodScheduled\s+False", stdout), stdout[-3000:]
     assert re.search(r"Waiting\s+.*fairstream\s+fairstream: ", stdout), stdout[-3000:]
-    assert stdout.count("condition met") == 1 + 12  # the wait for team-b-5's reason, then for every pod's end
+    assert stdout.count("condition met") == 1 + 12 + 1 + 3  # team-b-5's reason, every pod's end; train-1's reason, the gang's ends
+    # Two pods of the gang alone wait for the third, and say so.
+    assert "fairstream: waits for the pods of its PodGroup train: 2 of the 3 that must start together exist" in stdout
