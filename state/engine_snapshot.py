@@ -78,7 +78,7 @@ from fairstream.policies import REGISTRY
 from fairstream.policies.base import PolicySpec
 
 MAGIC = b"FSENGINE"
-VERSION = 16  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
+VERSION = 17  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption state; 5: usage half-life;
 # 6: nodes' resource weights (LTRF formula 9); 7: queues' max_resources and max_running; 8: queues' ordering;
 # 9: whether a starved tenant has victims left (the preemption re-check, ``Engine.wake_at``) and the
 # node reservation (``Engine.reservation``); 10: tasks' run-time estimates (``Task.estimate``, backfill);
@@ -89,7 +89,7 @@ VERSION = 16  # 3: unschedulable verdicts carry a ReasonCode; 4: preemption stat
 # queues and shapes (``Engine.workload``: ``core.workload.Workload``), unschedulable verdicts
 # (``core.verdicts.Verdicts``), a tenant-local pass's changes (``core.candidates.Changes``) and the
 # reservation (``core.reservation.Reservations``); 15: gangs (``Task.gang``); 16: a gang's hold of nodes
-# (``Reservation.more``, ``until``; ``Reservations.lapsed``)
+# (``Reservation.more``, ``until``; ``Reservations.lapsed``); 17: since when a gang holds them (``Reservation.since``)
 
 REF, LIST, TUPLE, DICT, SET, FROZENSET, OBJECT, ARRAY, ENUM, ORDERED, POLICY, NUMBER = range(12)
 
@@ -171,7 +171,7 @@ CLASSES: tuple[_Class, ...] = (
     _Class(AccountingConfig, "round_length discount quantum adaptive_quantum resource half_life"),
     _Class(PreemptionRule, "threshold timeout"),
     _Class(Starvation, "rule since victims_exist"),
-    _Class(Reservation, "node tenant shape task more until"),
+    _Class(Reservation, "node tenant shape task more until since"),
     _Class(QuantumTree, "initial adaptive quantum _children_sum _children_count _finished version"),
     _Class(TenantLedger, "name pending running first_arrival round_arrival pseudo_accumulated pseudo_at "
                          "waiting_since recent"),

@@ -717,7 +717,8 @@ def _gang_verdict(cycle: Cycle, tenant: str, head: Task) -> tuple[WaitReason, st
     kept = ""
     if held is not None and held.tenant == tenant and held.shape == head.shape:
         names = ", ".join(snap.node_ids[row] for row in held.rows)
-        kept = (f"; node{'s' if held.more else ''} {names} {'are' if held.more else 'is'} reserved for it: room freed "
+        since = f" since {held.since:g}" if held.since is not None else ""
+        kept = (f"; node{'s' if held.more else ''} {names} {'are' if held.more else 'is'} reserved for it{since}: room freed "
                 f"there is kept for it from the tenants behind it in line"
                 + (f" until {held.until:g}" if held.until != math.inf else ""))
     return (WaitReason.GANG, f"gang {gang_of(head)} of {need} ({_text(head.demand_map)} each) starts whole or not at "

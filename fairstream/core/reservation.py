@@ -189,7 +189,8 @@ class Reservations:
             total += int(idle[k])
             if total >= size:
                 until = event_time(now + hold)
-                self.held = Reservation(chosen[0], tenant, entry.shape, entry.task_id(), tuple(chosen[1:]), until)
+                self.held = Reservation(chosen[0], tenant, entry.shape, entry.task_id(), tuple(chosen[1:]), until,
+                                        now)
                 return
         self.held = None  # (never whole on these nodes: its verdict says so)
 

@@ -200,8 +200,8 @@ class Reservation:
     """A node whose freed room is kept for one waiting task: ``tenant``'s next task of ``shape``
     (``task``: its id when reserved), on node row ``node`` (YARN Fair Scheduler's reservation).
     For a gang (docs/workloads.md, "Gangs"): ``more`` nodes beside ``node``, together able to
-    hold the whole gang, kept for it until event time ``until`` (then the room is released to
-    others: ``Reservations.reserve``)."""
+    hold the whole gang, kept for it from event time ``since`` until ``until`` (then the room is
+    released to others: ``Reservations.reserve``)."""
 
     node: int
     tenant: str
@@ -209,6 +209,7 @@ class Reservation:
     task: str
     more: tuple[int, ...] = ()
     until: float = math.inf
+    since: float | None = None
 
     @property
     def rows(self) -> tuple[int, ...]:

@@ -156,7 +156,7 @@ def test_a_waiting_gang_says_how_many_fit_now_where_and_how_many_more_it_needs_a
     # n0: 4 - 2 - 1 = 1 free; n1: 4 free. 5 of 8 fit.
     assert entry.reason is WaitReason.GANG
     assert entry.message == ('gang j of 8 ({"gpu":1.0} each) starts whole or not at all: 5 fit now (n0: 1, n1: 4), '
-                             'it needs room for 3 more at once; nodes n1, n0 are reserved for it: room freed there is '
+                             'it needs room for 3 more at once; nodes n1, n0 are reserved for it since 1: room freed there is '
                              'kept for it from the tenants behind it in line until 301')
 
 
@@ -224,14 +224,16 @@ def test_a_gangs_hold_runs_out_after_gang_hold_then_its_room_goes_to_others_for_
     assert e.reservations.held is not None and e.reservations.held.tenant == "A"  # it holds again
 
 
-def test_a_waiting_gang_says_which_nodes_are_held_for_it_and_until_when():
+def test_a_waiting_gang_says_which_nodes_are_held_for_it_since_when_and_until_when():
     from fairstream.core.explain import WaitReason, explain
 
     e = busy_cluster(hold=100)
     [entry] = explain(e).pending["A"]
     assert entry.reason is WaitReason.GANG
+    # Held from 1, when the gang came first in line, for hold = 100 s.
     assert entry.message.endswith("4 fit now (n3: 4), it needs room for 4 more at once; nodes n3, n0 are reserved "
-                                  "for it: room freed there is kept for it from the tenants behind it in line until 101")
+                                  "for it since 1: room freed there is kept for it from the tenants behind it in line "
+                                  "until 101")
 
 
 @pytest.mark.parametrize("policy", ["drf", "fair"])

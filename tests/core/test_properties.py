@@ -258,7 +258,8 @@ def every_pending_task_has_one_reason_and_none_fits_now(engine):
 def gang_explanations_are_true(engine):
     """A gang told "k fit now (...), it needs room for n - k more at once" has, read plainly,
     room for exactly k of its tasks (up to its size) on the live nodes its constraints allow,
-    within its job's max_per_node there and off nodes kept for another shape."""
+    within its job's max_per_node there and off nodes kept for another shape; told nodes are
+    held for it "since S ... until U", S <= now < U."""
     import re
 
     from fairstream.core.explain import WaitReason, explain
@@ -286,6 +287,10 @@ def gang_explanations_are_true(engine):
             fit = min(fit, size)
             said = re.search(r"all: (\d+) fits? now.*it needs room for (\d+) more at once", entry.message)
             assert said is not None and (int(said[1]), int(said[2])) == (fit, size - fit), (entry.message, fit, size)
+            # Nodes it is told are held for it since S until U: held now, from no later than now.
+            hold = re.search(r"reserved for it since ([\d.e+-]+): .* until ([\d.e+-]+)$", entry.message)
+            if hold is not None:
+                assert held is not None and float(hold[1]) <= engine.time < float(hold[2]), (entry.message, engine.time)
 
 
 @SETTINGS
