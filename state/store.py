@@ -121,6 +121,9 @@ class BatchCommit:
     # cluster -> what an operator wants to see happened (preemptions, configuration changes
     # accepted or rejected), appended to its recent events, oldest first
     recent: dict[str, list[str]] = field(default_factory=dict)
+    # cluster -> tenant -> (tasks preempted, work lost in task-seconds) in this batch, added to the
+    # cluster's totals (what the page shows per tenant: ``preempted``)
+    preempted: dict[str, dict[str, tuple[int, float]]] = field(default_factory=dict)
     # cluster -> the input of the step it holds open (its events' messages, ``streams.stepping``:
     # a batch ended inside a step window), replacing the last; None: none is open any more
     open_steps: dict[str, list[dict] | None] = field(default_factory=dict)
@@ -156,6 +159,7 @@ class MemoryStore:
         self._checkpoints: dict[str, dict[int, tuple[float, bytes]]] = {}
         self._history: dict[str, list[str]] = {}
         self._recent: dict[str, list[str]] = {}
+        self._preempted: dict[str, dict[str, tuple[int, float]]] = {}
         self._open: dict[str, bytes] = {}
 
     async def clusters(self) -> list[str]:
@@ -195,6 +199,11 @@ class MemoryStore:
         for cluster, events in batch.recent.items():
             self._recent.setdefault(cluster, []).extend(events)
             del self._recent[cluster][:-RECENT_EVENTS]
+        for cluster, totals in batch.preempted.items():
+            kept = self._preempted.setdefault(cluster, {})
+            for tenant, (tasks, lost) in totals.items():
+                before = kept.get(tenant, (0, 0.0))
+                kept[tenant] = (before[0] + tasks, before[1] + lost)
         for cluster, (at_step, time, blob) in batch.checkpoints.items():
             self._checkpoints.setdefault(cluster, {})[at_step] = (time, blob)
         for cluster, held in batch.open_steps.items():
@@ -256,6 +265,9 @@ class MemoryViewReader:
     def recent(self, cluster: str) -> list[Any]:
         return [loads(v) for v in self.store._recent.get(cluster, [])]
 
+    def preempted(self, cluster: str) -> dict[str, tuple[int, float]]:
+        return dict(self.store._preempted.get(cluster, {}))
+
 
 # One batch's commit, atomically: first the fencing checks (ARGV[1] of them, each a log key, its
 # log_base key, the expected step count and the cluster's name), then the commands (each its
@@ -297,6 +309,7 @@ class RedisStore:
     ``:log_base`` int (steps trimmed from its head), ``:snapshot`` bytes, ``:snapshot_steps`` int,
     ``:checkpoints`` hash steps -> event time, ``:checkpoint:{steps}`` bytes, ``:view:{name}`` hashes,
     ``:history`` and ``:recent`` lists (the last ``HISTORY_SAMPLES`` and ``RECENT_EVENTS``, JSON),
+    ``:preempted_tasks`` and ``:preempted_lost`` hashes (per tenant, since the cluster's start),
     ``:open`` the JSON input of the step held open, if one is (``{p}:open`` the set of such clusters);
     ``{p}:offsets`` hash; ``{p}:outbox`` hash, one field per batch (``outbox_field``) holding the
     JSON list of its ``[topic, message]`` entries (one HDEL clears what a batch published,
@@ -367,6 +380,10 @@ class RedisStore:
             if events:
                 _chunked(add, "RPUSH", self._key("c", cluster, "recent"), events[-RECENT_EVENTS:], 1)
                 add(("LTRIM", self._key("c", cluster, "recent"), -RECENT_EVENTS, -1))
+        for cluster, totals in batch.preempted.items():
+            for tenant, (tasks, lost) in totals.items():
+                add(("HINCRBY", self._key("c", cluster, "preempted_tasks"), tenant, tasks))
+                add(("HINCRBYFLOAT", self._key("c", cluster, "preempted_lost"), tenant, repr(float(lost))))
         for cluster, (at_step, time, blob) in batch.checkpoints.items():
             add(("SET", self._key("c", cluster, "checkpoint", str(at_step)), blob))
             add(("HSET", self._key("c", cluster, "checkpoints"), str(at_step), repr(time)))
@@ -469,6 +486,14 @@ class ViewReader:
 
     def recent(self, cluster: str) -> list[Any]:
         return [loads(v) for v in self.redis.lrange(self._key("c", cluster, "recent"), 0, -1)]
+
+    def preempted(self, cluster: str) -> dict[str, tuple[int, float]]:
+        """Per tenant: its tasks preempted and their work lost (task-seconds), since the cluster's start."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hgetall(self._key("c", cluster, "preempted_tasks"))
+        pipe.hgetall(self._key("c", cluster, "preempted_lost"))
+        tasks, lost = pipe.execute()
+        return {tenant.decode(): (int(count), float(lost.get(tenant, 0.0))) for tenant, count in tasks.items()}
 
 
 def redis_client(url: str, sync: bool = False, **options):

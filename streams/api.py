@@ -10,7 +10,9 @@ documents through ``Visibility``.
     GET /v1/clusters/{c}/pending?task=ID               the entry holding one task, its position
     GET /v1/clusters/{c}/history                       per tenant share and usage, last hour
     GET /v1/clusters/{c}/queues                        the tenant tree: weights, limits, shares, what holds each
-    GET /v1/clusters/{c}/events                        recent preemptions and configuration changes, newest first
+    GET /v1/clusters/{c}/events                        recent preemptions and configuration changes, newest first,
+                                                       and per tenant its preemptions and work lost
+    GET /v1/clusters/{c}/nodes                         its nodes: use, and the reservation each holds
 
 Answers are JSON; an unknown cluster, tenant or task is 404, a bad query 400, Redis down 503,
 each with ``{"error": "..."}`` in one line.
@@ -30,10 +32,12 @@ from fairstream.state.store import ViewReader
 from fairstream.wire.visibility import (
     DEFAULT_PAGE_SIZE,
     DocumentError,
+    busiest_cluster,
     cluster_summary,
     clusters_document,
     events_document,
     history_document,
+    nodes_document,
     pending_by_tenant,
     pending_document,
     queues_document,
@@ -74,17 +78,21 @@ class Visibility:
     def queues(self, cluster: str) -> dict[str, Any]:
         return queues_document(cluster, self._status(cluster), self._all_pending(cluster))
 
+    def nodes(self, cluster: str) -> dict[str, Any]:
+        return nodes_document(cluster, self._status(cluster), self.reader.field(cluster, "explain", "nodes"))
+
     def events(self, cluster: str) -> dict[str, Any]:
-        return events_document(cluster, self._status(cluster), self.reader.recent(cluster))
+        return events_document(cluster, self._status(cluster), self.reader.recent(cluster),
+                               self.reader.preempted(cluster))
 
     def page_data(self, cluster: str | None) -> dict[str, Any]:
         """What the web page shows, for its first paint (``index.html``'s ``initial``): the
-        clusters, and for ``cluster`` (else the first) its tenants, queues, pending (grouped,
+        clusters, and for ``cluster`` (else the busiest: ``busiest_cluster``) its tenants, queues, pending (grouped,
         first page), history and events, from one read of its status and pending views.
         Errors are left to the page's own fetches."""
         clusters = self.clusters()
         names = [c["cluster"] for c in clusters["clusters"]]
-        chosen = cluster if cluster in names else (names[0] if names else None)
+        chosen = cluster if cluster in names else busiest_cluster(clusters)
         data: dict[str, Any] = {"clusters": clusters, "cluster": chosen}
         if chosen is None:
             return data
@@ -96,7 +104,9 @@ class Visibility:
         data.update(tenants=tenants_document(chosen, status), queues=queues_document(chosen, status, pending),
                     pending=pending_document(chosen, status, pending, group=True),
                     history=history_document(chosen, status, self.reader.history(chosen)),
-                    events=events_document(chosen, status, self.reader.recent(chosen)))
+                    nodes=nodes_document(chosen, status, self.reader.field(chosen, "explain", "nodes")),
+                    events=events_document(chosen, status, self.reader.recent(chosen),
+                                           self.reader.preempted(chosen)))
         return data
 
     def pending(self, cluster: str, tenant: str | None = None, task: str | None = None, page: int = 1,
@@ -161,7 +171,7 @@ def http_app(registry, visibility: Visibility) -> web.Application:
     async def clusters(request: web.Request) -> web.Response:
         return await _document(visibility.clusters)
 
-    @routes.get("/v1/clusters/{cluster}/{what:tenants|history|queues|events}")
+    @routes.get("/v1/clusters/{cluster}/{what:tenants|history|queues|events|nodes}")
     async def of_cluster(request: web.Request) -> web.Response:
         return await _document(getattr(visibility, request.match_info["what"]), request.match_info["cluster"])
 

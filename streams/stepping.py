@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from fairstream.core.explain import explain
+from fairstream.core.explain import explain, node_status
 from fairstream.core.forecast import WORKER_STEPS, WORKER_TASKS
 from fairstream.core.model import DecisionKind, Event
 from fairstream.state.engine_snapshot import SnapshotError
@@ -134,6 +134,12 @@ class Stepping:
                         recent.append(recent_config(event))
             if recent:
                 commit.recent.setdefault(cluster, []).extend(recent)
+                totals = commit.preempted.setdefault(cluster, {})
+                for d in run.decisions:
+                    if d.kind is DecisionKind.PREEMPT:
+                        tasks, lost = totals.get(d.tenant, (0, 0.0))
+                        ran = 0.0 if d.started is None else max(d.time - d.started, 0.0)
+                        totals[d.tenant] = (tasks + 1, lost + ran)
             commit.outbox.extend((self.topics.decisions, decision_message(cluster, d)) for d in run.decisions)
             with stages.stage("views"):
                 commit.views[cluster] = views(engine, run.touched, touched_nodes(run.steps), session.written_quanta)
@@ -193,7 +199,8 @@ class Stepping:
         explanation = explain(session.engine, max_entries=self.explain_max_entries,
                               forecast=(WORKER_STEPS, WORKER_TASKS))
         status = explanation.status_json()
-        commit.replaced_views.setdefault(cluster, {})["explain"] = stored_views(status, explanation.pending_json())
+        commit.replaced_views.setdefault(cluster, {})["explain"] = stored_views(status, explanation.pending_json(),
+                                                                                node_status(session.engine))
         commit.history[cluster] = history_sample(status)
         self.metrics.observe_tenants(cluster, status)
         session.explained_at, session.explain_due = now, False

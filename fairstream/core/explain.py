@@ -775,4 +775,36 @@ def _shape_verdict(engine: Engine, cycle: Cycle, quota, tenant: str, head: Task,
     return None
 
 
-__all__ = ["WaitReason", "PendingEntry", "PendingGroup", "HeldEntry", "TenantStatus", "Explanation", "explain"]
+MAX_NODES_LISTED = 500
+
+
+def node_status(engine: Engine, limit: int = MAX_NODES_LISTED) -> dict[str, Any]:
+    """Every node as the page's per-node view shows it (docs/visibility.md): live or lost, its
+    capacity and what running tasks use of it, and the reservation it holds, if any (for whom,
+    which task or gang, since and until when). The nodes held for the reservation first, then
+    the most used (the largest share of any resource), then by id: at most ``limit`` of them,
+    with ``nodes_total``. Costs the nodes, once per explanation the worker writes."""
+    registry = engine.registry
+    names = engine.resources.names
+    held = engine.reservation
+    held_rows = set() if held is None else set(held.rows)
+    reserved = None
+    if held is not None:
+        reserved = {"tenant": held.tenant, "task": held.task, "gang": held.for_gang,
+                    "nodes": [registry.ids[row] for row in held.rows], "since": held.since,
+                    "until": _finite(held.until)}
+    capacity, used, alive = registry.capacity, registry.used, registry.alive
+    with np.errstate(divide="ignore", invalid="ignore"):
+        busy = np.where(capacity > 0, used / np.where(capacity > 0, capacity, 1.0), 0.0).max(axis=1) \
+            if len(capacity) else np.zeros(0)
+    order = sorted(range(len(registry.ids)), key=lambda row: (row not in held_rows, -float(busy[row]), registry.ids[row]))
+    rows = []
+    for row in order[:limit]:
+        rows.append({"node": registry.ids[row], "alive": bool(alive[row]),
+                     "capacity": dict(zip(names, capacity[row].tolist())), "used": dict(zip(names, used[row].tolist())),
+                     "busy": float(busy[row]), "reserved": reserved if row in held_rows else None})
+    return {"time": engine.time, "nodes": rows, "nodes_total": len(registry.ids), "reservation": reserved}
+
+
+__all__ = ["WaitReason", "PendingEntry", "PendingGroup", "HeldEntry", "TenantStatus", "Explanation", "explain", "node_status"]
+

@@ -41,20 +41,77 @@ def tenant_pending(entries: list[dict], groups: list[dict]) -> dict[str, Any]:
             "tasks_total": sum(g["tasks"] for g in groups)}
 
 
-def stored_views(status: dict, pending: dict) -> dict[str, str]:
+def stored_views(status: dict, pending: dict, nodes: dict | None = None) -> dict[str, str]:
     """The fields of the ``explain`` view for ``Explanation.status_json()`` and
-    ``Explanation.pending_json()``."""
+    ``Explanation.pending_json()``, and ``explain.node_status`` (field ``nodes``)."""
     fields = {"status": json.dumps(status)}
+    if nodes is not None:
+        fields["nodes"] = json.dumps(nodes)
     for tenant, entries in pending["pending"].items():
         fields[f"pending:{tenant}"] = json.dumps(tenant_pending(entries, pending["groups"].get(tenant, [])))
     return fields
 
 
+def below_fair_share(status: dict) -> set[str]:
+    """The tenants of ``status`` below their fair share as closely as whole tasks allow, with
+    work waiting: the simulator's rule for time to fair share (``sim.metrics``). A tenant is
+    below when its dominant share is under its fair share and, if it runs anything, some tenant
+    is above its own fair share by at least one of its tasks (its mean running task): room that
+    could come to it without taking another below its share. (Three tenants of 1-GPU tasks on 256
+    GPUs: 86, 86, 84 is at fair share; 85.33 each cannot be.)"""
+    tenants = status["tenants"]
+    share = {t["tenant"]: max(t["share"].values(), default=0.0) for t in tenants}
+    excess = max((share[t["tenant"]] - t["fair_share"] for t in tenants), default=0.0)
+    below = set()
+    for t in tenants:
+        held = share[t["tenant"]]
+        if t["pending"] <= 0 or held >= t["fair_share"] - 1e-9:
+            continue
+        if t["running"] > 0 and excess < held / t["running"] - 1e-9:
+            continue  # (no whole task of its could come to it)
+        below.add(t["tenant"])
+    return below
+
+
 def history_sample(status: dict) -> str:
-    """One point of a cluster's history: per tenant its dominant share and accumulated usage."""
-    return json.dumps({"time": status["time"], "tenants": {
-        t["tenant"]: {"share": max(t["share"].values(), default=0.0), "accumulated": t["accumulated"]}
-        for t in status["tenants"]}})
+    """One point of a cluster's history: per tenant its dominant share and accumulated usage;
+    ``below: true`` if it is below its fair share (``below_fair_share``), ``idle: true`` if
+    nothing of it waits."""
+    below = below_fair_share(status)
+    tenants = {}
+    for t in status["tenants"]:
+        point = {"share": max(t["share"].values(), default=0.0), "accumulated": t["accumulated"]}
+        if t["tenant"] in below:
+            point["below"] = True
+        elif t["pending"] <= 0:
+            point["idle"] = True
+        tenants[t["tenant"]] = point
+    return json.dumps({"time": status["time"], "tenants": tenants})
+
+
+def fair_share_times(samples: list[dict]) -> dict[str, dict[str, float | None]]:
+    """Per tenant, from a history's samples (oldest first): ``below_since``, the time of the
+    first sample of the stretch it is below its fair share in now (None: not below now); and
+    ``time_to_fair_share`` with ``reached_at``, the length of its last stretch below that ended
+    at its fair share (not with nothing waiting) and when it ended (None: none in the history). To within a sample (the
+    worker's ``--explain-interval``); a stretch begun before the oldest sample kept counts from it."""
+    out: dict[str, dict[str, float | None]] = {}
+    started: dict[str, float] = {}
+    for sample in samples:
+        at = sample.get("time")
+        if not isinstance(at, (int, float)):
+            continue
+        for tenant, point in (sample.get("tenants") or {}).items():
+            row = out.setdefault(tenant, {"below_since": None, "time_to_fair_share": None, "reached_at": None})
+            if point.get("below"):
+                started.setdefault(tenant, at)
+            elif tenant in started:
+                since = started.pop(tenant)
+                if not point.get("idle"):  # (a stretch that ended with nothing waiting reached nothing)
+                    row["time_to_fair_share"], row["reached_at"] = at - since, at
+    for tenant, since in started.items():
+        out[tenant]["below_since"] = since
+    return out
 
 
 def cluster_summary(cluster: str, status: dict | None) -> dict[str, Any]:
@@ -68,6 +125,15 @@ def cluster_summary(cluster: str, status: dict | None) -> dict[str, Any]:
 
 def clusters_document(rows: list[dict]) -> dict[str, Any]:
     return {"api": API_VERSION, "clusters": rows}
+
+
+def busiest_cluster(document: dict) -> str | None:
+    """The cluster of ``/v1/clusters`` with the most tasks running and pending (the first by
+    name among equals): the one the page opens on when none is named. None: no cluster."""
+    rows = document["clusters"]
+    if not rows:
+        return None
+    return min(rows, key=lambda row: (-(row["running"] + row["pending"]), row["cluster"]))["cluster"]
 
 
 _LIMITS = ("min_share", "max_share", "max_resources", "max_running")
@@ -235,21 +301,37 @@ def pending_document(cluster: str, status: dict, pending: Mapping[str, dict], te
 
 
 def history_document(cluster: str, status: dict, samples: list[dict]) -> dict[str, Any]:
-    """``/v1/clusters/{c}/history``: the cluster's kept ``history_sample``s, oldest first."""
-    return {"api": API_VERSION, "cluster": cluster, "policy": status["policy"], "samples": samples}
+    """``/v1/clusters/{c}/history``: the cluster's kept ``history_sample``s, oldest first, and per
+    tenant how long it has been, or last was, below its fair share (``fair_share_times``)."""
+    return {"api": API_VERSION, "cluster": cluster, "policy": status["policy"], "samples": samples,
+            "tenants": fair_share_times(samples)}
 
 
-def events_document(cluster: str, status: dict, recent: list[dict]) -> dict[str, Any]:
+def nodes_document(cluster: str, status: dict, nodes: dict | None) -> dict[str, Any]:
+    """``/v1/clusters/{c}/nodes``: its nodes (``explain.node_status``: the reserved first, then
+    the most used, at most 500), each live or lost, its capacity and use, and the reservation
+    it holds; with ``nodes_total`` and the ``reservation``."""
+    nodes = nodes or {"nodes": [], "nodes_total": 0, "reservation": None}
+    return {"api": API_VERSION, "cluster": cluster, "time": status["time"], "nodes": nodes["nodes"],
+            "nodes_total": nodes["nodes_total"], "reservation": nodes["reservation"]}
+
+
+def events_document(cluster: str, status: dict, recent: list[dict],
+                    preempted: Mapping[str, tuple[int, float]] | None = None) -> dict[str, Any]:
     """``/v1/clusters/{c}/events``: the cluster's recent events (kept in the order recorded),
-    newest first by event time, the last recorded first among equal times. (Recorded order is
+    newest first by event time, the last recorded first among equal times (recorded order is
     not event time: a step held open across batches is recorded when it closes, after a later
-    tenant tree rejected meanwhile.)"""
+    tenant tree rejected meanwhile); and ``preempted``: per tenant, its tasks preempted and
+    their work lost (task-seconds of event time) since the cluster's start, most work lost first."""
     def time_of(event: dict) -> float:
         at = event.get("time") if isinstance(event, dict) else None
         return at if isinstance(at, (int, float)) and not isinstance(at, bool) else -math.inf
 
+    totals = sorted(((tenant, tasks, lost) for tenant, (tasks, lost) in (preempted or {}).items()),
+                    key=lambda row: (-row[2], -row[1], row[0]))
     return {"api": API_VERSION, "cluster": cluster, "time": status["time"],
-            "events": sorted(reversed(recent), key=time_of, reverse=True)}
+            "events": sorted(reversed(recent), key=time_of, reverse=True),
+            "preempted": [{"tenant": tenant, "tasks": tasks, "work_lost": lost} for tenant, tasks, lost in totals]}
 
 
 def _offset_in(entry: dict, task: str) -> int | None:

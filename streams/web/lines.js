@@ -1,6 +1,7 @@
 // fairstream's small line-chart library: one SVG chart of named series, no dependencies.
 // drawLines(svg, series, options): series is {name: [[x, y], ...]}; options: {title, yLabel,
-// xFormat(x) -> text}. Redraws the whole SVG each call.
+// xFormat(x) -> text, marks: [{x, label}] (dashed vertical lines, e.g. preemptions)}. Redraws the
+// whole SVG each call.
 "use strict";
 
 const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -44,6 +45,14 @@ function drawLines(svg, series, options) {
   if (options.yLabel) {
     svg.appendChild(svgNode("text", {x: 12, y: top + 10, "font-size": 10, transform: `rotate(-90 12 ${top + 10})`,
                                      "text-anchor": "end"}, options.yLabel));
+  }
+  for (const mark of options.marks || []) {
+    if (mark.x < x0 || mark.x > x1) continue;
+    const x = sx(mark.x).toFixed(1);
+    const line = svgNode("line", {x1: x, y1: top, x2: x, y2: sy(0), stroke: "#d62728", "stroke-dasharray": "3 3",
+                                  "stroke-width": 1, class: "mark"});
+    line.appendChild(svgNode("title", {}, mark.label || ""));
+    svg.appendChild(line);
   }
   names.slice(0, PALETTE.length).forEach((name, k) => {
     const colour = PALETTE[k];

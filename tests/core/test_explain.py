@@ -683,6 +683,86 @@ def test_the_worker_keeps_recent_preemptions_and_configuration_changes_for_the_p
     del events[1]  # (the one sent without a time, at the clock: 6)
     assert "tenants.0.ordering" in events[0]["message"] and "B (weight 2)" in events[1]["message"]
     assert sorted((e["task"], e["tenant"], e["started"]) for e in events[2:]) == [("a2", "A", 1.0), ("a3", "A", 1.0)]
+    # Per tenant since the cluster's start: A lost a2 and a3, which ran from 1 to 5: 2 x 4 = 8 task-seconds.
+    assert Visibility(store.view_reader()).events("c1")["preempted"] == [{"tenant": "A", "tasks": 2, "work_lost": 8.0}]
+
+
+def test_work_lost_counts_from_a_task_started_at_time_zero():
+    # 2 cpu; A runs 2 tasks from 0; B asks for one at 1, starved past the 1 s timeout: the
+    # heartbeat at 3 preempts A's youngest, which ran 3 s (from 0: a start of 0 is a start).
+    store = MemoryStore()
+    processor = Processor(store, published, worker_config("drf", params={"preemption": "on", "preemption_timeout": "1"},
+                                                          resources=("cpu",), explain_interval=0.0))
+
+    async def scenario():
+        await processor.handle([message("heartbeat", 0, {"cluster": "c1", "node": "n1", "time": 0, "capacity": {"cpu": 2}})]
+                               + [message("submitted", k, {"cluster": "c1", "task": f"a{k}", "job": "j", "tenant": "A",
+                                                           "time": 0, "demand": {"cpu": 1}}) for k in range(2)])
+        await processor.handle([message("submitted", 2, {"cluster": "c1", "task": "b", "job": "k", "tenant": "B",
+                                                         "time": 1, "demand": {"cpu": 1}})])
+        await processor.handle([message("heartbeat", 1, {"cluster": "c1", "node": "n1", "time": 3, "capacity": {"cpu": 2}})])
+
+    asyncio.run(scenario())
+    assert Visibility(store.view_reader()).events("c1")["preempted"] == [{"tenant": "A", "tasks": 1, "work_lost": 3.0}]
+
+
+def test_the_page_opens_on_the_busiest_cluster_unless_the_address_names_one():
+    # c1 runs 4 and has 99,997 waiting; a0, first by name, has a node and nothing else.
+    store = MemoryStore()
+    processor = big_request_cluster(store, explain_interval=0.0)
+    asyncio.run(processor.handle([message("heartbeat", 1, {"cluster": "a0", "node": "m1", "time": 0,
+                                                           "capacity": {"cpu": 4}})]))
+    visibility = Visibility(store.view_reader())
+    assert [c["cluster"] for c in visibility.clusters()["clusters"]] == ["a0", "c1"]
+    assert visibility.page_data(None)["cluster"] == "c1"
+    assert visibility.page_data("a0")["cluster"] == "a0" and visibility.page_data("nope")["cluster"] == "c1"
+
+
+def test_the_nodes_say_what_they_hold_and_for_whom_each_is_reserved():
+    # B's 2-cpu task fits no node's free room (A holds all 4 cpu of n1): n1 is reserved for it.
+    store = MemoryStore()
+    big_request_cluster(store, explain_interval=0.0)
+    nodes = Visibility(store.view_reader()).nodes("c1")
+    [n1] = nodes["nodes"]
+    assert (n1["node"], n1["alive"], n1["capacity"], n1["used"], n1["busy"]) == ("n1", True, {"cpu": 4.0},
+                                                                               {"cpu": 4.0}, 1.0)
+    assert n1["reserved"] == nodes["reservation"] == {"tenant": "B", "task": "b1", "gang": False, "nodes": ["n1"],
+                                                      "since": None, "until": None}
+    assert nodes["nodes_total"] == 1
+
+
+@pytest.mark.parametrize("samples, expected", [
+    ([(0, {}), (5, {"below": True}), (10, {"below": True}), (15, {})],
+     {"below_since": None, "time_to_fair_share": 10, "reached_at": 15}),
+    ([(0, {}), (5, {"below": True}), (10, {"below": True})],
+     {"below_since": 5, "time_to_fair_share": None, "reached_at": None}),
+    ([(0, {"below": True}), (5, {}), (10, {"below": True})],
+     {"below_since": 10, "time_to_fair_share": 5, "reached_at": 5}),
+    ([(0, {"below": True}), (5, {"idle": True})],
+     {"below_since": None, "time_to_fair_share": None, "reached_at": None}),
+], ids=["below from 5, at its fair share at 15: 10 s to fair share",
+        "below from 5 still: below since 5",
+        "a stretch reached, then below again: both shown",
+        "a stretch that ended with nothing waiting reached nothing"])
+def test_time_to_fair_share_is_the_last_stretch_below_it_in_the_history(samples, expected):
+    from fairstream.wire.visibility import fair_share_times
+
+    history = [{"time": at, "tenants": {"A": {"share": 0.0, "accumulated": 0.0, **flags}}} for at, flags in samples]
+    assert fair_share_times(history)["A"] == expected
+
+
+def test_below_fair_share_counts_whole_tasks_as_the_simulator_does():
+    # 256 GPUs over three tenants of 1-GPU tasks, each asking for more: 86, 86, 84 is fair
+    # (85.33 each cannot be: no task of C's could come to it without taking A or B below theirs);
+    # 87, 86, 83 is not: A is over its share by more than one of C's tasks (1/256).
+    from fairstream.wire.visibility import below_fair_share
+
+    def status(*held):
+        return {"tenants": [{"tenant": name, "share": {"gpu": n / 256}, "fair_share": 1 / 3, "running": n,
+                             "pending": 10} for name, n in zip("ABC", held)]}
+
+    assert below_fair_share(status(86, 86, 84)) == set()
+    assert below_fair_share(status(87, 86, 83)) == {"C"}
 
 
 def test_the_page_comes_with_its_data_so_the_first_paint_shows_it():

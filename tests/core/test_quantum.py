@@ -116,3 +116,25 @@ def test_a_run_of_finished_tasks_moves_the_quanta_as_one_task_at_a_time_to_the_b
     in_runs = quanta(lambda q: (q.record(tree, leaf, run_times[:cut]), q.record(tree, leaf, run_times[cut:])))
     alone = quanta(lambda q: [q.record(tree, leaf, [run_time]) for run_time in run_times])
     assert in_runs.__getstate__() == alone.__getstate__()  # (every field: compiled, it has no __dict__)
+
+
+def test_a_preempted_task_is_charged_its_run_time_not_its_quantum_so_its_tenants_usage_drops():
+    # The dip the worker's page shows after a preemption (issue 63). n1 holds 4 of mem; A runs
+    # 4 tasks from t = 0 with the first quantum, Q = 60 s. While they run, each counts
+    # max(Q, elapsed) = 60 s: A's key is 4 x 60 x 1 mem / 4 mem = 60 at any t < 60. B comes at
+    # t = 5; starved (0 < 0.5 x its share of 0.5) past the 5 s timeout, it gets 2 tasks of A's
+    # at t = 10. Those two ran 10 s, and a task that stops is charged its run time (formula 15),
+    # so A's key drops by 2 x (60 - 10) x 1 / 4 = 25, to 35.
+    from fairstream.core.model import DecisionKind
+
+    from builders import engine, node, submit, tree
+
+    e = engine(tree("A", "B"), "drf", resources=("mem",), preemption="on", preemption_timeout=5)
+    e.step(0, [node("n1", mem=4)] + [submit(f"a{k}", "A", 0, mem=1) for k in range(4)])
+    e.step(5, [submit(f"b{k}", "B", 5, mem=1) for k in range(2)])
+    key = lambda: e.accounting.usage_key(e.accounting.row["A"], e.time)
+    e.step(9, [node("n1", 9, mem=4)])
+    assert key() == pytest.approx(60)
+    result = e.step(10, [node("n1", 10, mem=4)])
+    assert sum(d.kind is DecisionKind.PREEMPT for d in result.decisions) == 2
+    assert key() == pytest.approx(35)

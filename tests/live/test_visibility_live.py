@@ -270,13 +270,129 @@ def test_the_page_an_operator_opens_first_has_its_data_at_the_first_paint(tmp_pa
         assert queues["B"][1:7] == ["2.00", "-", "0.6667", "0.5000", "2", "2"]
         assert queues["A"][1:7] == ["1.00", "-", "0.3333", "0.5000", "2", "2"]
         assert sum(int(row[1]) for row in tables["reasons"]) == 4
-        kinds = [row[1] for row in tables["events"]]
-        assert kinds == ["config rejected", "config accepted", "preempt", "preempt"]
-        assert "tenants.0.ordering" in tables["events"][0][3] and "ran 4 s" in tables["events"][2][3]
+        # Configuration changes apart from preemptions; A's two preempted tasks ran 4 s each.
+        assert [row[1] for row in tables["changes"]] == ["config rejected", "config accepted"]
+        assert "tenants.0.ordering" in tables["changes"][0][2]
+        assert [(row[1], row[4]) for row in tables["events"]] == [("A", "4"), ("A", "4")]
+        assert tables["preempted"] == [["A", "2", "8"]]
         assert {row[0] for row in tables["pending"]} == {"A", "B"}
         assert {row[5] for row in tables["pending"]} == {"unknown"}  # no task said how long it runs
         driver.save_screenshot(str(tmp_path / "page.png"))
         assert (tmp_path / "page.png").stat().st_size > 10_000
+    finally:
+        if driver is not None:
+            driver.quit()
+        worker.stop()
+
+
+LAPTOP = (1366, 768)  # the most common laptop screen (CSS pixels)
+
+
+def artifacts_dir():
+    """Where CI keeps what a run shows (``FAIRSTREAM_ARTIFACTS``, else ``artifacts/`` in the
+    checkout; .ci/run lists it at the end)."""
+    import os
+    from pathlib import Path
+
+    folder = Path(os.environ.get("FAIRSTREAM_ARTIFACTS") or ROOT / "artifacts")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def busy_tree() -> list[dict]:
+    """30 tenants in 3 levels: divisions d0-d2, two teams each, five leaves a team (l00-l29)."""
+    tree = []
+    for d in range(3):
+        tree.append({"id": f"d{d}", "weight": d + 1})
+        for t in range(2):
+            tree.append({"id": f"d{d}t{t}", "parent": f"d{d}"})
+            tree += [{"id": f"l{10 * d + 5 * t + k:02d}", "parent": f"d{d}t{t}"} for k in range(5)]
+    return tree
+
+
+def test_the_page_at_laptop_size_for_a_busy_tree_opens_on_the_busiest_cluster_and_fits(tmp_path):
+    # drf, preemption after 2 s; cluster c1 of 8 nodes of 8 cpu and a 30-tenant tree of 3 levels.
+    # At 0 ten tenants ask for 10 long tasks each (64 run); at 1 ten more ask for 4 each and are
+    # starved; the heartbeat at 4 brings the preemptions. At 5 the tree is sent again with d0
+    # weighing 4 (a configuration change), l20 asks for a whole node (8 cpu) and nine more
+    # tenants for 2 tasks each: l20 is first in line and no node has room, so a node is reserved
+    # for it (its timeout has not passed by the last heartbeat, at 6). Cluster a-idle, first by
+    # name, has one node and nothing else: the page must open on c1.
+    app_id = f"t{uuid.uuid4().hex[:8]}"
+    topics = Topics().with_prefix(app_id)
+    tenants = tmp_path / "tenants.json"
+    tenants.write_text(json.dumps({"tenants": busy_tree()}))
+    worker = Worker(app_id, tmp_path, "--explain-interval", "0.2", "--tenants", str(tenants), "--resources", "cpu,mem",
+                    "--param", "preemption=on", "--param", "preemption_timeout=2").start()
+    driver = None
+    port = worker.metrics_port
+    tenants_of = lambda: get(port, "/v1/clusters/c1/tenants")[1].get("tenants", [])
+
+    async def send(*messages):
+        async with Publisher(BROKER, topics) as pub:
+            for kind, *args in messages:
+                await getattr(pub, kind)(*args)
+
+    try:
+        node = {"cpu": 8, "mem": 32}
+        asyncio.run(send(("heartbeat", "a-idle", "m0", 0, node),
+                         *[("heartbeat", "c1", f"n{k}", 0, node) for k in range(8)],
+                         *[("submit", "c1", f"a{k}", f"l{k:02d}", {"cpu": 1, "mem": 1}, 0, None, None, 10)
+                           for k in range(10)]))
+        wait_for(lambda: sum(t["running"] for t in tenants_of()) == 64)
+        asyncio.run(send(*[("submit", "c1", f"b{k}", f"l{k:02d}", {"cpu": 1, "mem": 1}, 1, None, None, 4)
+                           for k in range(10, 20)]))
+        wait_for(lambda: sum(t["pending"] for t in tenants_of()) == 36 + 40)
+        asyncio.run(send(("heartbeat", "c1", "n0", 4, node)))
+        wait_for(lambda: get(port, "/v1/clusters/c1/events")[1].get("preempted"))
+        weighed = [{**t, "weight": 4} if t["id"] == "d0" else t for t in busy_tree()]
+        asyncio.run(send(("configure", "c1", weighed, 5),
+                         ("submit", "c1", "big", "l20", {"cpu": 8, "mem": 8}, 5),
+                         *[("submit", "c1", f"c{k}", f"l{k}", {"cpu": 1, "mem": 1}, 5, None, None, 2)
+                           for k in range(21, 30)]))
+        wait_for(lambda: sum(t["pending"] for t in tenants_of()) >= 1 + 18)
+        asyncio.run(send(("heartbeat", "c1", "n0", 6, node)))
+        nodes = wait_for(lambda: (doc := get(port, "/v1/clusters/c1/nodes")[1]).get("time") == 6 and doc)
+        assert nodes["reservation"] is not None and nodes["reservation"]["tenant"] == "l20", nodes["reservation"]
+        events = get(port, "/v1/clusters/c1/events")[1]
+
+        driver = browser(tmp_path)
+        driver.set_window_size(*LAPTOP)
+        # The page as it came (refresh=0: it fetches nothing), no cluster named in the address.
+        driver.get(f"http://127.0.0.1:{port}/?refresh=0")
+        assert driver.execute_script("return document.getElementById('cluster').value") == "c1"
+        assert not driver.find_element("id", "error").text
+        width = driver.execute_script("return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert width[0] <= width[1], f"the page is wider than a laptop's screen: {width}"
+        tables = page_tables(driver)
+        assert len(tables["tenants"]) == 30 and len(tables["queues"]) == 30 + 6 + 3
+        # Preemptions: per tenant totals as the API has them; the changes apart.
+        assert [(row[0], int(row[1])) for row in tables["preempted"]] == [
+            (p["tenant"], p["tasks"]) for p in events["preempted"]]
+        assert sum(int(row[1]) for row in tables["preempted"]) == sum(e["kind"] == "preempt" for e in events["events"])
+        lost: dict[str, float] = {}
+        for e in events["events"]:
+            if e["kind"] == "preempt":  # (all of them are kept: fewer than 200)
+                lost[e["tenant"]] = lost.get(e["tenant"], 0.0) + e["time"] - e["started"]
+        assert {p["tenant"]: p["work_lost"] for p in events["preempted"]} == lost
+        assert {row[0]: float(row[2]) for row in tables["preempted"]} == lost
+        assert [row[1] for row in tables["changes"]] == ["config accepted"]
+        # The node reserved for l20 says so, first among the nodes.
+        assert tables["nodes"][0][0] in nodes["reservation"]["nodes"] and "l20's task big" in tables["nodes"][0][4]
+        # Starved tenants are tinted and say since when; the legend says what the tint means.
+        starved = {t["tenant"]: t["starved_since"] for t in tenants_of() if t["starved_since"] is not None}
+        shown = {row[0]: row[10] for row in tables["tenants"] if row[10] != "-"}
+        assert starved and shown == {name: f"{since:g}" for name, since in starved.items()}
+        assert "starved: below preemption_threshold" in driver.find_element("css selector", ".legend").text
+        # The summary at the top says it first.
+        summary = driver.find_element("id", "summary").text
+        assert f"{len(starved)} tenants starved" in summary and "l20's task big" in summary, summary
+        folder = artifacts_dir()
+        driver.save_screenshot(str(folder / "page-laptop.png"))  # what the operator sees first
+        full = driver.execute_script("return document.documentElement.scrollHeight")
+        driver.set_window_size(LAPTOP[0], full + 200)
+        driver.save_screenshot(str(folder / "page-laptop-full.png"))  # the whole page, at the same width
+        assert (folder / "page-laptop.png").stat().st_size > 20_000
     finally:
         if driver is not None:
             driver.quit()
