@@ -836,6 +836,17 @@ def cmd_bench(args) -> int:
         policies = args.policies.split(",")
         print(json.dumps(bench_e2e(policies, durations=args.durations, time_check=not args.no_time_check)))
         return 0
+    if args.target == "spread":
+        from fairstream.lab.bench import SPREAD_WORKLOADS, bench_spread
+        from fairstream.policies import REGISTRY
+
+        policies = sorted(REGISTRY) if args.policies == "all" else args.policies.split(",")
+        workloads = list(SPREAD_WORKLOADS) if args.workloads == "all" else args.workloads.split(",")
+        unknown = [w for w in workloads if w not in SPREAD_WORKLOADS]
+        if unknown:
+            raise ModelError(f"--workloads {','.join(unknown)}: one of {', '.join(SPREAD_WORKLOADS)}, or all")
+        print(json.dumps(bench_spread(policies, workloads, repeat=args.repeat)))
+        return 0
     if args.target == "day":
         from fairstream.lab.bench import bench_day
 
@@ -1219,8 +1230,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "  kubernetes  fairstream (worker and connector) beside kube-scheduler on a real control\n"
                     "          plane (scripts/kube.sh) with --kube-nodes kwok nodes: pods bound per second and\n"
                     "          creation-to-binding latency for --kube-pods at once and at --kube-rate a second,\n"
-                    "          and the share each of two queues (2:1) holds when they ask for more than fits")
-    bench.add_argument("target", choices=["engine", "stream", "day", "e2e", "kubernetes"])
+                    "          and the share each of two queues (2:1) holds when they ask for more than fits\n"
+                    "  spread  every policy (--policies all) on the Philly workload and a large GPU cluster\n"
+                    "          (--workloads philly,gpu), each in a fresh process, --repeat times: wall seconds,\n"
+                    "          the ratio to the slowest of fair/drf/ltrf, and a hash of the decisions")
+    bench.add_argument("target", choices=["engine", "stream", "day", "e2e", "kubernetes", "spread"])
+    bench.add_argument("--workloads", default="all", help="spread: philly, gpu, or all")
+    bench.add_argument("--repeat", type=positive_int, default=1, help="spread: rounds of every policy, in turn")
     bench.add_argument("--kube-nodes", type=positive_int, default=1000, help="kubernetes: kwok nodes of 32 cores")
     bench.add_argument("--kube-pods", type=positive_int, default=10000, help="kubernetes: pods of the burst")
     bench.add_argument("--kube-rate", type=float, default=100.0, help="kubernetes: pods made a second (rate phase)")

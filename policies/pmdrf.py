@@ -48,14 +48,33 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
 
 def share_nodes(cycle: Cycle, tenants: list[str], nodes: list[int], again: bool = False) -> None:
     """Each of ``nodes`` in turn shared by DRF among ``tenants`` on that node alone (their
-    running tasks there, ``again``: with this pass's placements there too)."""
+    running tasks there, ``again``: with this pass's placements there too).
+
+    A node's turn weighs only the tenants with a next task its free room could hold
+    (``waiting_heads``: the others would be passed over there without effect), and the turns
+    stop once nothing is left waiting: the same decisions as weighing every tenant on every
+    node, at a cost that grows with what waits, not with the nodes (an idle cluster of 1,523
+    nodes and one pod to place visited every node, issue 64)."""
     snapshot = cycle.snapshot
     node_capacity, allocation = snapshot.node_capacity, snapshot.node_allocation
     assert node_capacity is not None and allocation is not None  # (Traits.node_allocation: the engine gives both)
+    owners: list[str] = []
+    demands = np.zeros((0, len(cycle.free[0]) if len(cycle.free) else 0))
+    stale = True
     for node in nodes:
+        if stale:  # (what waits changed: a task placed or passed over)
+            owners, demands = waiting_heads(cycle, tenants)
+            stale = False
+        if not owners:
+            break  # nothing left to place: no later node's turn would place anything
+        fit = (cycle.free[node] >= demands - EPSILON).all(axis=1)
+        if not fit.any():
+            continue
+        chosen = {owner for owner, fits_here in zip(owners, fit.tolist()) if fits_here}
+        candidates = [t for t in tenants if t in chosen]
         capacity = node_capacity[node]
         running = allocation.of(node)
-        here = {t: running[t].copy() if t in running else np.zeros(len(capacity)) for t in tenants}
+        here = {t: running[t].copy() if t in running else np.zeros(len(capacity)) for t in candidates}
         if again:
             for _, placed_tenant, entry, placed_node in cycle.placed:
                 if placed_node == node and placed_tenant in here:
@@ -65,13 +84,14 @@ def share_nodes(cycle: Cycle, tenants: list[str], nodes: list[int], again: bool 
             share = dominant_share(here[tenant], capacity) / snapshot.share_fraction[snapshot.rows[tenant]]  # noqa: B023 (called before the loop moves on)
             return fair_key(share, leaf_arrival(snapshot, tenant), tenant, cycle.below_min_share(tenant))
 
-        heap = [(key(t), t) for t in tenants]
+        heap = [(key(t), t) for t in candidates]
         heapq.heapify(heap)
         while heap:
             tenant_key, tenant = heapq.heappop(heap)
             task = next((t for t in cycle.queues.shape_heads(tenant) if fits(cycle, t, node)), None)
             if task is None:
                 continue  # nothing of this tenant fits this node any more
+            stale = True
             if not cycle.within_caps(tenant, task):
                 cycle.skip_for(tenant, task)
             else:
@@ -79,6 +99,17 @@ def share_nodes(cycle: Cycle, tenants: list[str], nodes: list[int], again: bool 
                                                  f"({tenant_key.share:.4g})", order_code(tenant_key))
                 here[tenant] += task.demand
             heapq.heappush(heap, (key(tenant), tenant))
+
+
+def waiting_heads(cycle: Cycle, tenants: list[str]) -> tuple[list[str], np.ndarray]:
+    """The next task of each shape of each of ``tenants`` the pass may still place: their
+    tenants, and their demands (one row each)."""
+    owners, rows = [], []
+    for tenant in tenants:
+        for head in cycle.queues.shape_heads(tenant):
+            owners.append(tenant)
+            rows.append(head.demand)
+    return owners, (np.array(rows) if rows else np.zeros((0, len(cycle.free[0]) if len(cycle.free) else 0)))
 
 
 def nodes_with_room(snapshot: Snapshot) -> list[int]:

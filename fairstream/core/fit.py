@@ -70,6 +70,8 @@ class NodeFit:
     def eligible(self, constraints: Constraints) -> np.ndarray:
         """Per node: do ``constraints`` allow it? (Made once per constraints in a pass.)"""
         mask = self._masks.get(constraints)
+        if mask is None and constraints.nodes is None and not constraints.labels:
+            mask = self._masks[constraints] = np.ones(len(self.snapshot.node_ids), dtype=bool)  # (every node: no walk)
         if mask is None:
             snap = self.snapshot
             mask = np.fromiter(

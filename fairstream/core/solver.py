@@ -126,6 +126,18 @@ def solve_packing(
     if extra is not None and integer:
         extra(program, list(range(items)))
 
+    if items == 1 and program.columns == 1 and len(program.rows) <= demands.shape[1] and values[0] > 0:
+        # One item and its resource rows alone: n = min(upper, floor(min_k capacity_k / d_k)),
+        # what the program's solve (or its LP's rounding) comes to, without building it.
+        # (Most of a busy cluster's passes: qknobler's tasks of one shape share one item.)
+        asked = demands[0] > 0
+        room = float((capacity[asked] / demands[0][asked]).min()) if asked.any() else float(upper[0])
+        count = min(float(upper[0]), float(np.floor(max(room, 0.0) + TOLERANCE)))
+        value = float(values[0]) * count
+        if integer:
+            return PackingSolution(np.array([count]), value, "optimal")
+        return PackingSolution(np.array([count]), value, "rounded", float(values[0]) * min(float(upper[0]), room))
+
     columns = program.columns
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = columns, len(program.rows)

@@ -100,6 +100,8 @@ class Verdicts:
 
 def allowed(constraints: Constraints, registry: Nodes, rows: np.ndarray | range) -> np.ndarray:
     """Per node row of ``rows`` (an array of rows, or a range): do ``constraints`` allow it?"""
+    if constraints.nodes is None and not constraints.labels:
+        return np.ones(len(rows), dtype=bool)  # (every node: no walk)
     ids, labels = registry.ids, registry.labels
     return np.array([constraints.allows(ids[r], labels[r]) for r in rows], dtype=bool)
 

@@ -330,3 +330,74 @@ def bench_e2e(policies: list[str], durations: str = "per-task", time_check: bool
     return {"benchmark": "e2e", "machine": _machine(),
             "setup": {"tenants": 100, "nodes": 1000, "jobs": 1000, "tasks": 50000, "durations": durations},
             "policies": runs}
+
+
+SPREAD_WORKLOADS = ("philly", "gpu")
+BASELINES = ("fair", "drf", "ltrf")
+
+
+def spread_scenario(workload: str):
+    """A workload of ``bench spread``: ``philly``, the Philly run times of ``simulate --trace
+    philly_runtime.csv --format philly --limit 1000`` (its excerpt in a clone without
+    ``../shared``); ``gpu``, ``traces.gpu_cluster`` (1,523 nodes, 8,152 pods)."""
+    if workload == "philly":
+        from fairstream.sim.traces import load_trace
+        from fairstream.sim.traces.late_tenants import DEFAULT_PHILLY
+
+        return load_trace(str(DEFAULT_PHILLY), "philly", limit=1000)
+    if workload == "gpu":
+        from fairstream.sim.traces.gpu_cluster import gpu_cluster
+
+        return gpu_cluster()
+    raise ValueError(f"workload {workload!r}: one of {', '.join(SPREAD_WORKLOADS)}")
+
+
+def _spread_run(workload: str, policy: str) -> dict:
+    """One policy over one workload, as ``simulate --no-baseline --no-plots`` runs it minus the
+    files: wall seconds of the run, and a hash of its decisions (kind, time, task, node, count,
+    in order) to show a change left them alone."""
+    import hashlib
+
+    scenario = spread_scenario(workload)
+    digest = hashlib.sha256()
+    count = [0]
+
+    def seen(decision) -> None:
+        count[0] += 1
+        digest.update(f"{decision.kind.value} {decision.time!r} {decision.task} {decision.node} {decision.count}\n"
+                      .encode())
+
+    started = time.perf_counter()
+    result = Simulator(scenario, policy, {}, on_decision=seen).run()
+    wall = time.perf_counter() - started
+    summary = result.summary()
+    return {"wall_s": round(wall, 2), "decisions": count[0], "placed_tasks": summary["placed_tasks"],
+            "unfinished_tasks": summary["unfinished_tasks"], "decisions_sha256": digest.hexdigest()[:16],
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+
+
+def bench_spread(policies: list[str], workloads: list[str] | None = None, repeat: int = 1) -> dict:
+    """``fairstream bench spread``: every policy over each workload (``SPREAD_WORKLOADS``), each
+    run in a fresh process, ``repeat`` times in turn (policy after policy, then again): the wall
+    seconds of each run and, per policy, its slowest run over the slowest of ``fair``, ``drf``
+    and ``ltrf`` in the same round (``ratio``; the goal: at most 3), with its decisions' hash."""
+    out: dict[str, Any] = {"benchmark": "spread", "machine": _machine(), "workloads": {}}
+    for workload in workloads or list(SPREAD_WORKLOADS):
+        rounds = []
+        for _ in range(repeat):
+            rounds.append({policy: _in_own_process(_spread_run, workload, policy) for policy in policies})
+        table: dict[str, Any] = {}
+        for policy in policies:
+            runs = [r[policy] for r in rounds]
+            ratios = []
+            for r in rounds:
+                base = max((r[b]["wall_s"] for b in BASELINES if b in r), default=None)
+                if base:
+                    ratios.append(round(r[policy]["wall_s"] / base, 2))
+            table[policy] = {"wall_s": [run["wall_s"] for run in runs], "ratio": ratios,
+                             "decisions": runs[0]["decisions"], "decisions_sha256": runs[0]["decisions_sha256"],
+                             "same_decisions_each_run": len({run["decisions_sha256"] for run in runs}) == 1,
+                             "unfinished_tasks": runs[0]["unfinished_tasks"],
+                             "peak_rss_mb": max(run["peak_rss_mb"] for run in runs)}
+        out["workloads"][workload] = table
+    return out

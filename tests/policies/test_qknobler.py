@@ -146,6 +146,30 @@ def test_the_solver_helper_returns_an_optimal_typed_result_or_raises():
         solve_packing(np.array([1.0]), np.array([[1.0]]), np.array([2.0]), np.array([10]), extra=impossible)
 
 
+@settings(max_examples=200, deadline=None)
+@given(value=st.floats(0.001, 10), demand=st.lists(st.sampled_from([0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 8.0]),
+                                                    min_size=1, max_size=3),
+       room=st.lists(st.floats(0, 64), min_size=3, max_size=3), upper=st.integers(0, 50),
+       integer=st.booleans())
+def test_one_item_is_counted_without_a_solve_as_the_solver_counts_it(value, demand, room, upper, integer):
+    # A program of one item and its resource rows (most of a busy cluster's qknobler passes) is
+    # counted by arithmetic; the same program with a row that changes nothing goes to HiGHS.
+    demands, capacity = np.array([demand]), np.array(room[:len(demand)])
+    if not (demands > 0).any():
+        return
+
+    def redundant(program, variables):
+        program.add_row([(variables[0], 1.0)], lower=0.0)
+
+    counted = solve_packing(np.array([value]), demands, capacity, np.array([upper]), integer=integer)
+    if integer:
+        solved = solve_packing(np.array([value]), demands, capacity, np.array([upper]), extra=redundant)
+    else:  # (extra is not applied to an LP: a second item with no tasks makes it go to the solver)
+        solved = solve_packing(np.array([value, value]), np.vstack([demands, demands]), capacity,
+                               np.array([upper, 0]), integer=False)
+    assert counted.counts.tolist() == solved.counts[:1].tolist() and counted.status == solved.status
+
+
 def test_a_failed_solve_is_said_in_every_reason_and_the_pass_still_places_what_fits(monkeypatch):
     import fairstream.policies.qknobler as qknobler_module
 

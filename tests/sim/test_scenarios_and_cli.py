@@ -572,7 +572,7 @@ def test_bench_help_says_what_each_of_its_benches_measures(capsys):
         main(["bench", "--help"])
     text = capsys.readouterr().out
     for bench, says in [("engine", "microseconds per decision"), ("e2e", "placed tasks per second"),
-                        ("day", "peak memory"), ("stream", "decision latency")]:
+                        ("day", "peak memory"), ("stream", "decision latency"), ("spread", "every policy")]:
         assert any(line.startswith(f"  {bench} ") and says in line + text for line in text.splitlines()), bench
 
 
@@ -783,3 +783,33 @@ def test_the_stream_bench_curve_puts_each_rates_kept_events_and_latency_side_by_
     assert [(c["rate_target"], c["events_per_s"], c["p99_ms"], c["worker_cpu_pct"]) for c in curve["curve"]] == [
         (1000, 966, 33.0, 10.0), (10000, 9629, 171.0, 100.0)]
     assert curve["python_loop_ms"] == [50.0, 50.0] and len(curve["runs"]) == 2
+
+
+def test_the_gpu_cluster_workload_is_seeded_and_has_the_shape_of_the_public_gpu_trace():
+    # 1,523 nodes, most of 8 GPUs, some without; 8,152 pods, some asking for a fraction of a GPU,
+    # some for none, a few for 8; 40 % at the start, the rest over the day (issue 64).
+    from collections import Counter
+
+    from fairstream.sim.traces.gpu_cluster import gpu_cluster
+
+    made = gpu_cluster()
+    assert made.to_json() == gpu_cluster().to_json() and made.to_json() != gpu_cluster(seed=2).to_json()
+    gpus = Counter(node.capacity["gpu"] for node in made.nodes)
+    # floor(share x 1,523) of each type (152, 91, 60, 152), the rest 8-GPU nodes.
+    assert gpus == {8.0: 1068, 4.0: 152, 2.0: 91, 1.0: 60, 0.0: 152}
+    pods = list(made.tasks)
+    asked = Counter("none" if p.demand["gpu"] == 0 else "fraction" if p.demand["gpu"] < 1 else p.demand["gpu"]
+                    for p in pods)
+    assert len(pods) == 8152 and set(asked) == {"none", "fraction", 1.0, 2.0, 4.0, 8.0}
+    assert asked[1.0] > asked["fraction"] > asked["none"] > asked[2.0] > asked[4.0] > asked[8.0]
+    assert 0.35 < sum(p.submit == 0 for p in pods) / len(pods) < 0.45 and max(p.submit for p in pods) < 86_400
+
+
+@pytest.mark.slow
+def test_bench_spread_runs_every_policy_on_a_workload_and_hashes_its_decisions(capsys):
+    assert main(["bench", "spread", "--policies", "drf,pmdrf", "--workloads", "gpu", "--repeat", "2"]) == 0
+    table = json.loads(capsys.readouterr().out)["workloads"]["gpu"]
+    assert set(table) == {"drf", "pmdrf"} and table["drf"]["ratio"] == [1.0, 1.0]
+    for run in table.values():
+        assert run["decisions"] == 8152 and run["unfinished_tasks"] == 0 and run["same_decisions_each_run"]
+        assert len(run["wall_s"]) == 2 and len(run["decisions_sha256"]) == 16
