@@ -1,6 +1,7 @@
-"""pmdrf (policies/pmdrf.py): a node's turn weighs only the tenants whose next task could fit its
-room, and the turns stop when nothing waits (issue 64); the decisions are those of weighing every
-demanding tenant on every node with room, the plain reading of per-machine DRF."""
+"""Passes that skip work that cannot matter decide as before (issue 64): pmdrf weighs on a node
+only the tenants whose next task could fit its room and stops once nothing waits (the plain
+reading: every demanding tenant on every node with room); static leaves out the tenants whose
+partition takes none of their tasks (the plain reading: each of their shapes tried and refused)."""
 
 import heapq
 
@@ -86,3 +87,44 @@ def test_an_idle_cluster_of_many_nodes_visits_one_node_for_one_task(seed):
         made = decisions(document, reference=False)
     assert [(kind.value, node) for kind, _, _, node, _, _ in made] == [("place", "n000")]
     assert len(visited) == 2  # (what waits, read at the first node and again after its placement: nothing)
+
+
+# ------------------------------------------------------------------ static (the same kind of change)
+
+import fairstream.policies.static as static  # noqa: E402
+
+
+def static_decisions(document, reference: bool):
+    made: list = []
+    with pytest.MonkeyPatch.context() as patch:
+        if reference:  # every demanding tenant served, its shapes refused one by one
+            patch.setattr(static, "within_partition", lambda snapshot: None)
+        drive(document, "static", lambda engine: None, record=made)
+    return [(d.kind, d.time, d.task, d.node, d.count, d.reason) for d in made]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(document=scenarios())
+def test_static_leaving_out_tenants_whose_partition_takes_none_of_their_tasks_decides_the_same(document):
+    assert static_decisions(document, reference=False) == static_decisions(document, reference=True)
+
+
+def test_a_tenant_over_its_partition_is_not_served_at_all():
+    # 4 cpu, A and B equal: each partition 2 cpu. A runs 2 and waits with 3 more: none of its
+    # tasks (1 cpu) fits what is left of its partition (0), so the pass leaves it out.
+    document = {"resources": ["cpu"], "nodes": [{"id": "n1", "capacity": {"cpu": 4}}],
+                "tenants": [{"id": "A"}, {"id": "B"}],
+                "tasks": [{"id": "a", "job": "j", "tenant": "A", "submit": 0, "duration": 100, "demand": {"cpu": 1},
+                           "count": 5},
+                          {"id": "b", "job": "k", "tenant": "B", "submit": 1, "duration": 100, "demand": {"cpu": 1}}]}
+    served: list = []
+    original = static.within_partition
+
+    def watching(snapshot):
+        served.append((snapshot.time, original(snapshot)))
+        return served[-1][1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(static, "within_partition", watching)
+        drive(document, "static", lambda engine: None)
+    assert (1.0, ["B"]) in served
