@@ -344,10 +344,7 @@ class ClusterMirror:
         try:
             made = submission(pod, self.cluster, time, self.resources, self.queue_label)
         except Untranslatable as exc:
-            if self.explained.get(view.ref.uid, ("",))[0] == "Unsupported":
-                return []
-            self.counts.untranslatable += 1
-            return self._explain(view, "Unsupported", f"fairstream cannot schedule this pod: {exc}", warning=True)
+            return self._unsupported([view], str(exc))
         view.submitted = view.known = True
         self.by_task[view.task] = view.ref.uid
         out: list[Action] = []
@@ -537,6 +534,7 @@ class ClusterMirror:
         return out
 
     def _unsupported(self, views: list[PodView], why: str) -> list[Action]:
+        """``Unsupported`` with ``why`` on each of ``views`` not told so already, each counted once."""
         out: list[Action] = []
         for view in views:
             if self.explained.get(view.ref.uid, ("",))[0] != "Unsupported":

@@ -126,7 +126,13 @@ class Stepping:
             commit.expected_steps[cluster] = session.steps_taken  # fencing: the log as this worker left it
             outcome.steps += len(run.steps)
             outcome.decisions += len(run.decisions)
-            recent = [recent_preemption(d) for d in run.decisions if d.kind is DecisionKind.PREEMPT]
+            recent = []
+            for d in run.decisions:
+                if d.kind is DecisionKind.PREEMPT:  # the page's list, and its tenant's totals
+                    recent.append(recent_preemption(d))
+                    totals = commit.preempted.setdefault(cluster, {})
+                    tasks, lost = totals.get(d.tenant, (0, 0.0))
+                    totals[d.tenant] = (tasks + 1, lost + (0.0 if d.started is None else max(d.time - d.started, 0.0)))
             for step in run.steps:
                 for event in step["events"]:
                     if event["type"] == CONFIG:
@@ -134,12 +140,6 @@ class Stepping:
                         recent.append(recent_config(event))
             if recent:
                 commit.recent.setdefault(cluster, []).extend(recent)
-                totals = commit.preempted.setdefault(cluster, {})
-                for d in run.decisions:
-                    if d.kind is DecisionKind.PREEMPT:
-                        tasks, lost = totals.get(d.tenant, (0, 0.0))
-                        ran = 0.0 if d.started is None else max(d.time - d.started, 0.0)
-                        totals[d.tenant] = (tasks + 1, lost + ran)
             commit.outbox.extend((self.topics.decisions, decision_message(cluster, d)) for d in run.decisions)
             with stages.stage("views"):
                 commit.views[cluster] = views(engine, run.touched, touched_nodes(run.steps), session.written_quanta)

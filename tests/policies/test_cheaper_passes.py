@@ -48,19 +48,24 @@ def every_tenant_on_every_node(cycle, tenants, nodes, again=False):
             heapq.heappush(heap, (key(tenant), tenant))
 
 
-def decisions(document, reference: bool):
+def decisions(document, policy: str = "pmdrf", replaced: tuple | None = None):
+    """The run's decisions under ``policy``, with ``replaced`` (module, name, stand-in) put in
+    place for the run, if given."""
     made: list = []
     with pytest.MonkeyPatch.context() as patch:
-        if reference:
-            patch.setattr(pmdrf, "share_nodes", every_tenant_on_every_node)
-        drive(document, "pmdrf", lambda engine: None, record=made)
+        if replaced is not None:
+            patch.setattr(*replaced)
+        drive(document, policy, lambda engine: None, record=made)
     return [(d.kind, d.time, d.task, d.node, d.count, d.reason) for d in made]
+
+
+FIRST_READING = (pmdrf, "share_nodes", every_tenant_on_every_node)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(document=scenarios())
 def test_weighing_only_the_tenants_that_could_fit_decides_as_weighing_every_tenant(document):
-    assert decisions(document, reference=False) == decisions(document, reference=True)
+    assert decisions(document) == decisions(document, replaced=FIRST_READING)
 
 
 def test_the_reference_is_not_the_same_function():
@@ -84,7 +89,7 @@ def test_an_idle_cluster_of_many_nodes_visits_one_node_for_one_task(seed):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(pmdrf, "waiting_heads", counting)
-        made = decisions(document, reference=False)
+        made = decisions(document)
     assert [(kind.value, node) for kind, _, _, node, _, _ in made] == [("place", "n000")]
     assert len(visited) == 2  # (what waits, read at the first node and again after its placement: nothing)
 
@@ -93,20 +98,13 @@ def test_an_idle_cluster_of_many_nodes_visits_one_node_for_one_task(seed):
 
 import fairstream.policies.static as static  # noqa: E402
 
-
-def static_decisions(document, reference: bool):
-    made: list = []
-    with pytest.MonkeyPatch.context() as patch:
-        if reference:  # every demanding tenant served, its shapes refused one by one
-            patch.setattr(static, "within_partition", lambda snapshot: None)
-        drive(document, "static", lambda engine: None, record=made)
-    return [(d.kind, d.time, d.task, d.node, d.count, d.reason) for d in made]
+SERVE_EVERY_TENANT = (static, "within_partition", lambda snapshot: None)  # (its shapes refused one by one)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(document=scenarios())
 def test_static_leaving_out_tenants_whose_partition_takes_none_of_their_tasks_decides_the_same(document):
-    assert static_decisions(document, reference=False) == static_decisions(document, reference=True)
+    assert decisions(document, "static") == decisions(document, "static", replaced=SERVE_EVERY_TENANT)
 
 
 def test_a_tenant_over_its_partition_is_not_served_at_all():
