@@ -120,20 +120,10 @@ def candidates_in_window(cycle: Cycle, order: list[str], left: dict[str, int], w
     for tenant in order:
         if before >= window:
             break
-        walk = cycle.queues
-        heads = walk.shape_heads(tenant)
         if before + left[tenant] <= window:
-            out.extend((tenant, task) for task in heads)
-        elif walk.orders_jobs and walk.job_queue(tenant) is not None:
-            out.extend((tenant, task) for task in heads if before + walk.rank_in_queue(tenant, task) < window)
-        else:
-            # The heads come in arrival order, so their places in the queue only grow: the first
-            # past the window ends the walk (ranking each of a tenant's 1,000 shapes, each rank a
-            # walk over its shapes, cost 245 s on a GPU cluster of 8,152 pods: issue 64).
-            for task in heads:
-                if before + walk.rank_in_queue(tenant, task) >= window:
-                    break
-                out.append((tenant, task))
+            out.extend((tenant, task) for task in cycle.queues.shape_heads(tenant))
+        else:  # (the tenant the window's end falls in)
+            out.extend((tenant, task) for task in cycle.queues.heads_within(tenant, window - before))
         before += left[tenant]
     return out
 

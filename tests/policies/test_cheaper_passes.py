@@ -1,13 +1,16 @@
 """Passes that skip work that cannot matter decide as before (issue 64): pmdrf weighs on a node
 only the tenants whose next task could fit its room and stops once nothing waits (the plain
 reading: every demanding tenant on every node with room); static leaves out the tenants whose
-partition takes none of their tasks (the plain reading: each of their shapes tried and refused)."""
+partition takes none of their tasks (the plain reading: each of their shapes tried and refused);
+tetris finds the heads within its window in one walk of the queue (the plain reading: each head
+ranked by counting what is ahead of it in every shape)."""
 
 import heapq
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import fairstream.policies.pmdrf as pmdrf
 from fairstream.core.fairness import dominant_share, fair_key
@@ -48,14 +51,14 @@ def every_tenant_on_every_node(cycle, tenants, nodes, again=False):
             heapq.heappush(heap, (key(tenant), tenant))
 
 
-def decisions(document, policy: str = "pmdrf", replaced: tuple | None = None):
-    """The run's decisions under ``policy``, with ``replaced`` (module, name, stand-in) put in
-    place for the run, if given."""
+def decisions(document, policy: str = "pmdrf", replaced: tuple | None = None, params: dict | None = None):
+    """The run's decisions under ``policy`` with ``params``, with ``replaced`` (module or
+    class, name, stand-in) put in place for the run, if given."""
     made: list = []
     with pytest.MonkeyPatch.context() as patch:
         if replaced is not None:
             patch.setattr(*replaced)
-        drive(document, policy, lambda engine: None, record=made)
+        drive(document, policy, lambda engine: None, params=params, record=made)
     return [(d.kind, d.time, d.task, d.node, d.count, d.reason) for d in made]
 
 
@@ -126,3 +129,99 @@ def test_a_tenant_over_its_partition_is_not_served_at_all():
         patch.setattr(static, "within_partition", watching)
         drive(document, "static", lambda engine: None)
     assert (1.0, ["B"]) in served
+
+
+# ------------------------------------------------------------------ tetris's window
+
+import bisect  # noqa: E402
+import dataclasses  # noqa: E402
+
+from fairstream.core.model import TaskState  # noqa: E402
+from fairstream.core.placement import Cycle  # noqa: E402
+from fairstream.core.queues import QueueWalk  # noqa: E402
+from tests import builders  # noqa: E402
+
+
+def rank_in_queue(walk, tenant, task):
+    """How many of the tenant's tasks not yet placed in the pass arrived before ``task``: for
+    each of its shapes, the pending tasks from the pass's cursor up to ``task``'s arrival."""
+    rank = 0
+    for shape, group in walk.snapshot.pending[tenant].groups.items():
+        offset, within = walk._cursor.get((tenant, shape), (0, 0))
+        start = group.head + offset
+        end = bisect.bisect_left(group.tasks, task.seq, lo=start, key=lambda t: t.seq)
+        for entry in group.tasks[start:end]:
+            if entry.state is TaskState.PENDING:
+                rank += entry.count - (within if entry is group.tasks[start] else 0)
+    return rank
+
+
+def heads_ranked_one_by_one(walk, tenant, limit):
+    """The window's heads as first written: each head ranked apart."""
+    if walk.orders_jobs and (jobs := walk.job_queue(tenant)) is not None:
+        return [task for task in walk.shape_heads(tenant) if jobs.rank(task) < limit]
+    return [task for task in walk.shape_heads(tenant) if rank_in_queue(walk, tenant, task) < limit]
+
+
+RANK_EACH_HEAD = (QueueWalk, "heads_within", heads_ranked_one_by_one)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(document=scenarios(), f=st.sampled_from([0.2, 0.5, 0.8]))
+def test_tetris_finding_its_window_in_one_walk_decides_as_ranking_each_head(document, f):
+    assert (decisions(document, "tetris", params={"f": f})
+            == decisions(document, "tetris", replaced=RANK_EACH_HEAD, params={"f": f}))
+
+
+def a_walk_over(*tasks: tuple):
+    """A pass's queue walk over tenant A's pending tasks (id, mem[, count: a request]),
+    submitted in that order to a cluster without nodes (so all wait)."""
+    engine = builders.engine(builders.tree("A"), "tetris")
+    engine.step(0.0, [dataclasses.replace(builders.submit(task, "A", 0.0, mem=mem), count=(more or [None])[0])
+                      for task, mem, *more in tasks])
+    return Cycle(engine.snapshot(), "tetris").queues
+
+
+def ids(tasks) -> list[str]:
+    return [task.id for task in tasks]
+
+
+# a, b, b2, c, d arrive in that order; shapes mem 1: a, c; mem 2: b, b2; mem 3: d. Ranks (tasks
+# ahead): a 0, b 1, b2 2, c 3, d 4. The heads, each its shape's first: a, b, d.
+ARRIVALS = (("a", 1), ("b", 2), ("b2", 2), ("c", 1), ("d", 3))
+
+
+@pytest.mark.parametrize("limit, expected", [
+    (0, []), (1, ["a"]), (2, ["a", "b"]), (4, ["a", "b"]), (5, ["a", "b", "d"]), (99, ["a", "b", "d"]),
+], ids=["an empty window has none", "a window of one holds the first", "b is ranked 1",
+        "d, ranked 4, is not in a window of 4", "d is in a window of 5", "a wide window holds every head"])
+def test_the_heads_within_a_window_are_those_with_fewer_tasks_ahead_than_its_size(limit, expected):
+    assert ids(a_walk_over(*ARRIVALS).heads_within("A", limit)) == expected
+
+
+def test_after_a_placement_the_next_of_its_shape_is_a_head_ranked_by_what_is_left_ahead():
+    walk = a_walk_over(*ARRIVALS)
+    first = walk.heads_within("A", 1)[0]
+    walk.advance("A", first)  # a placed: c heads mem 1 with b and b2 ahead (rank 2), d rank 3
+    assert ids(walk.heads_within("A", 3)) == ["b", "c"]
+    assert ids(walk.heads_within("A", 4)) == ["b", "c", "d"]
+
+
+def test_the_tasks_of_a_request_the_pass_took_part_of_are_no_longer_ahead():
+    # r: a request of 3 (mem 1), then e (mem 2): e is ranked 3. The pass takes two of r's
+    # tasks: r's third heads its shape at rank 0, and e is ranked 1.
+    walk = a_walk_over(("r", 1, 3), ("e", 2))
+    assert ids(walk.heads_within("A", 3)) == ["r"]
+    request = walk.heads_within("A", 1)[0]
+    walk.advance("A", request)
+    walk.advance("A", request)
+    assert ids(walk.heads_within("A", 1)) == ["r"]
+    assert ids(walk.heads_within("A", 2)) == ["r", "e"]
+
+
+def test_a_failed_shape_has_no_head_in_the_window_but_its_tasks_still_count_ahead():
+    walk = a_walk_over(*ARRIVALS)
+    b = walk.heads_within("A", 2)[1]
+    walk.failed_shapes.add(b.shape)  # mem 2 fits no node in this pass
+    assert ids(walk.heads_within("A", 4)) == ["a"]  # d is ranked 4 still: b and b2 are ahead of it
+    assert ids(walk.heads_within("A", 5)) == ["a", "d"]
