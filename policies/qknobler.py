@@ -199,15 +199,23 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
 
 
 def tenants_with_a_fitting_task(cycle: Cycle, tenants: list[str], demands: Demands) -> list[str]:
-    """Tenants with a shape group whose demand fits some node's idle resources now, in one
-    vectorised check (groups with constraints count as fitting: the loops check those; a group
+    """Tenants with a shape group whose demand fits some node's idle resources now, in
+    vectorised checks (groups with constraints count as fitting: the loops check those; a group
     this pass already emptied may count too, and the loops find it empty)."""
     if not len(demands.shape_owner) or not len(cycle.free):
         return []
-    # Only nodes with room for the smallest demand in every resource can take anything.
-    smallest = demands.shape_demand.min(axis=0)
-    free = cycle.free[(cycle.free >= smallest - EPSILON).all(axis=1)]
-    fits = (free[None, :, :] >= demands.shape_demand[:, None, :] - EPSILON).all(axis=2).any(axis=1)
+    # The nodes with the most free room of some resource first: on a cluster with room most
+    # shapes fit one of them. The rest are checked against every node with room for the
+    # smallest of them (every shape against every such node cost a third of a pass on a
+    # cluster of 1,523 nodes, issue 64).
+    free, need = cycle.free, demands.shape_demand - EPSILON
+    probes = free[np.unique(free.argmax(axis=0))]
+    fits = (probes[None, :, :] >= need[:, None, :]).all(axis=2).any(axis=1)
+    unsure = np.flatnonzero(~fits & ~demands.shape_constrained)
+    if len(unsure):
+        rest = need[unsure]
+        free = free[(free >= rest.min(axis=0)).all(axis=1)]
+        fits[unsure] = (free[None, :, :] >= rest[:, None, :]).all(axis=2).any(axis=1)
     chosen = set(demands.shape_owner[fits | demands.shape_constrained].tolist())
     return [t for i, t in enumerate(tenants) if i in chosen]
 

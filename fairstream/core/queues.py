@@ -11,6 +11,7 @@ pass took or what cannot fit (``QueueWalk``). A leaf that orders its jobs (``Ten
 
 from __future__ import annotations
 
+import bisect
 import heapq
 
 import numpy as np
@@ -20,6 +21,10 @@ from fairstream.core.model import Task
 from fairstream.core.snapshot import Snapshot
 
 _START = (0, 0)
+
+
+def _arrival(task: Task) -> int:
+    return task.seq
 
 
 class QueueWalk:
@@ -44,6 +49,10 @@ class QueueWalk:
         # many tasks it took there.
         self._cursor: dict[tuple[str, int], tuple[int, int]] = {}
         self._taken: dict[tuple[str, int], int] = {}
+        # Per tenant (walked in arrival order, not job by job): the next untaken entry of each
+        # of its shapes, in arrival order, made on first read and kept through ``advance``
+        # (``shape_heads``: made again per call, it walked every shape each time, issue 64).
+        self._shape_heads: dict[str, list[Task]] = {}
 
     @staticmethod
     def orders_jobs_of(snapshot: Snapshot, job_limits: dict[str, int]) -> bool:
@@ -115,9 +124,17 @@ class QueueWalk:
         shape = task.shape
         group = self.snapshot.pending[tenant].groups[shape]
         key = (tenant, shape)
-        _, offset, within = group.next_from(*self._cursor.get(key, _START))
+        entry, offset, within = group.next_from(*self._cursor.get(key, _START))
         self._cursor[key] = (offset, within + 1)
         self._taken[key] = self._taken.get(key, 0) + 1
+        if (kept := self._shape_heads.get(tenant)) is not None and entry is not None:
+            following, _, _ = group.next_from(offset, within + 1)
+            if following is not entry:  # (the entry is used up: the next of its shape heads it)
+                at = bisect.bisect_left(kept, entry.seq, key=_arrival)
+                assert kept[at] is entry  # (the shape's head is the entry its cursor is at)
+                del kept[at]
+                if following is not None:
+                    bisect.insort(kept, following, key=_arrival)
         if within + 1 < task.count:
             return within  # the request has more: its entry stays the shape's head, same seq
         heads = self._heads[tenant]
@@ -145,15 +162,19 @@ class QueueWalk:
         failed_here = self.failed_for.get(tenant, ())
         if self.orders_jobs and (jobs := self.job_queue(tenant)) is not None:
             return jobs.shape_heads(() if every_shape else self.failed_shapes, () if every_shape else failed_here)
-        heads = []
-        for shape, group in queue.groups.items():
-            if not every_shape and (shape in self.failed_shapes or shape in failed_here):
-                continue
-            task, _, _ = group.next_from(*self._cursor.get((tenant, shape), _START))
-            if task is not None:
-                heads.append(task)
-        heads.sort(key=lambda task: task.seq)
-        return heads
+        heads = self._shape_heads.get(tenant)
+        if heads is None:
+            heads = []
+            for shape, group in queue.groups.items():
+                task, _, _ = group.next_from(*self._cursor.get((tenant, shape), _START))
+                if task is not None:
+                    heads.append(task)
+            heads.sort(key=_arrival)
+            self._shape_heads[tenant] = heads
+        if every_shape:
+            return list(heads)
+        failed = self.failed_shapes
+        return [task for task in heads if task.shape not in failed and task.shape not in failed_here]
 
     def pending_left(self, tenant: str) -> int:
         """How many of the tenant's queued tasks this pass has not placed yet."""

@@ -166,8 +166,17 @@ def heads_ranked_one_by_one(walk, tenant, limit):
 RANK_EACH_HEAD = (QueueWalk, "heads_within", heads_ranked_one_by_one)
 
 
+@st.composite
+def few_shapes(draw):
+    """``scenarios()`` with every task of one of two sizes, so that a tenant often waits with
+    several tasks of one shape in a pass (the drawn sizes seldom repeat within a tenant)."""
+    document = draw(scenarios())
+    sizes = [{"cpu": 1, "mem": 1}, {"cpu": 2, "mem": 1}]
+    return {**document, "tasks": [{**task, "demand": sizes[k % 2]} for k, task in enumerate(document["tasks"])]}
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(document=scenarios(), f=st.sampled_from([0.2, 0.5, 0.8]))
+@given(document=st.one_of(scenarios(), few_shapes()), f=st.sampled_from([0.2, 0.5, 0.8]))
 def test_tetris_finding_its_window_in_one_walk_decides_as_ranking_each_head(document, f):
     assert (decisions(document, "tetris", params={"f": f})
             == decisions(document, "tetris", replaced=RANK_EACH_HEAD, params={"f": f}))
@@ -225,3 +234,52 @@ def test_a_failed_shape_has_no_head_in_the_window_but_its_tasks_still_count_ahea
     walk.failed_shapes.add(b.shape)  # mem 2 fits no node in this pass
     assert ids(walk.heads_within("A", 4)) == ["a"]  # d is ranked 4 still: b and b2 are ahead of it
     assert ids(walk.heads_within("A", 5)) == ["a", "d"]
+
+
+# ------------------------------------------------------------------ every shape's head, kept through the pass
+
+
+def shape_heads_walked_each_time(walk, tenant, every_shape=False):
+    """``QueueWalk.shape_heads`` as first written: every shape's cursor read again per call."""
+    queue = walk.snapshot.pending.get(tenant)
+    if queue is None:
+        return []
+    failed_here = walk.failed_for.get(tenant, ())
+    if walk.orders_jobs and (jobs := walk.job_queue(tenant)) is not None:
+        return jobs.shape_heads(() if every_shape else walk.failed_shapes, () if every_shape else failed_here)
+    heads = []
+    for shape, group in queue.groups.items():
+        if not every_shape and (shape in walk.failed_shapes or shape in failed_here):
+            continue
+        task, _, _ = group.next_from(*walk._cursor.get((tenant, shape), (0, 0)))
+        if task is not None:
+            heads.append(task)
+    return sorted(heads, key=lambda task: task.seq)
+
+
+WALK_EACH_TIME = (QueueWalk, "shape_heads", shape_heads_walked_each_time)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(document=st.one_of(scenarios(), few_shapes()), policy=st.sampled_from(["tetris", "pmdrf", "tsf", "cdrf", "drf"]))
+def test_shape_heads_kept_through_the_pass_are_those_of_walking_every_shape_each_time(document, policy):
+    # Every read of every pass, whatever the policy placed before it in the pass (drf: its
+    # preemption and explanations read the heads too, when the scenario turns them on).
+    kept = QueueWalk.shape_heads
+    def compared(walk, tenant, every_shape=False):
+        heads = kept(walk, tenant, every_shape)
+        assert ids(heads) == ids(shape_heads_walked_each_time(walk, tenant, every_shape))
+        return heads
+
+    assert decisions(document, policy, replaced=(QueueWalk, "shape_heads", compared)) == decisions(
+        document, policy, replaced=WALK_EACH_TIME)
+
+
+def test_a_placed_entry_gives_its_shape_head_to_the_next_of_its_shape():
+    walk = a_walk_over(*ARRIVALS)
+    assert ids(walk.shape_heads("A")) == ["a", "b", "d"]
+    walk.advance("A", walk.shape_heads("A")[0])  # a placed: c heads mem 1, after b
+    assert ids(walk.shape_heads("A")) == ["b", "c", "d"]
+    walk.advance("A", walk.shape_heads("A")[2])  # d placed: mem 3 has none left
+    assert ids(walk.shape_heads("A")) == ["b", "c"]
+    assert ids(walk.shape_heads("A")) == ids(shape_heads_walked_each_time(walk, "A"))
