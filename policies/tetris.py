@@ -41,14 +41,15 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
     f = params["f"]
     cycle = Cycle(snapshot, "tetris")
     drf = DrfOrder(cycle, snapshot.demanding())
-    best_nodes: dict[int, tuple[int, float]] = {}  # (``best_pair``'s, kept for the pass)
+    best_nodes = BestNodes()  # (``best_pair``'s, kept for the pass)
+    gangs_wait = snapshot.gangs_waiting  # (none waiting: no candidate is of a gang that must start whole)
     while True:
         order, left, total = drf.order, drf.left, drf.total
         if total == 0:
             break
         window = max(1, math.ceil((1 - f) * total - 1e-9))
         candidates = candidates_in_window(cycle, order, left, window)
-        if any(gangs.waits(cycle, task) for _, task in candidates):
+        if gangs_wait and any(gangs.waits(cycle, task) for _, task in candidates):
             # A gang starts whole or not at all, first in DRF order: not by alignment task by task.
             for tenant in gangs.start_gangs(cycle, candidates, f"tetris: a gang among the first {window} of {total} "
                                                          f"DRF-sorted tasks (f={f:g})", ReasonCode.PACKING):
@@ -58,7 +59,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
         choice = best_pair(cycle, candidates, best_nodes)
         if choice is None and window < total:
             wider = candidates_in_window(cycle, order, left, total)
-            if any(gangs.waits(cycle, task) for _, task in wider):
+            if gangs_wait and any(gangs.waits(cycle, task) for _, task in wider):
                 for tenant in gangs.start_gangs(cycle, wider, f"tetris: a gang among the {total} DRF-sorted tasks",
                                           ReasonCode.PACKING):
                     drf.placed(tenant)
@@ -70,8 +71,7 @@ def decide(snapshot: Snapshot, params: Mapping[str, Any]) -> list[Decision]:
         tenant, task, node, score = choice
         cycle.commit(tenant, task, node, f"tetris: best alignment {score:.4g} among the first {window} "
                                          f"of {total} DRF-sorted tasks (f={f:g})", ReasonCode.PACKING)
-        for shape in [shape for shape, (best, _) in best_nodes.items() if best == node]:
-            del best_nodes[shape]  # its best node lost room: its scores are made again
+        best_nodes.placed_on(node)
         drf.placed(tenant)
     return cycle.decisions
 
@@ -128,23 +128,57 @@ def candidates_in_window(cycle: Cycle, order: list[str], left: dict[str, int], w
     return out
 
 
-def best_pair(cycle: Cycle, candidates: list[tuple[str, Task]], best_nodes: dict[int, tuple[int, float]] | None = None):
+class BestNodes:
+    """Per task shape without constraints, its best node and score as a pass found them
+    (``found``), until that node takes a placement (``placed_on``); then the score it had, which
+    its best can no longer exceed (``bound``: within a pass free room only shrinks, and with it
+    every score)."""
+
+    def __init__(self) -> None:
+        self.found: dict[int, tuple[int, float]] = {}
+        self.bound: dict[int, float] = {}
+
+    def placed_on(self, node: int) -> None:
+        for shape in [shape for shape, (best, _) in self.found.items() if best == node]:
+            self.bound[shape] = self.found.pop(shape)[1]  # its best node lost room: scored again when it could win
+
+    def clear(self) -> None:
+        self.found.clear()
+        self.bound.clear()
+
+
+def best_pair(cycle: Cycle, candidates: list[tuple[str, Task]], best_nodes: BestNodes | None = None):
     """The (tenant, task, node, score) with the largest alignment among candidates that fit a
     node their constraints and caps allow; candidates that fit nowhere are dropped for the pass.
 
     ``best_nodes``: per task shape without constraints, its best node and score, as this pass
-    found them (filled here; the caller drops a shape's entry when its best node takes a
-    placement). A placement changes one node's free room, and only lowers its score and its
-    fit, so every other shape's best node stays the first of the highest score: the scan of
-    every node is made once per shape and best node, not once per candidate and placement."""
+    found them (filled here; the caller says which node took a placement). A placement changes
+    one node's free room, and only lowers its score and its fit, so every other shape's best
+    node stays the first of the highest score: the scan of every node is made once per shape
+    and best node, not once per candidate and placement. A shape whose best node took a
+    placement is scored again only when its old score could beat the best candidate found so
+    far (on an idle cluster every shape's best node is the same, and scoring every candidate
+    again after each placement cost most of a pass, issue 64); the decision is the same, and a
+    candidate that fits nowhere may then stay in the list for longer, at no effect."""
     best = None
     capacity = cycle.snapshot.capacity
+    capped = cycle.capped  # (uncapped: every candidate is within its caps)
+    lazy = best_nodes is not None and not cycle.snapshot.gangs_waiting  # (a gang's shape may be another's: see below)
+    found_for = best_nodes.found if best_nodes is not None else {}
+    bound_for = best_nodes.bound if best_nodes is not None else {}
     for tenant, task in candidates:
-        if not cycle.within_caps(tenant, task):
+        if capped and not cycle.within_caps(tenant, task):
             cycle.skip_for(tenant, task)
             continue
-        kept = task.constraints.empty and best_nodes is not None  # (a job's max_per_node moves with its placements)
-        found = best_nodes.get(task.shape) if kept and best_nodes is not None else None
+        kept = best_nodes is not None and task.constraints.empty  # (a job's max_per_node moves with its placements)
+        found = found_for.get(task.shape) if kept else None
+        if found is None and lazy and kept and best is not None:
+            bound = bound_for.get(task.shape)
+            if bound is not None and bound <= best[3] + 1e-12:
+                # Its score can only have fallen, so it cannot beat ``best`` (nor any later
+                # best): no need to score it now. (Not with gangs waiting: the skip below, when
+                # it fits nowhere, also keeps a waiting gang of its shape out of the window.)
+                continue
         if found is None:
             if kept:  # (every node's score, kept for the pass: only nodes that changed are scored again)
                 scores = cycle.nodes.aligned_scores(task)
@@ -163,8 +197,9 @@ def best_pair(cycle: Cycle, candidates: list[tuple[str, Task]], best_nodes: dict
                 scores[~fits] = -np.inf
                 node = int(np.argmax(scores))
             found = (node, float(scores[node]))
-            if kept and best_nodes is not None:
-                best_nodes[task.shape] = found
+            if kept:
+                found_for[task.shape] = found
+                bound_for.pop(task.shape, None)
         # Larger score wins; ties keep the earlier candidate (DRF order, then arrival).
         if best is None or found[1] > best[3] + 1e-12:
             best = (tenant, task, *found)

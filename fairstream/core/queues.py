@@ -188,11 +188,12 @@ class QueueWalk:
         ``limit`` of the tenant's tasks not yet placed in this pass ahead of them (counted over
         all its shapes, failed ones too): the heads within the first ``limit`` of its queue.
 
-        One walk over the tenant's untaken entries in arrival order, merged across its shapes,
-        stopped at ``limit`` tasks or at the last shape's head, whichever comes first: ranking
+        One walk over the tenant's untaken entries in arrival order, its shapes' heads (kept
+        in arrival order through the pass, ``shape_heads``) merged with the entries behind
+        them, stopped at ``limit`` tasks or at the last head, whichever comes first: ranking
         each head apart walked every shape per head (a tenant of 1,000 shapes on a GPU cluster,
-        issue 64), and walking on to ``limit`` past the last head walks thousands of tasks of
-        a few shapes (the Philly workload)."""
+        issue 64), and walking on to ``limit`` past the last head walks thousands of tasks of a
+        few shapes (the Philly workload)."""
         if limit <= 0:
             return []
         if self.orders_jobs and (jobs := self.job_queue(tenant)) is not None:
@@ -200,32 +201,42 @@ class QueueWalk:
         queue = self.snapshot.pending.get(tenant)
         if queue is None:
             return []
-        failed, failed_here, cursor = self.failed_shapes, self.failed_for.get(tenant, ()), self._cursor
-        ahead: list[tuple[int, int, int, int]] = []  # (seq, shape, offset, within) of each shape's next untaken entry
-        for shape, group in queue.groups.items():
-            entry, offset, within = group.next_from(*cursor.get((tenant, shape), _START))
-            if entry is not None:
-                ahead.append((entry.seq, shape, offset, within))
-        heapq.heapify(ahead)
+        every_head = self.shape_heads(tenant, every_shape=True)
+        failed, failed_here, cursor, taken = self.failed_shapes, self.failed_for.get(tenant, ()), self._cursor, self._taken
+        groups = queue.groups
+        behind: list[tuple[int, int, int]] = []  # (seq, shape, offset): untaken entries after their shape's head
         heads: list[Task] = []
-        seen: set[int] = set()  # shapes whose head the walk passed
-        unseen = len(ahead)  # (none left: no head can follow, whatever the limit)
         rank = 0
-        while unseen and rank < limit:
-            _, shape, offset, within = ahead[0]
-            group = queue.groups[shape]
-            entry = group.tasks[group.head + offset]
-            if shape not in seen:
-                seen.add(shape)
-                unseen -= 1
-                if shape not in failed and shape not in failed_here:
-                    heads.append(entry)
-            rank += entry.count - within
-            following, offset, _ = group.next_from(offset + 1, 0)
-            if following is None:
-                heapq.heappop(ahead)
+        at = 0
+        while at < len(every_head) and rank < limit:  # (past the last head none can follow, whatever the limit)
+            head = every_head[at]
+            if behind and behind[0][0] < head.seq:  # an entry behind another head comes first
+                _, shape, offset = behind[0]
+                group = groups[shape]
+                rank += group.tasks[group.head + offset].count
+                following, offset, _ = group.next_from(offset + 1, 0)
+                if following is None:
+                    heapq.heappop(behind)
+                else:
+                    heapq.heapreplace(behind, (following.seq, shape, offset))
+                continue
+            at += 1
+            shape = head.shape
+            if shape not in failed and shape not in failed_here:
+                heads.append(head)
+            group = groups[shape]
+            key = (tenant, shape)
+            if key in cursor:
+                _, offset, within = group.next_from(*cursor[key])
             else:
-                heapq.heapreplace(ahead, (following.seq, shape, offset, 0))
+                offset, within = -1, 0  # (found below if needed)
+            rank += head.count - within
+            if group.count - taken.get(key, 0) > head.count - within:  # more of its shape wait behind it
+                if offset < 0:
+                    _, offset = group.pending_at(0)
+                following, offset, _ = group.next_from(offset + 1, 0)
+                if following is not None:
+                    heapq.heappush(behind, (following.seq, shape, offset))
         return heads
 
 

@@ -283,3 +283,19 @@ def test_a_placed_entry_gives_its_shape_head_to_the_next_of_its_shape():
     walk.advance("A", walk.shape_heads("A")[2])  # d placed: mem 3 has none left
     assert ids(walk.shape_heads("A")) == ["b", "c"]
     assert ids(walk.shape_heads("A")) == ids(shape_heads_walked_each_time(walk, "A"))
+
+
+def test_a_candidate_whose_best_node_took_a_placement_is_scored_again_when_it_could_still_win():
+    # perf, two nodes of 8 cpu (the cluster 16): a (tenant A, 1 cpu), then a request b of two
+    # 2-cpu tasks (B). Scores are (demand / 16) x (idle / 16). First b-0 on n0 (2/16 x 8/16 =
+    # 0.0625 beats a's 0.03125); n0 was both shapes' best node. Next A comes first (share 0):
+    # a scores 0.03125 on n1; b's old 0.0625 could beat that, so b is scored again: 0.0625 on
+    # n1, and b-1 goes there before a. (Taking b's old score for "cannot win" when it is above
+    # the best so far would place a first.)
+    document = {"resources": ["cpu"], "nodes": [{"id": "n0", "capacity": {"cpu": 8}}, {"id": "n1", "capacity": {"cpu": 8}}],
+                "tenants": [{"id": "A"}, {"id": "B"}],
+                "tasks": [{"id": "a", "job": "j", "tenant": "A", "submit": 0, "duration": 10, "demand": {"cpu": 1}},
+                          {"id": "b", "job": "k", "tenant": "B", "submit": 0, "duration": 10, "demand": {"cpu": 2},
+                           "count": 2}]}
+    assert [(task, node) for _, _, task, node, _, _ in decisions(document, "perf")] == [
+        ("b-0", "n0"), ("b-1", "n1"), ("a", "n0")]
