@@ -148,9 +148,10 @@ class Cycle:
         """True when the rest of a pass over candidate tenants can place nothing and find
         nothing new: no grown row has room for any shape queued before the pass (none fits any
         other node: ``Snapshot.grown_rows``), no new shape waits, and the pass's first blocked
-        task is known (or the policy does not reserve). Trying the remaining tenants would only
-        fail; the decisions are those of trying them. Asked after a task failed to place: the
-        rows placed on since the last look are looked at then, together."""
+        task is known (or the policy does not reserve), and no gang started in the pass. Trying
+        the remaining tenants would only fail; the decisions are those of trying them. Asked
+        after a task failed to place: the rows placed on since the last look are looked at
+        then, together."""
         if self._room_later:
             self._room_later = False
             grown, demands = self.snapshot.grown_rows, self.snapshot.grown_demands
@@ -159,6 +160,10 @@ class Cycle:
             self._room_lost.clear()
         rows = self._room_rows
         if rows is None or (self.decisions.blocked is None and self.snapshot.reserving):
+            return False
+        if self.gangs_started:
+            # The rest of a gang started in this pass was held by its gang, not by room: it may
+            # fit a node that did not grow (a pass stopped before it: found 2026-12-08).
             return False
         if self._room_lost:
             lost = np.fromiter(self._room_lost, dtype=np.int64, count=len(self._room_lost))

@@ -166,17 +166,8 @@ def heads_ranked_one_by_one(walk, tenant, limit):
 RANK_EACH_HEAD = (QueueWalk, "heads_within", heads_ranked_one_by_one)
 
 
-@st.composite
-def few_shapes(draw):
-    """``scenarios()`` with every task of one of two sizes, so that a tenant often waits with
-    several tasks of one shape in a pass (the drawn sizes seldom repeat within a tenant)."""
-    document = draw(scenarios())
-    sizes = [{"cpu": 1, "mem": 1}, {"cpu": 2, "mem": 1}]
-    return {**document, "tasks": [{**task, "demand": sizes[k % 2]} for k, task in enumerate(document["tasks"])]}
-
-
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(document=st.one_of(scenarios(), few_shapes()), f=st.sampled_from([0.2, 0.5, 0.8]))
+@given(document=scenarios(), f=st.sampled_from([0.2, 0.5, 0.8]))
 def test_tetris_finding_its_window_in_one_walk_decides_as_ranking_each_head(document, f):
     assert (decisions(document, "tetris", params={"f": f})
             == decisions(document, "tetris", replaced=RANK_EACH_HEAD, params={"f": f}))
@@ -261,7 +252,7 @@ WALK_EACH_TIME = (QueueWalk, "shape_heads", shape_heads_walked_each_time)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(document=st.one_of(scenarios(), few_shapes()), policy=st.sampled_from(["tetris", "pmdrf", "tsf", "cdrf", "drf"]))
+@given(document=scenarios(), policy=st.sampled_from(["tetris", "pmdrf", "tsf", "cdrf", "drf"]))
 def test_shape_heads_kept_through_the_pass_are_those_of_walking_every_shape_each_time(document, policy):
     # Every read of every pass, whatever the policy placed before it in the pass (drf: its
     # preemption and explanations read the heads too, when the scenario turns them on).
