@@ -152,6 +152,10 @@ class Cycle:
         the remaining tenants would only fail; the decisions are those of trying them. Asked
         after a task failed to place: the rows placed on since the last look are looked at
         then, together."""
+        if self.gangs_started:
+            # The rest of a gang started in this pass was held by its gang, not by room: it may
+            # fit a node that did not grow (a pass stopped before it: found 2026-12-08).
+            return False
         if self._room_later:
             self._room_later = False
             grown, demands = self.snapshot.grown_rows, self.snapshot.grown_demands
@@ -160,10 +164,6 @@ class Cycle:
             self._room_lost.clear()
         rows = self._room_rows
         if rows is None or (self.decisions.blocked is None and self.snapshot.reserving):
-            return False
-        if self.gangs_started:
-            # The rest of a gang started in this pass was held by its gang, not by room: it may
-            # fit a node that did not grow (a pass stopped before it: found 2026-12-08).
             return False
         if self._room_lost:
             lost = np.fromiter(self._room_lost, dtype=np.int64, count=len(self._room_lost))

@@ -127,18 +127,16 @@ class QueueWalk:
         entry, offset, within = group.next_from(*self._cursor.get(key, _START))
         self._cursor[key] = (offset, within + 1)
         self._taken[key] = self._taken.get(key, 0) + 1
-        if (kept := self._shape_heads.get(tenant)) is not None and entry is not None:
-            following, _, _ = group.next_from(offset, within + 1)
-            if following is not entry:  # (the entry is used up: the next of its shape heads it)
-                at = bisect.bisect_left(kept, entry.seq, key=_arrival)
-                assert kept[at] is entry  # (the shape's head is the entry its cursor is at)
-                del kept[at]
-                if following is not None:
-                    bisect.insort(kept, following, key=_arrival)
+        nxt, _, _ = group.next_from(offset, within + 1)  # (the shape's head now: ``entry`` while it has more)
+        if (kept := self._shape_heads.get(tenant)) is not None and entry is not None and nxt is not entry:
+            at = bisect.bisect_left(kept, entry.seq, key=_arrival)  # (the entry is used up: the next heads its shape)
+            assert kept[at] is entry  # (the shape's head is the entry its cursor is at)
+            del kept[at]
+            if nxt is not None:
+                bisect.insort(kept, nxt, key=_arrival)
         if within + 1 < task.count:
             return within  # the request has more: its entry stays the shape's head, same seq
         heads = self._heads[tenant]
-        nxt, _, _ = group.next_from(offset, within + 1)
         if heads and heads[0][1] == shape:  # the usual case: the tenant's earliest shape was placed
             if nxt is None:
                 heapq.heappop(heads)
@@ -226,14 +224,9 @@ class QueueWalk:
                 heads.append(head)
             group = groups[shape]
             key = (tenant, shape)
-            if key in cursor:
-                _, offset, within = group.next_from(*cursor[key])
-            else:
-                offset, within = -1, 0  # (found below if needed)
+            _, offset, within = group.next_from(*cursor.get(key, _START))  # (``head`` itself: where it is)
             rank += head.count - within
             if group.count - taken.get(key, 0) > head.count - within:  # more of its shape wait behind it
-                if offset < 0:
-                    _, offset = group.pending_at(0)
                 following, offset, _ = group.next_from(offset + 1, 0)
                 if following is not None:
                     heapq.heappush(behind, (following.seq, shape, offset))

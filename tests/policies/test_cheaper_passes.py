@@ -257,6 +257,7 @@ def test_shape_heads_kept_through_the_pass_are_those_of_walking_every_shape_each
     # Every read of every pass, whatever the policy placed before it in the pass (drf: its
     # preemption and explanations read the heads too, when the scenario turns them on).
     kept = QueueWalk.shape_heads
+
     def compared(walk, tenant, every_shape=False):
         heads = kept(walk, tenant, every_shape)
         assert ids(heads) == ids(shape_heads_walked_each_time(walk, tenant, every_shape))
